@@ -1,0 +1,45 @@
+// latent plan [--model DIR] [--json] [--quantize PAT=FMT ...]: the precision plan of a checkpoint.
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/model_flags.h"
+#include "core/error.h"
+#include "format/hf_config.h"
+#include "format/safetensors.h"
+#include "loader/plan_report.h"
+#include "loader/precision_plan.h"
+
+namespace latent::cli {
+
+void register_plan(CLI::App& app) {
+  struct Opts {
+    ModelFlags model;
+    bool json = false;
+  };
+  auto opts = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("plan", "Print the precision plan: per tensor stored / compute format, transform, "
+                                         "measured error");
+  opts->model.add_to(cmd);
+  cmd->add_flag("--json", opts->json, "One JSON object per weight tensor");
+  cmd->callback([opts]() {
+    const std::string dir = opts->model.model_dir();
+    const ModelConfig cfg = load_model_config(dir);
+    const Checkpoint ckpt = Checkpoint::open(dir);
+    const PlanOptions popt = opts->model.plan_options();
+    const PrecisionPlan plan = PrecisionPlan::build(ckpt, cfg, popt);
+    if (opts->json) {
+      nlohmann::json arr = plan_to_json(plan);
+      if (popt.allow_lossy)
+        for (auto& o : arr)
+          if (o["transform"] != "none" && o["rel_error"].get<double>() > popt.max_quant_error)
+            o["guard"] = "lifted by --allow-lossy";
+      std::printf("%s\n", arr.dump(1).c_str());
+      for (const auto& w : plan.warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
+    } else {
+      std::printf("%s", format_plan_text(plan, cfg, dir, popt.allow_lossy).c_str());
+    }
+  });
+}
+
+}  // namespace latent::cli

@@ -1,0 +1,29 @@
+#include "cli/model_flags.h"
+
+#include "cli/commands.h"
+
+namespace latent::cli {
+
+void ModelFlags::add_to(CLI::App* cmd, bool model_required) {
+  auto* m = cmd->add_option("--model", model, "Hugging Face model directory (default: the bundled demo model)");
+  if (model_required) m->required();
+  cmd->add_option("--quantize", quantize,
+                  "Opt-in lossy transform PATTERN=FORMAT (repeatable), FORMAT one of mxfp4, fp8_e4m3_tensor, "
+                  "fp8_e4m3_block128, bf16; PATTERN a module glob such as '*.kv_b_proj'");
+  cmd->add_option("--max-quant-error", max_quant_error,
+                  "Refuse any --quantize transform whose relative Frobenius error exceeds this (default 0.05)");
+  cmd->add_flag("--allow-lossy", allow_lossy, "Lift the --max-quant-error guard (the plan says so)");
+  cmd->add_option("--threads", threads, "Worker threads (0 = all cores)");
+}
+
+PlanOptions ModelFlags::plan_options() const {
+  PlanOptions o;
+  for (const auto& q : quantize) o.quantize.push_back(QuantizeRule::parse(q));
+  o.max_quant_error = max_quant_error;
+  o.allow_lossy = allow_lossy;
+  return o;
+}
+
+std::string ModelFlags::model_dir() const { return resolve_model_dir(model); }
+
+}  // namespace latent::cli

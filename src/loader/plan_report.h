@@ -1,0 +1,41 @@
+// Human and JSON views of a PrecisionPlan (used by `latent plan`, the server start log and /v1/models).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "loader/precision_plan.h"
+
+namespace latent {
+
+struct PlanGroup {
+  std::string pattern;    // e.g. "model.layers.{1-3}.mlp.experts.*.{gate,up,down}_proj.weight"
+  std::string stored;     // "mxfp4 (quark, e8m0/32)"
+  std::string compute;    // "mxfp4 -> fp32 in registers"
+  std::string transform;  // "none" or the transform
+  int64_t tensors = 0;
+  int64_t params = 0;
+  uint64_t bytes = 0;
+  double max_rel_error = 0.0;
+};
+
+// Groups entries whose names differ only by layer / expert index (and then by projection name) and that share
+// stored / compute / transform. Skipped tensors (MTP, IndexShare) are grouped with transform "skipped: <why>".
+std::vector<PlanGroup> group_plan(const PrecisionPlan& plan);
+
+// The table printed by `latent plan` (groups, totals per stored format, activation scheme, warnings).
+std::string format_plan_text(const PrecisionPlan& plan, const ModelConfig& cfg, const std::string& model_dir,
+                             bool allow_lossy);
+
+// One object per weight tensor: name, shape, dtype, stored, compute, transform, rel_error, scheme, companions,
+// skipped (+ skip_reason).
+nlohmann::json plan_to_json(const PrecisionPlan& plan);
+
+// Short summary for /v1/models and logs: {"weights": {"mxfp4": params, ...}, "lossy_transforms": [...], ...}.
+nlohmann::json plan_summary(const PrecisionPlan& plan);
+
+// Bytes the entry occupies in the checkpoint (weight + companions).
+uint64_t entry_bytes(const PrecisionPlan& plan, const PlanEntry& e);
+
+}  // namespace latent

@@ -1,0 +1,56 @@
+// Token sampling (spec api.md §5.6). Pipeline per step: logit_bias (added) -> repetition_penalty (HF style, over
+// prompt + generated tokens) -> presence / frequency penalties (OpenAI definition, generated tokens only) ->
+// temperature -> top_k -> top_p -> min_p -> sample. temperature == 0 -> greedy argmax (ties -> lowest id), the
+// truncations are ignored. Logprobs are taken after bias, penalties and temperature (temperature 0 -> 1), before
+// truncation (§5.13.3).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace latent {
+
+struct SamplingParams {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int64_t top_k = 0;  // <= 0: disabled
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  std::optional<int64_t> seed;
+  int top_logprobs = 0;  // number of alternatives to report (0..20)
+  bool logprobs = false;
+};
+
+struct SampleResult {
+  int32_t token = -1;
+  float logprob = 0.0f;                              // of `token` (when logprobs requested)
+  std::vector<std::pair<int32_t, float>> top;        // top_logprobs alternatives, descending
+};
+
+class Sampler {
+ public:
+  // `stream` distinguishes the choices of one request (n > 1): the RNG is derived from (seed, stream).
+  Sampler(SamplingParams p, uint64_t stream);
+  // logits [V] are modified in place. `banned` (optional, size V): ids that must never be sampled (vocabulary
+  // padding without a token string). prompt and generated feed the penalties.
+  SampleResult sample(std::span<float> logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
+                      const std::vector<bool>* banned = nullptr);
+  const SamplingParams& params() const { return p_; }
+
+ private:
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+// Greedy argmax with ties to the lowest id, skipping banned ids.
+int32_t argmax(std::span<const float> logits, const std::vector<bool>* banned = nullptr);
+
+}  // namespace latent

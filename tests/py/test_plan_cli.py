@@ -1,0 +1,447 @@
+"""`latent plan` end to end: the precision plan of the committed tiny models, the --quantize guard, and a corpus of
+malformed checkpoints that must each give a one-line error naming the file or tensor and a non-zero exit.
+
+Runs the binary named by $LATENT_BIN (set by ctest; the ASan build runs the same file)."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "tests" / "models"
+LATENT = os.environ.get("LATENT_BIN", str(ROOT / "build" / "ci" / "latent"))
+
+
+def run(*args, check=None):
+    p = subprocess.run([LATENT, *map(str, args)], capture_output=True, text=True, timeout=300)
+    if check is not None:
+        assert (p.returncode == 0) == check, f"exit {p.returncode}\nstdout:{p.stdout[-2000:]}\nstderr:{p.stderr[-2000:]}"
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A tiny hand-written checkpoint (no torch needed): a glm_moe_dsa config and a few tensors.
+# ---------------------------------------------------------------------------------------------------------------
+
+CONFIG = {
+    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
+    "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+    "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+    "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
+    "index_n_heads": 4, "index_head_dim": 32, "index_topk": 8, "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 128, "tie_word_embeddings": False, "num_nextn_predict_layers": 0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+
+ST_DTYPES = {"BF16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "F16": 2}
+
+
+def tensor(dtype, shape, data=None):
+    n = int(np.prod(shape)) if shape else 1
+    nbytes = n * ST_DTYPES[dtype]
+    if data is None:
+        rng = np.random.default_rng(n)
+        if dtype == "F32":
+            data = (rng.standard_normal(n).astype(np.float32) * 0.1 + 1).tobytes()
+        elif dtype == "BF16":
+            f = rng.standard_normal(n).astype(np.float32) * 0.1
+            data = (f.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        elif dtype == "F8_E8M0":
+            data = bytes([120] * n)
+        else:
+            data = rng.integers(0, 255, n, dtype=np.uint8).tobytes()[:nbytes]
+    assert len(data) == nbytes, (dtype, shape, len(data), nbytes)
+    return {"dtype": dtype, "shape": list(shape), "data": data}
+
+
+def base_tensors(fp8=False, mxfp4=True):
+    """Tensors of layer 0 (dense) and layer 1 (MoE, experts MXFP4 or FP8)."""
+    t = {"model.embed_tokens.weight": tensor("BF16", [64, 64]), "model.norm.weight": tensor("BF16", [64]),
+         "lm_head.weight": tensor("BF16", [64, 64])}
+    for l in range(2):
+        p = f"model.layers.{l}."
+        t[p + "input_layernorm.weight"] = tensor("BF16", [64])
+        t[p + "self_attn.kv_b_proj.weight"] = tensor("BF16", [2 * 32, 32])
+        t[p + "self_attn.q_a_proj.weight"] = tensor("BF16", [32, 64])
+    t["model.layers.0.mlp.gate_proj.weight"] = tensor("BF16", [128, 64])
+    t["model.layers.1.mlp.gate.weight"] = tensor("BF16", [4, 64])
+    t["model.layers.1.mlp.gate.e_score_correction_bias"] = tensor("F32", [4])
+    for e in range(4):
+        p = f"model.layers.1.mlp.experts.{e}."
+        for proj, (o, i) in {"gate_proj": (32, 64), "up_proj": (32, 64), "down_proj": (64, 32)}.items():
+            if fp8:
+                t[p + proj + ".weight"] = tensor("F8_E4M3", [o, i], bytes([0x38] * (o * i)))
+                t[p + proj + ".weight_scale_inv"] = tensor("F32", [1, 1], np.float32([0.01]).tobytes())
+            elif mxfp4:
+                t[p + proj + ".weight"] = tensor("U8", [o, i // 2])
+                t[p + proj + ".weight_scale"] = tensor("U8", [o, i // 32], bytes([120] * (o * i // 32)))
+            else:
+                t[p + proj + ".weight"] = tensor("BF16", [o, i])
+    return t
+
+
+def write_st(path, tensors, header_override=None, raw_tail=b""):
+    header, blob, off = {}, b"", 0
+    for name, t in tensors.items():
+        header[name] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": [off, off + len(t["data"])]}
+        blob += t["data"]
+        off += len(t["data"])
+    if header_override is not None:
+        header = header_override(header)
+    hj = header if isinstance(header, (bytes, str)) else json.dumps(header)
+    hb = hj.encode() if isinstance(hj, str) else hj
+    Path(path).write_bytes(struct.pack("<Q", len(hb)) + hb + blob + raw_tail)
+
+
+def make_model(d, tensors=None, config=None, qc="quark"):
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = dict(CONFIG if config is None else config)
+    if qc == "quark":
+        cfg["quantization_config"] = {"quant_method": "quark",
+                                      "exclude": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*",
+                                                  "re:model.layers.0.*"]}
+    elif qc == "fp8":
+        cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (d / "config.json").write_text(json.dumps(cfg))
+    write_st(d / "model.safetensors", base_tensors() if tensors is None else tensors)
+    return d
+
+
+def test_handmade_checkpoint_plans(tmp_path):
+    d = make_model(tmp_path / "m")
+    p = run("plan", "--model", d, "--json", check=True)
+    plan = {o["name"]: o for o in json.loads(p.stdout)}
+    assert plan["model.layers.1.mlp.experts.3.down_proj.weight"]["stored"] == "mxfp4"
+    assert plan["model.layers.1.mlp.experts.3.down_proj.weight"]["shape"] == [64, 32]
+    assert plan["model.layers.0.self_attn.kv_b_proj.weight"]["stored"] == "bf16"
+    assert "model.layers.1.mlp.experts.0.up_proj.weight_scale" not in plan  # companions fold into their weight
+    assert p.stderr == ""  # config and tensors agree: no warning
+    text = run("plan", "--model", d, check=True).stdout
+    assert "model.layers.1.mlp.experts.*.{gate,up,down}_proj.weight" in text
+    assert "mxfp4 (quark, e8m0/32)" in text
+
+
+def test_config_disagreement_is_a_warning(tmp_path):
+    t = base_tensors(mxfp4=False)  # experts bf16 although quark does not exclude them
+    d = make_model(tmp_path / "m", t)
+    p = run("plan", "--model", d, "--json", check=True)
+    assert "model.layers.1.mlp.experts.0.gate_proj" in p.stderr and "warning" in p.stderr
+    plan = {o["name"]: o for o in json.loads(p.stdout)}
+    assert plan["model.layers.1.mlp.experts.0.gate_proj.weight"]["stored"] == "bf16"
+    assert plan["model.layers.1.mlp.experts.0.gate_proj.weight"]["compute"] == "bf16"
+
+
+def test_fp8_block_checkpoint(tmp_path):
+    d = make_model(tmp_path / "m", base_tensors(fp8=True), qc="fp8")
+    plan = {o["name"]: o for o in json.loads(run("plan", "--model", d, "--json", check=True).stdout)}
+    e = plan["model.layers.1.mlp.experts.2.gate_proj.weight"]
+    assert e["stored"] == "fp8_e4m3_block128" and e["transform"] == "none"
+    assert e["companions"] == ["model.layers.1.mlp.experts.2.gate_proj.weight_scale_inv"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Malformed checkpoints: each must fail with one line naming the file or tensor, exit code 1, no crash.
+# ---------------------------------------------------------------------------------------------------------------
+
+def _st(d):
+    return d / "model.safetensors"
+
+
+def m_truncated(d):
+    make_model(d)
+    b = _st(d).read_bytes()
+    _st(d).write_bytes(b[:5])
+    return "model.safetensors"
+
+
+def m_header_past_eof(d):
+    make_model(d)
+    b = _st(d).read_bytes()
+    _st(d).write_bytes(struct.pack("<Q", len(b) * 10) + b[8:])
+    return "model.safetensors"
+
+
+def m_truncated_data(d):
+    make_model(d)
+    b = _st(d).read_bytes()
+    _st(d).write_bytes(b[:-100])
+    return "model.safetensors"
+
+
+def m_bad_json(d):
+    make_model(d)
+    write_st(_st(d), {}, header_override=lambda h: b'{"a": [1, 2')
+    return "model.safetensors"
+
+
+def m_header_not_object(d):
+    make_model(d)
+    write_st(_st(d), {}, header_override=lambda h: b"[1, 2, 3]")
+    return "model.safetensors"
+
+
+def m_overlap(d):
+    make_model(d)
+    def ov(h):
+        h["model.norm.weight"]["data_offsets"] = list(h["model.embed_tokens.weight"]["data_offsets"])
+        h["model.norm.weight"]["data_offsets"][1] = h["model.norm.weight"]["data_offsets"][0] + 128
+        return h
+    write_st(_st(d), base_tensors(), header_override=ov)
+    return "model.norm.weight"
+
+
+def m_wrong_size(d):
+    make_model(d)
+    def ws(h):
+        h["model.norm.weight"]["shape"] = [65]
+        return h
+    write_st(_st(d), base_tensors(), header_override=ws)
+    return "model.norm.weight"
+
+
+def m_unknown_dtype(d):
+    make_model(d)
+    def ud(h):
+        h["model.norm.weight"]["dtype"] = "Q4_K"
+        return h
+    write_st(_st(d), base_tensors(), header_override=ud)
+    return "model.norm.weight"
+
+
+def m_duplicate_name(d):
+    make_model(d)
+    hdr = {"model.norm.weight": {"dtype": "BF16", "shape": [64], "data_offsets": [0, 128]}}
+    hj = json.dumps(hdr)[:-1] + ', "model.norm.weight": {"dtype": "BF16", "shape": [64], "data_offsets": [128, 256]}}'
+    write_st(_st(d), {}, header_override=lambda h: hj.encode(), raw_tail=bytes(256))
+    return "model.norm.weight"
+
+
+def m_negative_shape(d):
+    make_model(d)
+    def ns(h):
+        h["model.norm.weight"]["shape"] = [-64]
+        return h
+    write_st(_st(d), base_tensors(), header_override=ns)
+    return "model.norm.weight"
+
+
+def m_offsets_past_data(d):
+    make_model(d)
+    def op(h):
+        h["lm_head.weight"]["data_offsets"] = [10 ** 9, 10 ** 9 + 8192]
+        return h
+    write_st(_st(d), base_tensors(), header_override=op)
+    return "lm_head.weight"
+
+
+def _sharded(d, drop_shard=False, index_extra=None, index_json=None):
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({**CONFIG, "quantization_config": {
+        "quant_method": "quark", "exclude": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*", "re:model.layers.0.*"]}}))
+    t = base_tensors()
+    names = sorted(t)
+    a, b = names[: len(names) // 2], names[len(names) // 2:]
+    write_st(d / "model-00001-of-00002.safetensors", {n: t[n] for n in a})
+    if not drop_shard:
+        write_st(d / "model-00002-of-00002.safetensors", {n: t[n] for n in b})
+    wm = {n: "model-00001-of-00002.safetensors" for n in a} | {n: "model-00002-of-00002.safetensors" for n in b}
+    if index_extra:
+        wm.update(index_extra)
+    (d / "model.safetensors.index.json").write_text(index_json if index_json is not None else json.dumps({"weight_map": wm}))
+
+
+def m_missing_shard(d):
+    _sharded(d, drop_shard=True)
+    return "model-00002-of-00002.safetensors"
+
+
+def m_index_missing_tensor(d):
+    _sharded(d, index_extra={"model.layers.0.mlp.up_proj.weight": "model-00001-of-00002.safetensors"})
+    return "model.layers.0.mlp.up_proj.weight"
+
+
+def m_index_bad_json(d):
+    _sharded(d, index_json="{not json")
+    return "model.safetensors.index.json"
+
+
+def m_missing_scale(d):
+    t = base_tensors()
+    del t["model.layers.1.mlp.experts.2.up_proj.weight_scale"]
+    make_model(d, t)
+    return "model.layers.1.mlp.experts.2.up_proj"
+
+
+def m_scale_shape(d):
+    t = base_tensors()
+    t["model.layers.1.mlp.experts.1.down_proj.weight_scale"] = tensor("U8", [64, 2], bytes([120] * 128))
+    make_model(d, t)
+    return "model.layers.1.mlp.experts.1.down_proj.weight_scale"
+
+
+def m_nan_e8m0(d):
+    t = base_tensors()
+    s = bytearray([120] * 64)
+    s[17] = 0xFF
+    t["model.layers.1.mlp.experts.0.gate_proj.weight_scale"] = tensor("U8", [32, 2], bytes(s))
+    make_model(d, t)
+    return "model.layers.1.mlp.experts.0.gate_proj.weight_scale"
+
+
+def m_fp8_nan_scale(d):
+    t = base_tensors(fp8=True)
+    t["model.layers.1.mlp.experts.0.up_proj.weight_scale_inv"] = tensor("F32", [1, 1], np.float32([np.nan]).tobytes())
+    make_model(d, t, qc="fp8")
+    return "model.layers.1.mlp.experts.0.up_proj.weight_scale_inv"
+
+
+def m_fp8_block_scale_shape(d):
+    t = base_tensors(fp8=True)
+    t["model.layers.1.mlp.experts.0.up_proj.weight_scale_inv"] = tensor("F32", [2, 1], np.float32([1, 1]).tobytes())
+    make_model(d, t, qc="fp8")
+    return "model.layers.1.mlp.experts.0.up_proj.weight_scale_inv"
+
+
+def m_fp8_no_scale(d):
+    t = base_tensors(fp8=True)
+    del t["model.layers.1.mlp.experts.3.gate_proj.weight_scale_inv"]
+    make_model(d, t, qc="fp8")
+    return "model.layers.1.mlp.experts.3.gate_proj"
+
+
+def m_quantized_norm(d):
+    t = base_tensors()
+    t["model.norm.weight"] = tensor("U8", [64])
+    make_model(d, t)
+    return "model.norm.weight"
+
+
+def m_bf16_with_scale(d):
+    t = base_tensors()
+    t["model.layers.0.self_attn.kv_b_proj.weight_scale"] = tensor("U8", [64, 1])
+    make_model(d, t)
+    return "model.layers.0.self_attn.kv_b_proj"
+
+
+def m_no_config(d):
+    make_model(d)
+    (d / "config.json").unlink()
+    return "config.json"
+
+
+def m_config_bad_json(d):
+    make_model(d)
+    (d / "config.json").write_text('{"architectures": ["GlmMoeDsaForCausalLM"],')
+    return "config.json"
+
+
+def m_unknown_arch(d):
+    make_model(d, config={**CONFIG, "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    return "GlmMoeDsaForCausalLM"  # the error lists the supported ones
+
+
+def m_no_q_lora(d):
+    make_model(d, config={**CONFIG, "q_lora_rank": None})  # absent would take the class default, as in HF
+    return "q_lora_rank"
+
+
+def m_groups(d):
+    make_model(d, config={**CONFIG, "n_group": 3, "topk_group": 1})
+    return "n_group"
+
+
+def m_bad_quant_method(d):
+    make_model(d, qc=None)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return "awq"
+
+
+def m_no_safetensors(d):
+    make_model(d)
+    _st(d).unlink()
+    return str(d.name)
+
+
+MALFORMED = [v for k, v in sorted(globals().items()) if k.startswith("m_")]
+
+
+@pytest.mark.parametrize("maker", MALFORMED, ids=[m.__name__[2:] for m in MALFORMED])
+def test_malformed_checkpoint(tmp_path, maker):
+    d = tmp_path / "ckpt"
+    must_name = maker(d)
+    p = run("plan", "--model", d)
+    assert p.returncode == 1, f"exit {p.returncode}\nstderr: {p.stderr}"
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("latent: error: "), lines[0]
+    assert must_name in lines[0], f"error does not name {must_name!r}: {lines[0]}"
+    assert "AddressSanitizer" not in p.stderr and "runtime error" not in p.stderr
+
+
+def test_corpus_size():
+    assert len(MALFORMED) >= 20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The committed tiny models (tools/make_tiny_models.py).
+# ---------------------------------------------------------------------------------------------------------------
+
+def _plan(model, *extra, check=True):
+    p = run("plan", "--model", MODELS / model, "--json", *extra, check=check)
+    return p, ({o["name"]: o for o in json.loads(p.stdout)} if p.returncode == 0 else None)
+
+
+@pytest.mark.skipif(not (MODELS / "glm5-tiny-mxfp4").exists(), reason="tiny models not generated")
+def test_glm5_mxfp4_plan_keeps_kv_b_proj_bf16():
+    """The bug this project exists to prevent: kv_b_proj of a GLM-5 MXFP4 checkpoint is bf16 and must stay so."""
+    _, plan = _plan("glm5-tiny-mxfp4")
+    experts = [o for n, o in plan.items() if ".mlp.experts." in n and n.endswith("_proj.weight")]
+    assert experts and all(o["stored"] == "mxfp4" and o["compute"] == "mxfp4" for o in experts)
+    kvb = [o for n, o in plan.items() if n.endswith("kv_b_proj.weight")]
+    assert kvb and all(o["stored"] == "bf16" and o["compute"] == "bf16" and o["transform"] == "none"
+                       and o["rel_error"] == 0 for o in kvb)
+    assert all(o["transform"] == "none" for o in plan.values())
+
+
+@pytest.mark.skipif(not (MODELS / "glm5-tiny-mxfp4").exists(), reason="tiny models not generated")
+def test_quantize_guard_refuses_kv_b_proj_mxfp4():
+    p = run("plan", "--model", MODELS / "glm5-tiny-mxfp4", "--quantize", "*.kv_b_proj=mxfp4", "--json")
+    assert p.returncode == 1
+    assert "kv_b_proj" in p.stderr and "rel_error" in p.stderr and "--allow-lossy" in p.stderr
+    p, plan = _plan("glm5-tiny-mxfp4", "--quantize", "*.kv_b_proj=mxfp4", "--allow-lossy")
+    kvb = [o for n, o in plan.items() if n.endswith("kv_b_proj.weight")]
+    assert kvb and all(o["compute"] == "mxfp4" and o["transform"] != "none" and 0.09 < o["rel_error"] < 0.14
+                       and o.get("guard") == "lifted by --allow-lossy" for o in kvb)
+    others = [o for n, o in plan.items() if not n.endswith("kv_b_proj.weight")]
+    assert all(o["transform"] == "none" for o in others)
+    text = run("plan", "--model", MODELS / "glm5-tiny-mxfp4", "--quantize", "*.kv_b_proj=mxfp4", "--allow-lossy",
+               check=True).stdout
+    assert "guard lifted by --allow-lossy" in text
+
+
+@pytest.mark.skipif(not (MODELS / "glm5-tiny-mxfp4").exists(), reason="tiny models not generated")
+def test_quantize_fp8_within_budget_and_bad_rules():
+    _, plan = _plan("glm5-tiny-mxfp4", "--quantize", "*.o_proj=fp8_e4m3_tensor")
+    o = [v for n, v in plan.items() if n.endswith("o_proj.weight")]
+    assert o and all(0.015 < v["rel_error"] < 0.04 and v["compute"] == "fp8_e4m3_tensor" for v in o)
+    p = run("plan", "--model", MODELS / "glm5-tiny-mxfp4", "--quantize", "*.nothing=mxfp4")
+    assert p.returncode == 1 and "matches no Linear weight" in p.stderr
+    p = run("plan", "--model", MODELS / "glm5-tiny-mxfp4", "--quantize", "*.o_proj=int3")
+    assert p.returncode == 1 and "int3" in p.stderr
+
+
+@pytest.mark.skipif(not (MODELS / "v3-tiny-fp8").exists(), reason="tiny models not generated")
+def test_v3_fp8_plan():
+    _, plan = _plan("v3-tiny-fp8")
+    q = [o for n, o in plan.items() if n.endswith("q_b_proj.weight")]
+    assert q and all(o["stored"] == "fp8_e4m3_block128" for o in q)
+    assert plan["lm_head.weight"]["stored"] == "bf16"
