@@ -23,6 +23,9 @@ std::string resolve_model_dir(const std::string& flag) {
 
 void register_all(CLI::App& app) {
   register_plan(app);
+  register_tokenize(app);
+  register_detokenize(app);
+  register_render(app);
 }
 
 }  // namespace latent::cli
