@@ -23,6 +23,8 @@ std::string resolve_model_dir(const std::string& flag) {
 
 void register_all(CLI::App& app) {
   register_plan(app);
+  register_logits(app);
+  register_run(app);
   register_tokenize(app);
   register_detokenize(app);
   register_render(app);

@@ -1,0 +1,220 @@
+// membw_bench: this machine's streaming read bandwidth (GB/s) on 1 and 2 threads (sum over a buffer much larger
+// than the caches), and, with --ops, the achieved weight-read GB/s of the CPU backend's decode matmul (M = 1)
+// per weight format — the op-harness "perf mode".
+//
+//   membw_bench [--mb 1024] [--threads 1,2] [--reps 5] [--ops] [--isa avx512|avx2|scalar]
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "quant/float_formats.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// Sum of 64-bit words (the value keeps the loads alive). AVX2 when available: 4 independent 256-bit streams.
+__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
+  }
+  alignas(32) uint64_t t[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  uint64_t s = t[0] + t[1] + t[2] + t[3];
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+uint64_t sum_scalar(const uint64_t* p, size_t n) {
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += p[i];
+    s1 += p[i + 1];
+    s2 += p[i + 2];
+    s3 += p[i + 3];
+  }
+  for (; i < n; ++i) s0 += p[i];
+  return s0 + s1 + s2 + s3;
+}
+
+// Best-of-reps read bandwidth with `threads` threads, each reading its own contiguous slice once per rep.
+double read_bandwidth(const uint64_t* buf, size_t words, int threads, int reps, bool avx2) {
+  double best = 0.0;
+  std::atomic<uint64_t> sink{0};
+  for (int r = 0; r < reps; ++r) {
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    double t_end[64] = {};
+    std::vector<std::thread> th;
+    const size_t per = (words / static_cast<size_t>(threads)) & ~size_t(15);
+    for (int t = 0; t < threads; ++t) {
+      th.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (!go.load(std::memory_order_acquire)) {
+        }
+        const uint64_t* p = buf + static_cast<size_t>(t) * per;
+        sink.fetch_add(avx2 ? sum_avx2(p, per) : sum_scalar(p, per));
+        t_end[t] = now_s();
+      });
+    }
+    while (ready.load() < threads) {
+    }
+    const double t0 = now_s();
+    go.store(true, std::memory_order_release);
+    for (auto& x : th) x.join();
+    double t1 = t0;
+    for (int t = 0; t < threads; ++t) t1 = std::max(t1, t_end[t]);
+    best = std::max(best, static_cast<double>(per) * 8.0 * threads / (t1 - t0) / 1e9);
+  }
+  if (sink.load() == 42) std::printf(" ");
+  return best;
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    v.push_back(std::atoi(s.substr(i, j - i).c_str()));
+    i = j + 1;
+  }
+  return v;
+}
+
+// ---- --ops: decode matmul GB/s per format ----
+struct OwnedWeight {
+  std::vector<uint8_t> data, scale;
+  latent::QuantWeight q;
+};
+OwnedWeight make_weight(latent::WeightFormat f, int64_t rows, int64_t cols, std::mt19937& g) {
+  using latent::WeightFormat;
+  OwnedWeight w;
+  w.q.format = f;
+  w.q.rows = rows;
+  w.q.cols = cols;
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t n = rows * w.q.row_bytes();
+  w.data.resize(static_cast<size_t>(n));
+  if (f == WeightFormat::BF16) {
+    std::normal_distribution<float> nd(0.0f, 0.02f);
+    for (int64_t i = 0; i < n / 2; ++i) {
+      const uint16_t h = latent::f32_to_bf16(nd(g));
+      std::memcpy(w.data.data() + 2 * i, &h, 2);
+    }
+  } else {
+    for (auto& b : w.data) b = static_cast<uint8_t>(byte(g) & 0x77);  // no NaN fp8 codes
+  }
+  if (f == WeightFormat::MXFP4) {
+    w.scale.assign(static_cast<size_t>(rows * cols / 32), 120);
+  } else if (f == WeightFormat::FP8_E4M3_BLOCK) {
+    const int64_t ns = ((rows + 127) / 128) * ((cols + 127) / 128);
+    w.scale.resize(static_cast<size_t>(ns * 4));
+    const float one = 0.01f;
+    for (int64_t i = 0; i < ns; ++i) std::memcpy(w.scale.data() + 4 * i, &one, 4);
+  }
+  w.q.data = w.data.data();
+  w.q.scale = w.scale.empty() ? nullptr : w.scale.data();
+  return w;
+}
+
+void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
+  using latent::WeightFormat;
+  std::mt19937 g(1);
+  struct F {
+    WeightFormat f;
+    const char* name;
+    int64_t rows, cols;
+  };
+  // ≈ 128 MiB (bf16, fp8) / 72 MiB (mxfp4) of weights: far beyond the last-level cache.
+  const F fmts[] = {{WeightFormat::BF16, "bf16", 16384, 4096},
+                    {WeightFormat::FP8_E4M3_BLOCK, "fp8_block128", 32768, 4096},
+                    {WeightFormat::MXFP4, "mxfp4", 32768, 4096}};
+  std::printf("\ndecode matmul (M = 1), isa %s: weight GB/s (incl. scales)\n", latent::cpu_isa_name(isa));
+  for (const F& f : fmts) {
+    OwnedWeight w = make_weight(f.f, f.rows, f.cols, g);
+    const double bytes = static_cast<double>(w.data.size() + w.scale.size());
+    std::vector<float> x(static_cast<size_t>(f.cols), 0.5f), y(static_cast<size_t>(f.rows));
+    for (int t : threads) {
+      auto be = latent::make_cpu_backend(t, isa);
+      be->matmul(w.q, x.data(), 1, y.data());  // warm
+      double best = 1e30;
+      for (int r = 0; r < 5; ++r) {
+        const double t0 = now_s();
+        be->matmul(w.q, x.data(), 1, y.data());
+        best = std::min(best, now_s() - t0);
+      }
+      std::printf("  %-14s threads %d: %7.2f ms  %6.2f GB/s\n", f.name, t, best * 1e3, bytes / best / 1e9);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t mb = 1024;
+  int reps = 5;
+  bool ops = false;
+  std::vector<int> threads = {1, 2};
+  latent::CpuIsa isa = latent::cpu_isa_default();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--mb")
+      mb = static_cast<size_t>(std::atol(next().c_str()));
+    else if (a == "--reps")
+      reps = std::atoi(next().c_str());
+    else if (a == "--threads")
+      threads = parse_list(next());
+    else if (a == "--ops")
+      ops = true;
+    else if (a == "--isa") {
+      const std::string s = next();
+      isa = s == "avx512" ? latent::CpuIsa::Avx512 : s == "avx2" ? latent::CpuIsa::Avx2 : latent::CpuIsa::Scalar;
+    } else {
+      std::fprintf(stderr, "usage: membw_bench [--mb N] [--threads 1,2] [--reps N] [--ops] [--isa L]\n");
+      return 2;
+    }
+  }
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  const size_t words = mb * 1024 * 1024 / 8;
+  uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(64, words * 8));
+  if (!buf) {
+    std::fprintf(stderr, "cannot allocate %zu MiB\n", mb);
+    return 1;
+  }
+  for (size_t i = 0; i < words; ++i) buf[i] = i;  // touch every page
+  std::printf("streaming read bandwidth (%zu MiB buffer, best of %d, %s loads):\n", mb, reps,
+              avx2 ? "avx2" : "scalar");
+  for (int t : threads)
+    std::printf("  threads %d: %6.2f GB/s\n", t, read_bandwidth(buf, words, t, reps, avx2));
+  std::free(buf);
+  if (ops) run_ops(threads, isa);
+  return 0;
+}

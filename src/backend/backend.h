@@ -1,0 +1,140 @@
+// Backend: one virtual per op family; the model's forward pass (src/model) is written only against this
+// interface. Conventions for every op:
+//   * activations are fp32, row-major, contiguous (no strides unless a parameter says so);
+//   * weights are QuantWeight views in their STORED format (memory-mapped checkpoint bytes), dequantized row by
+//     row inside the op — never re-quantized, never upcast into a persistent copy;
+//   * small per-channel vectors (norm weights, biases, router bias) are passed as fp32 arrays (lossless copies
+//     made at model load);
+//   * `bf16` = true emulates HF bf16 runs (spec §8): the op rounds its outputs (and the documented internal
+//     points) to bf16 while still computing in fp32. Ops without the flag produce exact fp32 results; the model
+//     rounds their outputs with round_bf16() when it runs in bf16-activation mode;
+//   * ops never throw; arguments are validated by the caller (the model validates shapes at load).
+// The scalar reference implementation (src/kernels/ref, make_ref_backend) is the oracle every other backend is
+// compared against (op harness, tests/kernels).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quant/weight_format.h"
+
+namespace latent {
+
+// RoPE table, shared by all positions: angle(p, i) = float(p) * inv_freq[i] (fp32 multiply);
+// cos/sin are multiplied by attention_factor (spec §3.3).
+struct RopeParams {
+  const float* inv_freq = nullptr;  // [dim/2]
+  int64_t dim = 0;                  // rotated dims (dr), even
+  float attention_factor = 1.0f;
+  bool interleaved = true;  // true: pairs (x[2i], x[2i+1]); false (NeoX half-split): pairs (x[i], x[i+dim/2])
+};
+
+// Which keys each query may attend to. Keys are rows 0..T-1 of a layer's cache; key row t has position t.
+// Query s (position q_pos[s]) always sees only keys t <= q_pos[s] (causal). When `sel` is non-null it additionally
+// restricts query s to keys { sel[s*stride + j] : j < count[s] } (DSA top-k selection, indices in [0, T)).
+struct KeySelection {
+  const int32_t* sel = nullptr;    // [S, stride]
+  const int32_t* count = nullptr;  // [S]
+  int64_t stride = 0;
+};
+
+// MLA dimensions (spec notation).
+struct MlaDims {
+  int64_t n_heads = 0;  // H
+  int64_t nope = 0;     // dn
+  int64_t rope = 0;     // dr
+  int64_t v = 0;        // dv
+  int64_t latent = 0;   // dc
+  int64_t qk() const { return nope + rope; }
+};
+
+struct RouterParams {
+  int64_t n_experts = 0;  // E
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  int64_t top_k = 1;  // K
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int num_threads() const = 0;
+
+  // ---------------- linear ----------------
+  // y[m, o] = Σ_i x[m, i] · W[o, i]  for m < M.  x [M, w.cols], y [M, w.rows].
+  virtual void matmul(const QuantWeight& w, const float* x, int64_t M, float* y) = 0;
+  // Expert-grouped matmul: rows offsets[g] .. offsets[g+1]-1 of x are multiplied by *w[g] (y = x·W[g]ᵀ).
+  // All w[g] have the same rows/cols (formats may differ). x [offsets[n_groups], cols], y [offsets[n_groups], rows].
+  // Groups with no rows are skipped (their w[g] may be null).
+  virtual void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
+                              float* y) = 0;
+  // out[m, :] = row ids[m] of table [V, D] (dequantized). ids must be in [0, V).
+  virtual void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) = 0;
+
+  // ---------------- norms / elementwise ----------------
+  // y = x · rsqrt(mean(x²) + eps) · w   per row; x, y [M, D] (may alias). bf16: y = bf16(w · bf16(normalized)).
+  virtual void rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16) = 0;
+  // y = (x − mean) · rsqrt(var + eps) · w + b   per row (biased variance); x, y [M, D] (may alias).
+  virtual void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
+                          bool bf16) = 0;
+  // In-place RoPE on the first p.dim values of each head: head h of token t starts at
+  // x + t*token_stride + h*head_stride; token t has position pos[t]. bf16: cos/sin and products rounded (spec §8).
+  virtual void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+                    const int64_t* pos, const RopeParams& p, bool bf16) = 0;
+  // out[i] = SiLU(gate[i]) · up[i]   (out may alias gate or up). bf16: out = bf16(bf16(SiLU(gate)) · up).
+  virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16) = 0;
+  // y[i] += x[i]. bf16: y = bf16(y + x).
+  virtual void add(float* y, const float* x, int64_t n, bool bf16) = 0;
+  // x[i] = bf16(x[i]) (round to nearest even).
+  virtual void round_bf16(float* x, int64_t n) = 0;
+
+  // ---------------- MLA attention (spec §3.2, §3.4) ----------------
+  // q [S, H, dn+dr]: per head q_nope then q_pe (already rotated). Keys/values are cache rows 0..T-1.
+  // o [S, H, dv]. score = (q·k)·scale, masked per `sel` (KeySelection), softmax over keys, o = Σ P·v.
+  //
+  // Naive (prefill) form: kvb [T, H, dn+dv] = c·Wkv_bᵀ (k_nope then v per head), k_pe [T, dr] (rotated, shared by
+  // all heads). bf16: scores, scaled scores, probabilities and o rounded as HF eager attention does.
+  virtual void mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S,
+                                   int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
+                                   bool bf16) = 0;
+  // Weight-absorbed (decode) form over the latent cache: c [T, dc] (after kv_a_layernorm), k_pe [T, dr] (rotated).
+  // kv_b is kv_b_proj [H·(dn+dv), dc] in its stored format: W_UK[h] = rows h·(dn+dv) .. +dn, W_UV[h] = the next dv
+  // rows. q_lat = W_UK[h]ᵀ·q_nope; score = (q_lat·c[t] + q_pe·k_pe[t])·scale; o = W_UV[h]·Σ_t P·c[t].
+  virtual void mla_attention_absorbed(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
+                                      const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
+                                      const KeySelection& sel, float scale, float* o, bool bf16) = 0;
+
+  // ---------------- DSA lightning indexer (spec §4.1) ----------------
+  // scores[s, t] = Σ_j w[s, j] · ReLU(scale · q[s, j, :]·k[t, :])  for t <= q_pos[s], −inf otherwise.
+  // q [S, n_heads, head_dim], w [S, n_heads] (already includes n_heads^-0.5), k [T, head_dim], scores [S, T].
+  virtual void indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
+                              int64_t head_dim, float scale, const int64_t* q_pos, float* scores) = 0;
+  // Per row s: the min(k, q_pos[s]+1) highest-scoring keys among t <= q_pos[s] (t < T), ordered by score
+  // descending, ties to the lower t. sel [S, k], count [S].
+  virtual void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
+                           int32_t* count) = 0;
+
+  // ---------------- MoE (spec §5) ----------------
+  // logits [M, E] fp32 (x·W_gateᵀ) → s = sigmoid(logits); selection on s + bias (bias [E] or null), group-limited;
+  // weights = s[ids] (normalized if norm_topk_prob) · routed_scaling_factor. ids/weights [M, K] in selection order.
+  virtual void router(const float* logits, const float* bias, int64_t M, const RouterParams& p, int32_t* ids,
+                      float* weights) = 0;
+  // y[token[i], :] += weight[i] · x[i, :]  for i = 0..n-1 in order (x [n, D], y [*, D]).
+  // bf16: y = bf16(y + bf16(weight · x)) (HF eager experts, accumulated in ascending expert order).
+  virtual void scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
+                                    float* y, bool bf16) = 0;
+};
+
+// The scalar reference backend (src/kernels/ref): fp32 math, double accumulation; `threads` = 0 → all cores.
+std::unique_ptr<Backend> make_ref_backend(int threads);
+// By name: "ref", "cpu" (the optimized CPU backend when built; falls back to "ref" otherwise). Throws Error on an
+// unknown name.
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads);
+// Names accepted by make_backend in this build.
+std::vector<std::string> backend_names();
+
+}  // namespace latent

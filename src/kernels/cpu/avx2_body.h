@@ -1,0 +1,704 @@
+// Internal include fragment: the 256-bit kernels of the CPU backend. Included by kernels_avx2.cpp (target
+// "avx2,fma,f16c") and by kernels_avx512.cpp (its AVX-512 target, which contains AVX2), after defining
+// LATENT_CPU_TARGET. Everything here has internal linkage (anonymous namespace) and every function that uses
+// intrinsics carries the target attribute, so each includer gets its own copy compiled for its own ISA and
+// nothing compiled with wide instructions can be shared with (or picked by the linker for) baseline code.
+//
+// Layouts of prepared x (see cpu_kernels.h), 256-bit:
+//   BF16: groups of 16 columns: xp[j] = x[2j], xp[8+j] = x[2j+1] (j < 8) — a dword of two bf16 gives the even
+//         element by a left shift and the odd one by a mask, no shuffle.
+//   MXFP4: per 32-element block: xp[8v + 4h + i] = x[4i + h + {0,2,16,18}[v]] — the order the nibble split
+//         (lane 0 low nibbles, lane 1 high nibbles), two pshufb table look-ups (bytes 2 and 3 of the fp32 value)
+//         and the byte/word unpacks produce.
+//   others: natural.
+#pragma once
+#ifndef LATENT_CPU_TARGET
+#error "define LATENT_CPU_TARGET before including avx2_body.h"
+#endif
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "quant/float_formats.h"
+
+#define LT __attribute__((target(LATENT_CPU_TARGET), unused))
+#define LTI __attribute__((target(LATENT_CPU_TARGET), always_inline)) inline
+
+namespace latent::cpu {
+namespace {
+
+inline float bf16r_s(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+inline float load_f32u(const void* base, int64_t i) {
+  float v;
+  std::memcpy(&v, static_cast<const uint8_t*>(base) + i * 4, 4);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Basic vector helpers
+// ---------------------------------------------------------------------------------------------------------------
+LTI float hsum8(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+
+// Value barriers: keep a product rounded on its own so the compiler cannot contract `a*b + c` into an FMA (GCC
+// contracts by default in C++ when FMA is enabled); used where the ref result is a separately rounded product.
+LTI __m256 opaque8(__m256 v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+LTI float opaque1(float v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+
+LTI __m256 bf16r8(__m256 x) {  // RNE to bf16, NaN kept (quiet bit set), as f32_to_bf16
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb);
+  const __m256i hm = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  r = _mm256_and_si256(r, hm);
+  const __m256i q = _mm256_and_si256(_mm256_or_si256(b, _mm256_set1_epi32(0x00400000)), hm);
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan);
+}
+
+// exp(x) in fp32 (Cephes expf polynomial, ~1 ulp); x < -87.3 → 0, x > 88.3 → exp(88.3); NaN → NaN.
+LTI __m256 exp8(__m256 x0) {
+  const __m256 x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x0));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  const __m256 res = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  const __m256 tiny = _mm256_cmp_ps(x0, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+  return _mm256_andnot_ps(tiny, res);
+}
+
+LT float v2_dot(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+LT void v2_axpy(float a, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+LT void v2_scaled_add(float a, const float* x, float* y, int64_t n, bool bf16) {
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t i = 0;
+  if (bf16) {
+    for (; i + 8 <= n; i += 8) {
+      const __m256 p = bf16r8(_mm256_mul_ps(av, _mm256_loadu_ps(x + i)));
+      _mm256_storeu_ps(y + i, bf16r8(_mm256_add_ps(_mm256_loadu_ps(y + i), p)));
+    }
+    for (; i < n; ++i) y[i] = bf16r_s(y[i] + bf16r_s(a * x[i]));
+  } else {
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(y + i,
+                       _mm256_add_ps(_mm256_loadu_ps(y + i), opaque8(_mm256_mul_ps(av, _mm256_loadu_ps(x + i)))));
+    for (; i < n; ++i) y[i] = y[i] + opaque1(a * x[i]);
+  }
+}
+
+LT float v2_exp_sub_sum(float* x, int64_t n, float sub) {
+  const __m256 sv = _mm256_set1_ps(sub);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sv));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float s = hsum8(acc);
+  if (i < n) {
+    alignas(32) float t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = i; j < n; ++j) t[j - i] = x[j] - sub;
+    const __m256 e = exp8(_mm256_load_ps(t));
+    _mm256_store_ps(t, e);
+    for (int64_t j = i; j < n; ++j) {
+      x[j] = t[j - i];
+      s += t[j - i];
+    }
+  }
+  return s;
+}
+
+LT void v2_rms_norm_row(const float* x, const float* w, int64_t D, float eps, float* y, bool bf16) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = a0;
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    a0 = _mm256_fmadd_pd(lo, lo, a0);
+    a1 = _mm256_fmadd_pd(hi, hi, a1);
+  }
+  alignas(32) double t[4];
+  _mm256_store_pd(t, _mm256_add_pd(a0, a1));
+  double ss = (t[0] + t[1]) + (t[2] + t[3]);
+  for (; i < D; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const double r = 1.0 / std::sqrt(ss / static_cast<double>(D) + static_cast<double>(eps));
+  const __m256d rv = _mm256_set1_pd(r);
+  i = 0;
+  for (; i + 8 <= D; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), rv));
+    const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), rv));
+    __m256 nv = _mm256_set_m128(hi, lo);
+    if (bf16) nv = bf16r8(nv);
+    __m256 o = _mm256_mul_ps(nv, _mm256_loadu_ps(w + i));
+    if (bf16) o = bf16r8(o);
+    _mm256_storeu_ps(y + i, o);
+  }
+  for (; i < D; ++i) {
+    float nv = static_cast<float>(x[i] * r);
+    if (bf16) nv = bf16r_s(nv);
+    const float v = nv * w[i];
+    y[i] = bf16 ? bf16r_s(v) : v;
+  }
+}
+
+LT void v2_silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    if (bf16) s = bf16r8(s);
+    __m256 v = _mm256_mul_ps(s, _mm256_loadu_ps(up + i));
+    if (bf16) v = bf16r8(v);
+    _mm256_storeu_ps(out + i, v);
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    float s = g / (1.0f + std::exp(-g));
+    if (bf16) s = bf16r_s(s);
+    const float v = s * up[i];
+    out[i] = bf16 ? bf16r_s(v) : v;
+  }
+}
+
+LT void v2_add(float* y, const float* x, int64_t n, bool bf16) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i));
+    if (bf16) v = bf16r8(v);
+    _mm256_storeu_ps(y + i, v);
+  }
+  for (; i < n; ++i) {
+    const float v = y[i] + x[i];
+    y[i] = bf16 ? bf16r_s(v) : v;
+  }
+}
+
+LT void v2_round_bf16(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, bf16r8(_mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) x[i] = bf16r_s(x[i]);
+}
+
+LT void v2_rope_interleaved(float* v, const float* cc, const float* ss, int64_t dim, bool bf16) {
+  int64_t i = 0;
+  for (; i + 8 <= dim; i += 8) {
+    const __m256 x = _mm256_loadu_ps(v + i);
+    const __m256 sw = _mm256_permute_ps(x, 0xB1);  // swap the two elements of every pair
+    __m256 p1 = opaque8(_mm256_mul_ps(x, _mm256_loadu_ps(cc + i)));
+    __m256 p2 = opaque8(_mm256_mul_ps(sw, _mm256_loadu_ps(ss + i)));
+    if (bf16) {
+      p1 = bf16r8(p1);
+      p2 = bf16r8(p2);
+    }
+    __m256 o = _mm256_add_ps(p1, p2);
+    if (bf16) o = bf16r8(o);
+    _mm256_storeu_ps(v + i, o);
+  }
+  for (; i + 1 < dim; i += 2) {
+    const float a = v[i], b = v[i + 1], c = cc[i], s = ss[i + 1];
+    if (bf16) {
+      v[i] = bf16r_s(bf16r_s(a * c) - bf16r_s(b * s));
+      v[i + 1] = bf16r_s(bf16r_s(b * c) + bf16r_s(a * s));
+    } else {
+      v[i] = opaque1(a * c) - opaque1(b * s);
+      v[i + 1] = opaque1(b * c) + opaque1(a * s);
+    }
+  }
+}
+
+LT void v2_rope_half(float* v, const float* c, const float* s, int64_t half, bool bf16) {
+  int64_t i = 0;
+  for (; i + 8 <= half; i += 8) {
+    const __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + half + i);
+    const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+    __m256 ac = opaque8(_mm256_mul_ps(a, cv)), bs = opaque8(_mm256_mul_ps(b, sv)),
+           bc = opaque8(_mm256_mul_ps(b, cv)), as = opaque8(_mm256_mul_ps(a, sv));
+    if (bf16) {
+      ac = bf16r8(ac);
+      bs = bf16r8(bs);
+      bc = bf16r8(bc);
+      as = bf16r8(as);
+    }
+    __m256 ya = _mm256_sub_ps(ac, bs), yb = _mm256_add_ps(bc, as);
+    if (bf16) {
+      ya = bf16r8(ya);
+      yb = bf16r8(yb);
+    }
+    _mm256_storeu_ps(v + i, ya);
+    _mm256_storeu_ps(v + half + i, yb);
+  }
+  for (; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    if (bf16) {
+      v[i] = bf16r_s(bf16r_s(a * c[i]) - bf16r_s(b * s[i]));
+      v[i + half] = bf16r_s(bf16r_s(b * c[i]) + bf16r_s(a * s[i]));
+    } else {
+      v[i] = opaque1(a * c[i]) - opaque1(b * s[i]);
+      v[i + half] = opaque1(b * c[i]) + opaque1(a * s[i]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Weight decoders (256-bit)
+// ---------------------------------------------------------------------------------------------------------------
+// e2m1 code -> bytes 2 and 3 of its fp32 value (bytes 0 and 1 are zero for every e2m1 value).
+alignas(16) inline constexpr uint8_t kMxLo[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0,
+                                                  0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0};
+alignas(16) inline constexpr uint8_t kMxHi[16] = {0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
+                                                  0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
+inline constexpr int kMxOff[4] = {0, 2, 16, 18};
+
+struct Mx2Const {
+  __m256i tlo, thi, m0f, sh, hm;
+};
+LTI Mx2Const mx2_const() {
+  Mx2Const c;
+  c.tlo = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxLo)));
+  c.thi = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxHi)));
+  c.m0f = _mm256_set1_epi8(0x0F);
+  c.sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+  c.hm = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  return c;
+}
+// One 32-element MXFP4 block (16 bytes) -> f0..f3 (unscaled e2m1 values) in the MXFP4 xp order.
+LTI void mx2_decode(const uint8_t* q, const Mx2Const& c, __m256& f0, __m256& f1, __m256& f2, __m256& f3) {
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  const __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(b, c.sh), c.m0f);
+  const __m256i lb = _mm256_shuffle_epi8(c.tlo, codes), hb = _mm256_shuffle_epi8(c.thi, codes);
+  const __m256i wa = _mm256_unpacklo_epi8(lb, hb), wb = _mm256_unpackhi_epi8(lb, hb);
+  f0 = _mm256_castsi256_ps(_mm256_slli_epi32(wa, 16));
+  f1 = _mm256_castsi256_ps(_mm256_and_si256(wa, c.hm));
+  f2 = _mm256_castsi256_ps(_mm256_slli_epi32(wb, 16));
+  f3 = _mm256_castsi256_ps(_mm256_and_si256(wb, c.hm));
+}
+
+// 16 e4m3 codes -> 16 floats equal to value / 256 (fn) or value / 128 (fnuz): the code's sign|exp|mantissa bits
+// placed as an f16 (exact, subnormals included) and converted with F16C. NaN codes decode as finite numbers; the
+// caller ORs `nan` with the NaN-code mask and takes a slow path when it is set.
+LTI void fp8_decode16(__m128i v, bool fnuz, __m256& lo, __m256& hi, __m128i& nan) {
+  const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(v), 8);
+  const __m256i h = _mm256_and_si256(_mm256_srai_epi16(t, 1), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  const __m128i m = fnuz ? _mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(0x80)))
+                         : _mm_cmpeq_epi8(_mm_and_si128(v, _mm_set1_epi8(0x7F)), _mm_set1_epi8(0x7F));
+  nan = _mm_or_si128(nan, m);
+}
+
+// Natural-order decoders for the generic kernel: 16 elements at a time (times a per-format multiplier) and one
+// element (exact).
+struct DecF32 {
+  static constexpr int kBytes = 4;
+  LTI static void load16(const uint8_t* p, bool, __m256& lo, __m256& hi, __m128i&) {
+    lo = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    hi = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 32));
+  }
+  static float one(const uint8_t* p, bool) { return load_f32u(p, 0); }
+};
+struct DecF16 {
+  static constexpr int kBytes = 2;
+  LTI static void load16(const uint8_t* p, bool, __m256& lo, __m256& hi, __m128i&) {
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  }
+  static float one(const uint8_t* p, bool) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_to_f32(h);
+  }
+};
+struct DecFp8 {
+  static constexpr int kBytes = 1;
+  LTI static void load16(const uint8_t* p, bool fnuz, __m256& lo, __m256& hi, __m128i& nan) {
+    fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), fnuz, lo, hi, nan);
+  }
+  static float one(const uint8_t* p, bool fnuz) { return fnuz ? kE4M3FnuzToF32[*p] : kE4M3FnToF32[*p]; }
+};
+
+inline bool is_fp8(WeightFormat f) {
+  return f == WeightFormat::FP8_E4M3_BLOCK || f == WeightFormat::FP8_E4M3_TENSOR ||
+         f == WeightFormat::FP8_E4M3_CHANNEL;
+}
+
+// Column-block scale structure of a natural-format row: blocks of `bc` columns, scale(j) = scale[s0 + j].
+struct RowScales {
+  int64_t bc;
+  int64_t s0;
+  const void* scale;
+  float mult;  // fp8 decoders return value / mult
+  LTI float at(int64_t j) const { return scale ? load_f32u(scale, s0 + j) : 1.0f; }
+};
+inline RowScales row_scales(const QuantWeight& w, int64_t r) {
+  RowScales s{w.cols, 0, nullptr, 1.0f};
+  if (is_fp8(w.format)) {
+    s.scale = w.scale;
+    s.mult = w.fnuz ? 128.0f : 256.0f;
+    if (w.format == WeightFormat::FP8_E4M3_BLOCK) {
+      s.bc = w.block_cols;
+      s.s0 = (r / w.block_rows) * w.scale_cols();
+    } else if (w.format == WeightFormat::FP8_E4M3_CHANNEL) {
+      s.s0 = r;
+    }
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Prepared-x permutations (256-bit layouts)
+// ---------------------------------------------------------------------------------------------------------------
+inline void perm_bf16_16(const float* x, float* xp) {
+  for (int j = 0; j < 8; ++j) {
+    xp[j] = x[2 * j];
+    xp[8 + j] = x[2 * j + 1];
+  }
+}
+inline void perm_mx_32(const float* x, float* xp) {
+  for (int v = 0; v < 4; ++v)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 4; ++i) xp[8 * v + 4 * h + i] = x[4 * i + h + kMxOff[v]];
+}
+
+[[maybe_unused]] bool v2_permutes(WeightFormat f) { return f == WeightFormat::BF16 || f == WeightFormat::MXFP4; }
+
+[[maybe_unused]] void v2_prep_x(WeightFormat f, const float* x, int64_t M, int64_t K, float* xp) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * K;
+    float* o = xp + m * K;
+    int64_t k = 0;
+    if (f == WeightFormat::BF16) {
+      for (; k + 16 <= K; k += 16) perm_bf16_16(xm + k, o + k);
+    } else if (f == WeightFormat::MXFP4) {
+      for (; k + 32 <= K; k += 32) perm_mx_32(xm + k, o + k);
+    }
+    for (; k < K; ++k) o[k] = xm[k];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Matmul kernels (256-bit). MT = activation rows handled together (1..4); each weight row is decoded once per MT.
+// ---------------------------------------------------------------------------------------------------------------
+template <int MT>
+LT void v2_mm_bf16(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const int64_t K = w.cols, K16 = K & ~int64_t(15);
+  const __m256i hm = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * 2 * K;
+    __m256 a0[MT], a1[MT];
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
+    int64_t k = 0;
+    if constexpr (MT <= 2) {
+      __m256 b0[MT], b1[MT];
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) b0[m] = b1[m] = _mm256_setzero_ps();
+      for (; k + 32 <= K16; k += 32) {
+        const __m256i d0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
+        const __m256i d1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k + 32));
+        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(d0, 16));
+        const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(d0, hm));
+        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(d1, 16));
+        const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(d1, hm));
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const float* xm = x + m * K + k;
+          a0[m] = _mm256_fmadd_ps(e0, _mm256_loadu_ps(xm), a0[m]);
+          a1[m] = _mm256_fmadd_ps(o0, _mm256_loadu_ps(xm + 8), a1[m]);
+          b0[m] = _mm256_fmadd_ps(e1, _mm256_loadu_ps(xm + 16), b0[m]);
+          b1[m] = _mm256_fmadd_ps(o1, _mm256_loadu_ps(xm + 24), b1[m]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) {
+        a0[m] = _mm256_add_ps(a0[m], b0[m]);
+        a1[m] = _mm256_add_ps(a1[m], b1[m]);
+      }
+    }
+    for (; k < K16; k += 16) {
+      const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
+      const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+      const __m256 o = _mm256_castsi256_ps(_mm256_and_si256(d, hm));
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) {
+        const float* xm = x + m * K + k;
+        a0[m] = _mm256_fmadd_ps(e, _mm256_loadu_ps(xm), a0[m]);
+        a1[m] = _mm256_fmadd_ps(o, _mm256_loadu_ps(xm + 8), a1[m]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) {
+      float s = hsum8(_mm256_add_ps(a0[m], a1[m]));
+      for (int64_t c = K16; c < K; ++c) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * c, 2);
+        s += bf16_to_f32(h) * x[m * K + c];
+      }
+      y[m * ldy + (r - r0)] = s;
+    }
+  }
+}
+
+template <int MT>
+LT void v2_mm_mxfp4(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const int64_t K = w.cols, nb = K / 32;
+  const Mx2Const c = mx2_const();
+  const float* e8 = kE8M0ToF32.data();
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (K / 2);
+    const uint8_t* sc = static_cast<const uint8_t*>(w.scale) + r * nb;
+    __m256 acc[MT][2];
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+#pragma GCC unroll 2
+      for (int u = 0; u < 2; ++u) {
+        __m256 f0, f1, f2, f3;
+        mx2_decode(q + (b + u) * 16, c, f0, f1, f2, f3);
+        const __m256 s = _mm256_broadcast_ss(e8 + sc[b + u]);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const float* xb = x + m * K + (b + u) * 32;
+          __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
+          t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
+          t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
+          t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
+          acc[m][u] = _mm256_fmadd_ps(t, s, acc[m][u]);
+        }
+      }
+    }
+    if (b < nb) {
+      __m256 f0, f1, f2, f3;
+      mx2_decode(q + b * 16, c, f0, f1, f2, f3);
+      const __m256 s = _mm256_broadcast_ss(e8 + sc[b]);
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) {
+        const float* xb = x + m * K + b * 32;
+        __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
+        t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
+        t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
+        t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
+        acc[m][0] = _mm256_fmadd_ps(t, s, acc[m][0]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) y[m * ldy + (r - r0)] = hsum8(_mm256_add_ps(acc[m][0], acc[m][1]));
+  }
+}
+
+// F32 / F16 / FP8 (block, tensor, channel): natural order, column blocks with one scale each.
+template <class Dec, int MT>
+LT void v2_mm_nat(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const int64_t K = w.cols;
+  const bool fnuz = w.fnuz;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * K * Dec::kBytes;
+    const RowScales rs = row_scales(w, r);
+    __m256 tot[MT];
+    float tail[MT];
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) {
+      tot[m] = _mm256_setzero_ps();
+      tail[m] = 0.0f;
+    }
+    __m128i nan = _mm_setzero_si128();
+    for (int64_t c0 = 0, j = 0; c0 < K; c0 += rs.bc, ++j) {
+      const int64_t c1 = c0 + rs.bc < K ? c0 + rs.bc : K;
+      const float s = rs.at(j);
+      __m256 a0[MT], a1[MT];
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
+      int64_t c = c0;
+      if constexpr (MT <= 2) {
+        __m256 b0[MT], b1[MT];
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) b0[m] = b1[m] = _mm256_setzero_ps();
+        for (; c + 32 <= c1; c += 32) {
+          __m256 lo, hi, lo2, hi2;
+          Dec::load16(row + c * Dec::kBytes, fnuz, lo, hi, nan);
+          Dec::load16(row + (c + 16) * Dec::kBytes, fnuz, lo2, hi2, nan);
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) {
+            const float* xm = x + m * K + c;
+            a0[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xm), a0[m]);
+            a1[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xm + 8), a1[m]);
+            b0[m] = _mm256_fmadd_ps(lo2, _mm256_loadu_ps(xm + 16), b0[m]);
+            b1[m] = _mm256_fmadd_ps(hi2, _mm256_loadu_ps(xm + 24), b1[m]);
+          }
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          a0[m] = _mm256_add_ps(a0[m], b0[m]);
+          a1[m] = _mm256_add_ps(a1[m], b1[m]);
+        }
+      }
+      for (; c + 16 <= c1; c += 16) {
+        __m256 lo, hi;
+        Dec::load16(row + c * Dec::kBytes, fnuz, lo, hi, nan);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const float* xm = x + m * K + c;
+          a0[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xm), a0[m]);
+          a1[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xm + 8), a1[m]);
+        }
+      }
+      const __m256 sv = _mm256_set1_ps(s * rs.mult);
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) tot[m] = _mm256_fmadd_ps(_mm256_add_ps(a0[m], a1[m]), sv, tot[m]);
+      for (; c < c1; ++c) {
+        const float wv = Dec::one(row + c * Dec::kBytes, fnuz) * s;
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) tail[m] += wv * x[m * K + c];
+      }
+    }
+    if (!_mm_testz_si128(nan, nan)) {  // NaN code in the row: exact scalar path
+      kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y + (r - r0), ldy);
+      continue;
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) y[m * ldy + (r - r0)] = hsum8(tot[m]) + tail[m];
+  }
+}
+
+template <int MT>
+LT void v2_mm_tile(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  switch (w.format) {
+    case WeightFormat::BF16: return v2_mm_bf16<MT>(w, x, r0, r1, y, ldy);
+    case WeightFormat::MXFP4: return v2_mm_mxfp4<MT>(w, x, r0, r1, y, ldy);
+    case WeightFormat::F32: return v2_mm_nat<DecF32, MT>(w, x, r0, r1, y, ldy);
+    case WeightFormat::F16: return v2_mm_nat<DecF16, MT>(w, x, r0, r1, y, ldy);
+    case WeightFormat::FP8_E4M3_BLOCK:
+    case WeightFormat::FP8_E4M3_TENSOR:
+    case WeightFormat::FP8_E4M3_CHANNEL: return v2_mm_nat<DecFp8, MT>(w, x, r0, r1, y, ldy);
+  }
+}
+
+// Rows per block when M needs several tiles: the block's weights stay in L2 while every tile streams them.
+inline int64_t tile_rows(const QuantWeight& w) {
+  const int64_t rb = w.row_bytes() > 0 ? (256 * 1024) / w.row_bytes() : 1;
+  return rb < 1 ? 1 : rb;
+}
+
+LT void v2_matmul_rows(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y,
+                       int64_t ldy) {
+  const int64_t K = w.cols;
+  if (M <= 0 || r1 <= r0) return;
+  const int64_t rb = M <= 4 ? r1 - r0 : tile_rows(w);
+  for (int64_t rs = r0; rs < r1; rs += rb) {
+    const int64_t re = rs + rb < r1 ? rs + rb : r1;
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      const int64_t mt = M - m0 < 4 ? M - m0 : 4;
+      const float* xm = xp + m0 * K;
+      float* ym = y + m0 * ldy + (rs - r0);
+      switch (mt) {
+        case 1: v2_mm_tile<1>(w, xm, rs, re, ym, ldy); break;
+        case 2: v2_mm_tile<2>(w, xm, rs, re, ym, ldy); break;
+        case 3: v2_mm_tile<3>(w, xm, rs, re, ym, ldy); break;
+        default: v2_mm_tile<4>(w, xm, rs, re, ym, ldy); break;
+      }
+    }
+  }
+}
+
+LT void v2_dequant_row(const QuantWeight& w, int64_t r, float* out) {
+  const int64_t K = w.cols;
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes();
+  int64_t c = 0;
+  switch (w.format) {
+    case WeightFormat::BF16:
+      for (; c + 8 <= K; c += 8) {
+        const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c)));
+        _mm256_storeu_ps(out + c, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+      }
+      for (; c < K; ++c) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * c, 2);
+        out[c] = bf16_to_f32(h);
+      }
+      return;
+    case WeightFormat::F16:
+      for (; c + 8 <= K; c += 8)
+        _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c))));
+      for (; c < K; ++c) out[c] = DecF16::one(row + 2 * c, false);
+      return;
+    case WeightFormat::FP8_E4M3_BLOCK:
+    case WeightFormat::FP8_E4M3_TENSOR:
+    case WeightFormat::FP8_E4M3_CHANNEL: {
+      const RowScales rs = row_scales(w, r);
+      const float* t = w.fnuz ? kE4M3FnuzToF32.data() : kE4M3FnToF32.data();
+      for (int64_t c0 = 0, j = 0; c0 < K; c0 += rs.bc, ++j) {
+        const int64_t c1 = c0 + rs.bc < K ? c0 + rs.bc : K;
+        const float s = rs.at(j);
+        const __m256 sv = _mm256_set1_ps(s * rs.mult);
+        c = c0;
+        for (; c + 16 <= c1; c += 16) {
+          __m256 lo, hi;
+          __m128i nan = _mm_setzero_si128();
+          DecFp8::load16(row + c, w.fnuz, lo, hi, nan);
+          _mm256_storeu_ps(out + c, _mm256_mul_ps(lo, sv));
+          _mm256_storeu_ps(out + c + 8, _mm256_mul_ps(hi, sv));
+          if (!_mm_testz_si128(nan, nan))
+            for (int64_t i = c; i < c + 16; ++i) out[i] = t[row[i]] * s;
+        }
+        for (; c < c1; ++c) out[c] = t[row[c]] * s;
+      }
+      return;
+    }
+    default:
+      kernels_scalar().dequant_row(w, r, out);
+      return;
+  }
+}
+
+}  // namespace
+}  // namespace latent::cpu

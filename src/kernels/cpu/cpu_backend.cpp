@@ -1,0 +1,500 @@
+// CpuBackend: the optimized CPU implementation of every Backend op (see cpu_backend.h). The per-ISA kernels
+// (cpu_kernels.h) do the arithmetic; this file splits the work over the ThreadPool and implements the op
+// semantics (key selection, softmax, router selection) exactly as the ref backend defines them.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/log.h"
+#include "core/threads.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ref/ref_backend.h"
+#include "quant/float_formats.h"
+
+namespace latent {
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Scalar: return "scalar";
+    case CpuIsa::Avx2: return "avx2";
+    case CpuIsa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool cpu_isa_supported(CpuIsa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();  // idempotent; needed if the first query runs inside a static constructor
+#endif
+  switch (isa) {
+    case CpuIsa::Scalar: return true;
+#if defined(__x86_64__) || defined(__i386__)
+    case CpuIsa::Avx2:
+      return cpu::kernels_avx2() != nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case CpuIsa::Avx512:
+      return cpu::kernels_avx512() != nullptr && cpu_isa_supported(CpuIsa::Avx2) &&
+             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+#else
+    default: return false;
+#endif
+  }
+  return false;
+}
+
+std::vector<CpuIsa> cpu_isas_available() {
+  std::vector<CpuIsa> v;
+  for (CpuIsa i : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512})
+    if (cpu_isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+namespace {
+
+CpuIsa best_isa() { return cpu_isas_available().back(); }
+
+CpuIsa resolve_isa(CpuIsa want) {
+  if (cpu_isa_supported(want)) return want;
+  const CpuIsa b = best_isa();
+  log::warn("cpu backend: ISA level '{}' is not available on this machine; using '{}'", cpu_isa_name(want),
+            cpu_isa_name(b));
+  return b;
+}
+
+const cpu::Kernels& kernels_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Avx512: return *cpu::kernels_avx512();
+    case CpuIsa::Avx2: return *cpu::kernels_avx2();
+    case CpuIsa::Scalar: break;
+  }
+  return cpu::kernels_scalar();
+}
+
+float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// Per-thread scratch (ops may run concurrently on different threads; each pool thread has its own).
+std::vector<float>& scratch(int slot) {
+  thread_local std::vector<float> bufs[4];
+  return bufs[slot];
+}
+float* scratch_ptr(int slot, int64_t n) {
+  std::vector<float>& v = scratch(slot);
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+// Rows per parallel chunk: at least ~64 KiB of weights (or equivalent work) so scheduling stays negligible.
+int64_t row_grain(const QuantWeight& w, int64_t M) {
+  const int64_t per_row = std::max<int64_t>(1, w.row_bytes()) * std::max<int64_t>(1, std::min<int64_t>(M, 64));
+  return std::max<int64_t>(1, (int64_t{1} << 16) / per_row);
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(int threads, CpuIsa isa) : pool_(threads), isa_(resolve_isa(isa)), k_(kernels_for(isa_)) {}
+  const char* name() const override { return "cpu"; }
+  int num_threads() const override { return pool_.size(); }
+
+  // ---------------- linear ----------------
+  void matmul(const QuantWeight& w, const float* x, int64_t M, float* y) override {
+    const int64_t N = w.rows, K = w.cols;
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+      std::fill(y, y + M * N, 0.0f);
+      return;
+    }
+    const float* xp = x;
+    if (k_.permutes(w.format)) {
+      float* buf = scratch_ptr(0, M * K);
+      k_.prep_x(w.format, x, M, K, buf);
+      xp = buf;
+    }
+    pool_.parallel_for(N, row_grain(w, M),
+                       [&](int64_t r0, int64_t r1) { k_.matmul_rows(w, xp, M, r0, r1, y + r0, N); });
+  }
+
+  void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
+                      float* y) override {
+    struct Item {
+      const QuantWeight* w;
+      const float* xp;
+      float* y;
+      int64_t M;
+    };
+    std::vector<Item> items;
+    int64_t N = 0, K = 0, prep_rows = 0;
+    for (int64_t g = 0; g < n_groups; ++g) {
+      const int64_t rows = offsets[g + 1] - offsets[g];
+      if (rows <= 0) continue;
+      N = w[g]->rows;
+      K = w[g]->cols;
+      if (k_.permutes(w[g]->format)) prep_rows += rows;
+      items.push_back({w[g], x + offsets[g] * K, y + offsets[g] * N, rows});
+    }
+    if (items.empty() || N <= 0) return;
+    if (K <= 0) {
+      for (const Item& it : items) std::fill(it.y, it.y + it.M * N, 0.0f);
+      return;
+    }
+    if (prep_rows > 0) {
+      float* buf = scratch_ptr(0, prep_rows * K);
+      for (Item& it : items) {
+        if (!k_.permutes(it.w->format)) continue;
+        k_.prep_x(it.w->format, it.xp, it.M, K, buf);
+        it.xp = buf;
+        buf += it.M * K;
+      }
+    }
+    int64_t max_m = 1;
+    for (const Item& it : items) max_m = std::max(max_m, it.M);
+    const int64_t total = static_cast<int64_t>(items.size()) * N;
+    pool_.parallel_for(total, row_grain(*items[0].w, max_m), [&](int64_t a, int64_t b) {
+      while (a < b) {
+        const Item& it = items[static_cast<size_t>(a / N)];
+        const int64_t r0 = a % N, r1 = std::min<int64_t>(N, r0 + (b - a));
+        k_.matmul_rows(*it.w, it.xp, it.M, r0, r1, it.y + r0, N);
+        a += r1 - r0;
+      }
+    });
+  }
+
+  void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) override {
+    const int64_t D = table.cols;
+    pool_.parallel_for(M, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, D)), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) k_.dequant_row(table, ids[m], out + m * D);
+    });
+  }
+
+  // ---------------- norms / elementwise ----------------
+  void rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16) override {
+    pool_.parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, D)), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) k_.rms_norm_row(x + m * D, w, D, eps, y + m * D, bf16);
+    });
+  }
+
+  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
+                  bool bf16) override {
+    // Small (the indexer's k_norm): the ref formula row by row (double statistics), split over rows.
+    pool_.parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, D)), [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        const float* xm = x + m * D;
+        float* ym = y + m * D;
+        double mean = 0.0;
+        for (int64_t i = 0; i < D; ++i) mean += xm[i];
+        mean /= static_cast<double>(D);
+        double var = 0.0;
+        for (int64_t i = 0; i < D; ++i) var += (xm[i] - mean) * (xm[i] - mean);
+        var /= static_cast<double>(D);
+        const double r = 1.0 / std::sqrt(var + static_cast<double>(eps));
+        for (int64_t i = 0; i < D; ++i) {
+          const float v = static_cast<float>((xm[i] - mean) * r * w[i] + (b ? b[i] : 0.0f));
+          ym[i] = bf16 ? bf16r(v) : v;
+        }
+      }
+    });
+  }
+
+  void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+            const int64_t* pos, const RopeParams& p, bool bf16) override {
+    const int64_t half = p.dim / 2;
+    if (half <= 0) return;
+    const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, n_heads * p.dim));
+    pool_.parallel_for(n_tokens, grain, [&](int64_t t0, int64_t t1) {
+      float* cc = scratch_ptr(1, 2 * p.dim);
+      float* ss = cc + p.dim;
+      for (int64_t t = t0; t < t1; ++t) {
+        const float fp = static_cast<float>(pos[t]);
+        for (int64_t i = 0; i < half; ++i) {
+          const float ang = fp * p.inv_freq[i];
+          float c = static_cast<float>(std::cos(static_cast<double>(ang))) * p.attention_factor;
+          float s = static_cast<float>(std::sin(static_cast<double>(ang))) * p.attention_factor;
+          if (bf16) {
+            c = bf16r(c);
+            s = bf16r(s);
+          }
+          if (p.interleaved) {
+            cc[2 * i] = cc[2 * i + 1] = c;
+            ss[2 * i] = -s;
+            ss[2 * i + 1] = s;
+          } else {
+            cc[i] = c;
+            ss[i] = s;
+          }
+        }
+        for (int64_t h = 0; h < n_heads; ++h) {
+          float* v = x + t * token_stride + h * head_stride;
+          if (p.interleaved)
+            k_.rope_interleaved(v, cc, ss, 2 * half, bf16);
+          else
+            k_.rope_half(v, cc, ss, half, bf16);
+        }
+      }
+    });
+  }
+
+  void silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16) override {
+    pool_.parallel_for(n, 16384, [&](int64_t i0, int64_t i1) {
+      k_.silu_mul(gate + i0, up + i0, i1 - i0, out + i0, bf16);
+    });
+  }
+
+  void add(float* y, const float* x, int64_t n, bool bf16) override {
+    pool_.parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) { k_.add(y + i0, x + i0, i1 - i0, bf16); });
+  }
+
+  void round_bf16(float* x, int64_t n) override {
+    pool_.parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) { k_.round_bf16(x + i0, i1 - i0); });
+  }
+
+  // ---------------- MLA attention ----------------
+  void mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S,
+                           int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
+                           bool bf16) override {
+    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, T * (dqk + dv)));
+    pool_.parallel_for(S * H, grain, [&](int64_t i0, int64_t i1) {
+      thread_local std::vector<int32_t> keys;
+      float* acc = scratch_ptr(2, dv);
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t s = i / H, h = i % H;
+        const float* qs = q + (s * H + h) * dqk;
+        const int64_t n = key_list(s, T, q_pos, sel, keys);
+        float* sc = scratch_ptr(3, std::max<int64_t>(n, 1));
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t t = key_at(keys, sel, j);
+          const float dot = k_.dot(qs, kvb + (t * H + h) * dkv, dn) + k_.dot(qs + dn, k_pe + t * dr, dr);
+          sc[j] = scaled_score(dot, scale, bf16);
+        }
+        softmax(sc, n, bf16);
+        std::fill(acc, acc + dv, 0.0f);
+        for (int64_t j = 0; j < n; ++j)
+          k_.axpy(sc[j], kvb + (key_at(keys, sel, j) * H + h) * dkv + dn, acc, dv);
+        float* os = o + (s * H + h) * dv;
+        for (int64_t x = 0; x < dv; ++x) os[x] = bf16 ? bf16r(acc[x]) : acc[x];
+      }
+    });
+  }
+
+  void mla_attention_absorbed(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
+                              const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
+                              const KeySelection& sel, float scale, float* o, bool bf16) override {
+    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = d.qk(), dkv = dn + dv;
+    const bool perm = k_.permutes(kv_b.format);
+    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+      thread_local std::vector<int32_t> keys;
+      float* wrow = scratch_ptr(0, dc + 2 * S * dc);  // W_UK row | q_lat [S, dc] | o_lat [S, dc]
+      float* qlat = wrow + dc;
+      float* olat = qlat + S * dc;
+      float* olat_p = perm ? scratch_ptr(1, S * dc) : olat;
+      for (int64_t h = h0; h < h1; ++h) {
+        // q_lat[s] = W_UK[h]ᵀ · q_nope[s], W_UK rows decoded once per head.
+        std::fill(qlat, qlat + S * dc, 0.0f);
+        for (int64_t j = 0; j < dn; ++j) {
+          k_.dequant_row(kv_b, h * dkv + j, wrow);
+          for (int64_t s = 0; s < S; ++s) k_.axpy(q[(s * H + h) * dqk + j], wrow, qlat + s * dc, dc);
+        }
+        if (bf16) k_.round_bf16(qlat, S * dc);
+        for (int64_t s = 0; s < S; ++s) {
+          const float* qs = q + (s * H + h) * dqk;
+          const float* ql = qlat + s * dc;
+          float* ol = olat + s * dc;
+          const int64_t n = key_list(s, T, q_pos, sel, keys);
+          float* sc = scratch_ptr(3, std::max<int64_t>(n, 1));
+          for (int64_t j = 0; j < n; ++j) {
+            const int64_t t = key_at(keys, sel, j);
+            const float dot = k_.dot(ql, c + t * dc, dc) + k_.dot(qs + dn, k_pe + t * dr, dr);
+            sc[j] = scaled_score(dot, scale, bf16);
+          }
+          softmax(sc, n, bf16);
+          std::fill(ol, ol + dc, 0.0f);
+          for (int64_t j = 0; j < n; ++j) k_.axpy(sc[j], c + key_at(keys, sel, j) * dc, ol, dc);
+          if (bf16) k_.round_bf16(ol, dc);
+        }
+        // o[s, h, :] = W_UV[h] · o_lat[s]: rows h·dkv+dn .. +dv of kv_b, streamed in their stored format.
+        if (perm) k_.prep_x(kv_b.format, olat, S, dc, olat_p);
+        k_.matmul_rows(kv_b, olat_p, S, h * dkv + dn, h * dkv + dn + dv, o + h * dv, H * dv);
+        if (bf16)
+          for (int64_t s = 0; s < S; ++s) k_.round_bf16(o + (s * H + h) * dv, dv);
+      }
+    });
+  }
+
+  // ---------------- DSA indexer ----------------
+  void indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
+                      int64_t head_dim, float scale, const int64_t* q_pos, float* scores) override {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, n_heads * head_dim));
+    pool_.parallel_for(S * T, grain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t s = i / T, t = i % T;
+        if (t > q_pos[s]) {
+          scores[i] = kNegInf;
+          continue;
+        }
+        const float* kt = k + t * head_dim;
+        double total = 0.0;
+        for (int64_t j = 0; j < n_heads; ++j) {
+          const double dot = static_cast<double>(k_.dot(q + (s * n_heads + j) * head_dim, kt, head_dim)) * scale;
+          if (dot > 0.0) total += static_cast<double>(w[s * n_heads + j]) * dot;
+        }
+        scores[i] = static_cast<float>(total);
+      }
+    });
+  }
+
+  void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
+                   int32_t* count) override {
+    ref().topk_select(scores, S, T, k, q_pos, sel, count);
+  }
+
+  // ---------------- MoE ----------------
+  void router(const float* logits, const float* bias, int64_t M, const RouterParams& p, int32_t* ids,
+              float* weights) override {
+    const int64_t E = p.n_experts, K = p.top_k;
+    const int64_t G = std::max<int64_t>(1, p.n_group);
+    const int64_t gsize = E / G;
+    const bool grouped = G > 1 && p.topk_group < G;
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    pool_.parallel_for(M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, E)), [&](int64_t m0, int64_t m1) {
+      float* s = scratch_ptr(1, 2 * E + G);
+      float* b = s + E;
+      float* gscore = b + E;
+      thread_local std::vector<int32_t> top, gtop;
+      thread_local std::vector<char> keep;
+      for (int64_t m = m0; m < m1; ++m) {
+        const float* lg = logits + m * E;
+        for (int64_t e = 0; e < E; ++e) {
+          s[e] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(lg[e]))));
+          b[e] = s[e] + (bias ? bias[e] : 0.0f);
+        }
+        if (grouped) {
+          for (int64_t g = 0; g < G; ++g) {
+            float top1 = kNegInf, top2 = kNegInf;
+            for (int64_t e = g * gsize; e < (g + 1) * gsize; ++e) {
+              if (b[e] > top1) {
+                top2 = top1;
+                top1 = b[e];
+              } else if (b[e] > top2) {
+                top2 = b[e];
+              }
+            }
+            gscore[g] = gsize >= 2 ? top1 + top2 : top1;
+          }
+          // Stable descending order of group scores (ties: lower group first), first topk_group kept.
+          select_top(gscore, G, p.topk_group, gtop);
+          keep.assign(static_cast<size_t>(G), 0);
+          for (int32_t g : gtop) keep[static_cast<size_t>(g)] = 1;
+          for (int64_t e = 0; e < E; ++e)
+            if (!keep[static_cast<size_t>(e / gsize)]) b[e] = kNegInf;
+        }
+        select_top(b, E, K, top);
+        float sum = 0.0f;
+        for (int64_t k = 0; k < K; ++k) sum += s[top[static_cast<size_t>(k)]];
+        for (int64_t k = 0; k < K; ++k) {
+          const int32_t e = top[static_cast<size_t>(k)];
+          float wv = s[e];
+          if (p.norm_topk_prob) wv = wv / (sum + 1e-20f);
+          ids[m * K + k] = e;
+          weights[m * K + k] = wv * p.routed_scaling_factor;
+        }
+      }
+    });
+  }
+
+  void scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
+                            float* y, bool bf16) override {
+    // Columns are independent; within a column the n additions stay in order (bf16 rounding is order-sensitive).
+    const int64_t grain = std::max<int64_t>(256, (int64_t{1} << 16) / std::max<int64_t>(1, n));
+    pool_.parallel_for(D, grain, [&](int64_t d0, int64_t d1) {
+      for (int64_t i = 0; i < n; ++i)
+        k_.scaled_add(weight[i], x + i * D + d0, y + static_cast<int64_t>(token[i]) * D + d0, d1 - d0, bf16);
+    });
+  }
+
+  CpuIsa isa() const { return isa_; }
+
+ private:
+  // Keys of query s: causal range when there is no selection (keys not materialized), else ref::allowed_keys.
+  static int64_t key_list(int64_t s, int64_t T, const int64_t* q_pos, const KeySelection& sel,
+                          std::vector<int32_t>& keys) {
+    if (sel.sel == nullptr) return std::max<int64_t>(0, std::min<int64_t>(q_pos[s], T - 1) + 1);
+    ref::allowed_keys(s, T, q_pos, sel, keys);
+    return static_cast<int64_t>(keys.size());
+  }
+  static int64_t key_at(const std::vector<int32_t>& keys, const KeySelection& sel, int64_t j) {
+    return sel.sel == nullptr ? j : keys[static_cast<size_t>(j)];
+  }
+  static float scaled_score(float dot, float scale, bool bf16) {
+    if (!bf16) return dot * scale;
+    return bf16r(bf16r(dot) * scale);
+  }
+  void softmax(float* sc, int64_t n, bool bf16) const {
+    if (n <= 0) return;
+    float mx = sc[0];
+    for (int64_t j = 1; j < n; ++j) mx = std::max(mx, sc[j]);
+    const float sum = k_.exp_sub_sum(sc, n, mx);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j) sc[j] = bf16 ? bf16r(sc[j] * inv) : sc[j] * inv;
+  }
+  // Indices of the k largest v[0..n) in descending order, ties to the lower index (the ref comparators).
+  static void select_top(const float* v, int64_t n, int64_t k, std::vector<int32_t>& out) {
+    out.clear();
+    k = std::min(k, n);
+    for (int64_t e = 0; e < n; ++e) {
+      const float x = v[e];
+      if (static_cast<int64_t>(out.size()) == k) {
+        if (k == 0 || !(x > v[out.back()])) continue;
+        out.pop_back();
+      }
+      size_t at = out.size();
+      while (at > 0 && x > v[out[at - 1]]) --at;
+      out.insert(out.begin() + static_cast<std::ptrdiff_t>(at), static_cast<int32_t>(e));
+    }
+  }
+
+  RefBackend& ref() {
+    std::call_once(ref_once_, [&] { ref_ = std::make_unique<RefBackend>(pool_.size()); });
+    return *ref_;
+  }
+
+  ThreadPool pool_;
+  CpuIsa isa_;
+  const cpu::Kernels& k_;
+  std::once_flag ref_once_;
+  std::unique_ptr<RefBackend> ref_;
+};
+
+}  // namespace
+
+CpuIsa cpu_isa_default() {
+  const char* env = std::getenv("LATENT_CPU_ISA");
+  if (env && *env) {
+    const std::string e(env);
+    CpuIsa want = best_isa();
+    if (e == "avx512")
+      want = CpuIsa::Avx512;
+    else if (e == "avx2")
+      want = CpuIsa::Avx2;
+    else if (e == "scalar")
+      want = CpuIsa::Scalar;
+    else
+      log::warn("LATENT_CPU_ISA='{}' is not one of avx512, avx2, scalar; ignored", e);
+    return resolve_isa(want);
+  }
+  return best_isa();
+}
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return make_cpu_backend(threads, cpu_isa_default()); }
+
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa) {
+  return std::make_unique<CpuBackend>(threads, isa);
+}
+
+}  // namespace latent

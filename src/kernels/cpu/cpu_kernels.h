@@ -1,0 +1,54 @@
+// Internal: the per-ISA kernel table of the CPU backend. Each ISA's kernels live in their own translation unit
+// (kernels_scalar.cpp, kernels_avx2.cpp, kernels_avx512.cpp); SIMD code is compiled with GCC/Clang function
+// attributes (target("avx2,fma,f16c"), target("avx512f,avx512bw,avx512vl,...")) so no global -march is needed.
+// This header only declares plain data and function pointers (nothing inline that a SIMD TU could compile with
+// wider instructions and hand to the linker as the shared copy).
+//
+// Prepared activations: a SIMD matmul kernel may read x in a permuted order within fixed groups of columns (so
+// that dequantized weights need no shuffles, e.g. bf16 even/odd halves of a dword). prep_x writes that order;
+// columns past the last full group keep their natural order. Kernels with no permutation for a format leave
+// `permutes(f)` false and read x directly.
+#pragma once
+#include <cstdint>
+
+#include "quant/weight_format.h"
+
+namespace latent::cpu {
+
+struct Kernels {
+  const char* name;
+
+  bool (*permutes)(WeightFormat f);
+  // xp [M, K] = x [M, K] in this ISA's order for format f.
+  void (*prep_x)(WeightFormat f, const float* x, int64_t M, int64_t K, float* xp);
+  // y[m*ldy + (r - r0)] = Σ_k W[r, k]·x[m, k] for r in [r0, r1), m < M; xp prepared (row stride K = w.cols).
+  void (*matmul_rows)(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y,
+                      int64_t ldy);
+  // out[0..cols) = W[r, :] (natural order, exact).
+  void (*dequant_row)(const QuantWeight& w, int64_t r, float* out);
+
+  // ---- small vector helpers (fp32) ----
+  float (*dot)(const float* a, const float* b, int64_t n);
+  void (*axpy)(float a, const float* x, float* y, int64_t n);  // y += a·x
+  // y = bf16(y + bf16(a·x)) when bf16, else y += a·x computed as a multiply then an add (bit-exact with ref).
+  void (*scaled_add)(float a, const float* x, float* y, int64_t n, bool bf16);
+  // x[i] = exp(x[i] - sub); returns Σ x[i] (fp32).
+  float (*exp_sub_sum)(float* x, int64_t n, float sub);
+
+  // ---- row ops ----
+  // One row of RMSNorm, double accumulation (as ref).
+  void (*rms_norm_row)(const float* x, const float* w, int64_t D, float eps, float* y, bool bf16);
+  void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out, bool bf16);
+  void (*add)(float* y, const float* x, int64_t n, bool bf16);
+  void (*round_bf16)(float* x, int64_t n);
+  // Interleaved RoPE on v[0..dim): cc = [c0,c0,c1,c1,..], ss = [-s0,s0,-s1,s1,..] (dim entries each).
+  void (*rope_interleaved)(float* v, const float* cc, const float* ss, int64_t dim, bool bf16);
+  // Half-split RoPE: pairs (v[i], v[i+half]) with c[i], s[i].
+  void (*rope_half)(float* v, const float* c, const float* s, int64_t half, bool bf16);
+};
+
+const Kernels& kernels_scalar();
+const Kernels* kernels_avx2();    // null when not compiled in
+const Kernels* kernels_avx512();  // null when not compiled in
+
+}  // namespace latent::cpu

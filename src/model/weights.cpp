@@ -1,0 +1,152 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/float_formats.h"
+
+namespace latent {
+
+QuantWeight plain_weight(const TensorView& t, const std::string& name) {
+  if (t.shape.ndim != 2) fail("tensor '{}': expected 2 dimensions, got shape {}", name, t.shape.str());
+  QuantWeight w;
+  switch (t.dtype) {
+    case DType::F32: w.format = WeightFormat::F32; break;
+    case DType::BF16: w.format = WeightFormat::BF16; break;
+    case DType::F16: w.format = WeightFormat::F16; break;
+    default: fail("tensor '{}': dtype {} is not a plain float (f32/bf16/f16)", name, dtype_name(t.dtype));
+  }
+  w.rows = t.shape[0];
+  w.cols = t.shape[1];
+  w.data = t.data;
+  return w;
+}
+
+std::vector<float> to_f32_vector(const TensorView& t, const std::string& name) {
+  if (t.shape.ndim != 1) fail("tensor '{}': expected 1 dimension, got shape {}", name, t.shape.str());
+  const int64_t n = t.shape[0];
+  std::vector<float> out(static_cast<size_t>(n));
+  const uint8_t* p = t.bytes();
+  for (int64_t i = 0; i < n; ++i) {
+    switch (t.dtype) {
+      case DType::F32: std::memcpy(&out[i], p + 4 * i, 4); break;
+      case DType::BF16: {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+        break;
+      }
+      case DType::F16: {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+        break;
+      }
+      default: fail("tensor '{}': dtype {} is not a plain float (f32/bf16/f16)", name, dtype_name(t.dtype));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+struct Resolver {
+  const ModelConfig& cfg;
+  const PrecisionPlan& plan;
+
+  QuantWeight linear(const std::string& module, int64_t rows, int64_t cols) const {
+    const QuantWeight& w = plan.linear(module);
+    if (w.rows != rows || w.cols != cols)
+      fail("tensor '{}.weight': shape [{}, {}], expected [{}, {}] from config.json", module, w.rows, w.cols, rows,
+           cols);
+    return w;
+  }
+  std::vector<float> vec(const std::string& name, int64_t n) const {
+    std::vector<float> v = to_f32_vector(plan.tensor(name), name);
+    if (static_cast<int64_t>(v.size()) != n)
+      fail("tensor '{}': shape [{}], expected [{}] from config.json", name, v.size(), n);
+    return v;
+  }
+  MlpWeights mlp(const std::string& p, int64_t inter) const {
+    const int64_t D = cfg.hidden_size;
+    return {linear(p + "gate_proj", inter, D), linear(p + "up_proj", inter, D), linear(p + "down_proj", D, inter)};
+  }
+};
+
+}  // namespace
+
+ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan) {
+  Resolver r{cfg, plan};
+  const int64_t D = cfg.hidden_size, H = cfg.num_attention_heads, dq = cfg.q_lora_rank, dc = cfg.kv_lora_rank;
+  const int64_t dn = cfg.qk_nope_head_dim, dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, V = cfg.vocab_size;
+  if (dq <= 0) fail("config: q_lora_rank must be > 0 for {} (got {})", cfg.model_type, dq);
+  if (dr % 2 != 0) fail("config: qk_rope_head_dim must be even (got {})", dr);
+  ModelWeights mw;
+  mw.embed = plain_weight(plan.tensor("model.embed_tokens.weight"), "model.embed_tokens.weight");
+  if (mw.embed.rows != V || mw.embed.cols != D)
+    fail("tensor 'model.embed_tokens.weight': shape [{}, {}], expected [{}, {}]", mw.embed.rows, mw.embed.cols, V, D);
+  mw.final_norm = r.vec("model.norm.weight", D);
+  if (plan.has("lm_head.weight")) {
+    mw.lm_head = r.linear("lm_head", V, D);
+  } else if (cfg.tie_word_embeddings) {
+    mw.lm_head = mw.embed;
+  } else {
+    fail("tensor 'lm_head.weight' not found (tie_word_embeddings is false)");
+  }
+  if (cfg.has_indexer() && dr > cfg.index_head_dim)
+    fail("config: qk_rope_head_dim {} exceeds index_head_dim {}", dr, cfg.index_head_dim);
+
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string a = p + "self_attn.";
+    LayerWeights lw;
+    lw.input_norm = r.vec(p + "input_layernorm.weight", D);
+    lw.post_attn_norm = r.vec(p + "post_attention_layernorm.weight", D);
+    AttentionWeights& at = lw.attn;
+    at.q_a = r.linear(a + "q_a_proj", dq, D);
+    at.q_b = r.linear(a + "q_b_proj", H * (dn + dr), dq);
+    at.kv_a = r.linear(a + "kv_a_proj_with_mqa", dc + dr, D);
+    at.kv_b = r.linear(a + "kv_b_proj", H * (dn + dv), dc);
+    at.o = r.linear(a + "o_proj", D, H * dv);
+    at.q_a_norm = r.vec(a + "q_a_layernorm.weight", dq);
+    at.kv_a_norm = r.vec(a + "kv_a_layernorm.weight", dc);
+    if (cfg.attention_bias) {
+      at.q_a_bias = r.vec(a + "q_a_proj.bias", dq);
+      at.kv_a_bias = r.vec(a + "kv_a_proj_with_mqa.bias", dc + dr);
+      at.o_bias = r.vec(a + "o_proj.bias", D);
+    }
+    if (cfg.has_indexer() && cfg.layer_has_indexer[static_cast<size_t>(l)]) {
+      const std::string ip = a + "indexer.";
+      const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
+      IndexerWeights& iw = lw.indexer;
+      iw.present = true;
+      iw.wq_b = r.linear(ip + "wq_b", nI * dI, dq);
+      iw.wk = r.linear(ip + "wk", dI, D);
+      iw.weights_proj = r.linear(ip + "weights_proj", nI, D);
+      iw.k_norm_w = r.vec(ip + "k_norm.weight", dI);
+      iw.k_norm_b = r.vec(ip + "k_norm.bias", dI);
+    }
+    lw.is_moe = cfg.layer_is_moe[static_cast<size_t>(l)];
+    const std::string m = p + "mlp.";
+    if (!lw.is_moe) {
+      lw.dense = r.mlp(m, cfg.intermediate_size);
+    } else {
+      const int64_t E = cfg.n_routed_experts, Im = cfg.moe_intermediate_size;
+      lw.moe.router = r.linear(m + "gate", E, D);
+      if (plan.has(m + "gate.e_score_correction_bias"))
+        lw.moe.score_bias = r.vec(m + "gate.e_score_correction_bias", E);
+      lw.moe.experts.reserve(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) lw.moe.experts.push_back(r.mlp(fmt::format("{}experts.{}.", m, e), Im));
+      if (cfg.n_shared_experts > 0) {
+        lw.moe.has_shared = true;
+        lw.moe.shared = r.mlp(m + "shared_experts.", Im * cfg.n_shared_experts);
+      }
+    }
+    mw.layers.push_back(std::move(lw));
+  }
+  return mw;
+}
+
+}  // namespace latent

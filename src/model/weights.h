@@ -1,0 +1,69 @@
+// Per-layer weight structs of the MLA + MoE (+ DSA) architectures, resolved once from a PrecisionPlan.
+// Linear weights are QuantWeight views into the memory-mapped checkpoint in their stored format (no copy, no
+// upcast); only small per-channel vectors (norm weights, biases, router bias) are copied to fp32 (lossless).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "format/hf_config.h"
+#include "loader/precision_plan.h"
+#include "quant/weight_format.h"
+
+namespace latent {
+
+struct MlpWeights {  // SwiGLU: down(silu(gate x) * up x)
+  QuantWeight gate, up, down;
+};
+
+struct IndexerWeights {
+  bool present = false;  // false on V3 and on GLM IndexShare "shared" layers
+  QuantWeight wq_b;      // [nI*dI, dq]
+  QuantWeight wk;        // [dI, D]
+  QuantWeight weights_proj;  // [nI, D]
+  std::vector<float> k_norm_w, k_norm_b;  // [dI] LayerNorm
+};
+
+struct AttentionWeights {
+  QuantWeight q_a;   // [dq, D]
+  QuantWeight q_b;   // [H*(dn+dr), dq]
+  QuantWeight kv_a;  // [dc+dr, D]
+  QuantWeight kv_b;  // [H*(dn+dv), dc]
+  QuantWeight o;     // [D, H*dv]
+  std::vector<float> q_a_norm, kv_a_norm;       // [dq], [dc]
+  std::vector<float> q_a_bias, kv_a_bias, o_bias;  // attention_bias only (else empty)
+};
+
+struct MoeWeights {
+  QuantWeight router;                // [E, D]
+  std::vector<float> score_bias;     // [E] e_score_correction_bias (empty if absent)
+  std::vector<MlpWeights> experts;   // E
+  bool has_shared = false;
+  MlpWeights shared;
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm, post_attn_norm;  // [D]
+  AttentionWeights attn;
+  IndexerWeights indexer;
+  bool is_moe = false;
+  MlpWeights dense;  // !is_moe
+  MoeWeights moe;    // is_moe
+};
+
+struct ModelWeights {
+  QuantWeight embed;  // [V, D]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // [D]
+  QuantWeight lm_head;            // [V, D]
+};
+
+// Resolves every weight the forward pass needs and validates its shape against the config. Throws latent::Error
+// naming the tensor on a missing tensor or a wrong shape.
+ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan);
+
+// A plain float tensor (F32/BF16/F16) as a QuantWeight [rows, cols] (e.g. the embedding table).
+QuantWeight plain_weight(const TensorView& t, const std::string& name);
+// A 1-D float tensor copied to fp32 (exact for f32/bf16/f16).
+std::vector<float> to_f32_vector(const TensorView& t, const std::string& name);
+
+}  // namespace latent

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Random-weight glm_moe_dsa checkpoints for bench/decode_bench (numpy + the safetensors codec of quantize_np.py;
+no torch). Not committed: bench/README.md says how to make them.
+
+  build/venv/bin/python tools/make_bench_model.py [--out build/bench-models] [--seed 0]
+
+Writes two model directories (the tensor layout of the tiny test models, larger dimensions):
+  glm5-bench-bf16    every tensor bf16 (e_score_correction_bias fp32)
+  glm5-bench-mxfp4   the same weights with the routed experts quantized to Quark MXFP4 by
+                     tools/quantize_np.quantize_dir_mxfp4 (U8 weight [out, in/2] + U8 weight_scale [out, in/32],
+                     quantization_config quant_method quark with its exclude list)
+
+Dimensions (~83 M parameters, ~40 M active per token): hidden 1024, 8 layers (layer 0 dense, intermediate 1024),
+16 routed experts top-4 + 1 shared, moe_intermediate 128, vocab 8192, q_lora 384, kv_lora 256, 8 heads,
+dn 64 dr 32 dv 64, indexer 8 heads x 64, index_topk 256.
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quantize_np as qn  # noqa: E402
+
+CONFIG = {
+    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "torch_dtype": "bfloat16",
+    "vocab_size": 8192, "hidden_size": 1024, "intermediate_size": 1024, "moe_intermediate_size": 128,
+    "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
+    "q_lora_rank": 384, "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+    "n_routed_experts": 16, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
+    "index_n_heads": 8, "index_head_dim": 64, "index_topk": 256,
+    "indexer_types": ["full"] * 8,
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "initializer_range": 0.02,
+    "tie_word_embeddings": False, "num_nextn_predict_layers": 0, "attention_bias": False,
+    "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 1,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+
+
+def build_tensors(c, rng):
+    D, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    H, dn, dr, dv = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    dq, dc = c["q_lora_rank"], c["kv_lora_rank"]
+    E, Im, I = c["n_routed_experts"], c["moe_intermediate_size"], c["intermediate_size"]
+    nI, dI = c["index_n_heads"], c["index_head_dim"]
+    std = c["initializer_range"]
+    T = {}
+
+    def lin(name, rows, cols):
+        T[name] = qn.from_np(rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(std), "BF16")
+
+    def norm(name, n):
+        T[name] = qn.from_np(1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32), "BF16")
+
+    def mlp(p, inter):
+        lin(p + "gate_proj.weight", inter, D)
+        lin(p + "up_proj.weight", inter, D)
+        lin(p + "down_proj.weight", D, inter)
+
+    lin("model.embed_tokens.weight", V, D)
+    lin("lm_head.weight", V, D)
+    norm("model.norm.weight", D)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        norm(p + "input_layernorm.weight", D)
+        norm(p + "post_attention_layernorm.weight", D)
+        lin(a + "q_a_proj.weight", dq, D)
+        lin(a + "q_b_proj.weight", H * (dn + dr), dq)
+        lin(a + "kv_a_proj_with_mqa.weight", dc + dr, D)
+        lin(a + "kv_b_proj.weight", H * (dn + dv), dc)
+        lin(a + "o_proj.weight", D, H * dv)
+        norm(a + "q_a_layernorm.weight", dq)
+        norm(a + "kv_a_layernorm.weight", dc)
+        if c["indexer_types"][l] == "full":
+            ip = a + "indexer."
+            lin(ip + "wq_b.weight", nI * dI, dq)
+            lin(ip + "wk.weight", dI, D)
+            lin(ip + "weights_proj.weight", nI, D)
+            norm(ip + "k_norm.weight", dI)
+            T[ip + "k_norm.bias"] = qn.from_np(0.1 * rng.standard_normal(dI, dtype=np.float32), "BF16")
+        m = p + "mlp."
+        if l < c["first_k_dense_replace"]:
+            mlp(m, I)
+        else:
+            lin(m + "gate.weight", E, D)
+            T[m + "gate.e_score_correction_bias"] = qn.from_np(
+                0.05 * rng.standard_normal(E, dtype=np.float32), "F32")
+            for e in range(E):
+                mlp(f"{m}experts.{e}.", Im)
+            mlp(m + "shared_experts.", Im * c["n_shared_experts"])
+    return T
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="build/bench-models")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    rng = np.random.default_rng(a.seed)
+    T = build_tensors(CONFIG, rng)
+    n_params = sum(int(np.prod(t.shape)) for t in T.values())
+    bf = os.path.join(a.out, "glm5-bench-bf16")
+    os.makedirs(bf, exist_ok=True)
+    qn.write_safetensors(os.path.join(bf, "model.safetensors"), T, {"format": "pt"})
+    with open(os.path.join(bf, "config.json"), "w") as f:
+        json.dump(CONFIG, f, indent=2, sort_keys=True)
+        f.write("\n")
+    print(f"wrote {bf}: {n_params / 1e6:.1f} M parameters")
+    mx = os.path.join(a.out, "glm5-bench-mxfp4")
+    n = qn.quantize_dir_mxfp4(bf, mx)
+    print(f"wrote {mx}: {n} routed-expert tensors quantized to MXFP4")
+
+
+if __name__ == "__main__":
+    main()
