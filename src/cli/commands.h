@@ -14,6 +14,7 @@ std::string resolve_model_dir(const std::string& flag);
 void register_plan(CLI::App& app);
 void register_logits(CLI::App& app);
 void register_run(CLI::App& app);
+void register_serve(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_detokenize(CLI::App& app);
 void register_render(CLI::App& app);

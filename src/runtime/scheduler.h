@@ -1,0 +1,170 @@
+// Continuous-batching scheduler (spec api.md §11). Requests enter a bounded FIFO queue; one engine thread admits
+// them as sequences (one per choice, n > 1 forks the computed prompt) and runs steps in which every decoding
+// sequence advances by one token and prompts are prefilled in chunks with the remaining token budget, so a long
+// prompt never stalls running streams. Chunk boundaries are fixed multiples of the chunk size from position 0, so a
+// sequence's computation does not depend on what else is in the batch.
+//
+// KV memory is accounted in blocks (runtime/kv_blocks.h): a request is admitted only when its prompts fit; a
+// sequence that needs a block when none is free preempts the most recently admitted sequence (its cache is dropped
+// and recomputed later from prompt + generated tokens; output continues unchanged). A request that could never fit
+// is refused at submit().
+//
+// Cancellation (client disconnect) takes effect at the next step boundary: the sequences leave the batch and their
+// blocks are freed. Sinks are called on the engine thread and must not block.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/kv_blocks.h"
+#include "runtime/metrics.h"
+#include "runtime/sampler.h"
+
+namespace latent {
+
+using Clock = std::chrono::steady_clock;
+
+enum class FinishReason { Stop, Length };
+enum class AbortReason { QueueTimeout, Timeout, Shutdown, EngineError };
+const char* abort_reason_name(AbortReason r);
+
+// Receives the output of one request; called on the scheduler thread.
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  // The request left the queue (its first sequence was scheduled).
+  virtual void on_scheduled() {}
+  // Choice `choice` (request choice_offset + j) sampled token s. stop_token: an EOS / stop id, which ends the choice
+  // and is not text. Return true to end the choice now (a stop string matched): finish reason Stop.
+  virtual bool on_token(int choice, const SampleResult& s, bool stop_token) = 0;
+  virtual void on_finish(int choice, FinishReason reason) = 0;
+  // The request ended abnormally (never after cancel()): no more calls follow.
+  virtual void on_abort(AbortReason reason, const std::string& message) = 0;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // non-empty
+  int n = 1;
+  int choice_offset = 0;
+  SamplingParams sampling;
+  int64_t max_tokens = 16;       // per choice, >= 1
+  std::vector<int32_t> stop_ids;  // EOS set (unless ignore_eos) + stop_token_ids
+  std::shared_ptr<GenerationSink> sink;
+  Clock::time_point arrival = Clock::now();
+};
+
+// Why submit() refused a request.
+class SchedulerRejected : public std::runtime_error {
+ public:
+  enum class Kind { Overloaded, Draining, TooLarge, Dead };
+  SchedulerRejected(Kind k, const std::string& msg) : std::runtime_error(msg), kind(k) {}
+  Kind kind;
+};
+
+class RequestHandle {
+ public:
+  // The client went away: the request stops within one step and frees its blocks. Idempotent.
+  void cancel();
+  bool cancelled() const { return cancelled_.load(); }
+  bool done() const { return done_.load(); }
+
+ private:
+  friend class Scheduler;
+  std::atomic<bool> cancelled_{false}, done_{false};
+};
+
+struct SchedulerOptions {
+  int64_t max_num_seqs = 64;         // sequences in the running batch
+  int64_t max_queue_len = 1024;      // waiting requests
+  int64_t max_batch_tokens = 512;    // tokens per engine step (decodes + prefill chunks)
+  int64_t prefill_chunk = 256;       // prefill chunk size (tokens)
+  int64_t max_context = 4096;        // tokens per sequence (prompt + generated)
+  double max_queue_wait_s = 600;     // 0 = unlimited
+  double request_timeout_s = 0;      // 0 = off; from arrival
+  int64_t kv_block_tokens = 16;
+  int64_t kv_total_blocks = 1024;
+  bool stop_on_loop = false;         // end a choice (reason Length) that falls into a repetition loop
+  const std::vector<bool>* banned = nullptr;  // [vocab] ids never sampled (padding without a token string)
+};
+
+struct SchedulerStats {
+  int64_t waiting = 0, running_requests = 0, running_seqs = 0, kv_used = 0, kv_total = 0;
+  int64_t steps = 0, max_batch_seqs = 0;
+  bool dead = false, draining = false;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& engine, SchedulerOptions opt, Metrics* metrics = nullptr);
+  ~Scheduler();  // stops the thread (aborting what is left with Shutdown)
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  void start();
+  // Throws SchedulerRejected (queue full, draining, too large for the KV budget, engine dead).
+  std::shared_ptr<RequestHandle> submit(GenerationRequest req);
+
+  // Shutdown: refuse new requests, wait until idle (up to timeout), then abort the rest (Shutdown) and stop.
+  void begin_drain();
+  bool wait_idle(double timeout_s);
+  void abort_all(AbortReason reason, const std::string& message);
+  void stop();
+
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return opt_; }
+  int64_t blocks_for(int64_t tokens) const { return alloc_.blocks_for(tokens); }
+
+ private:
+  friend class RequestHandle;
+  struct Req;
+  struct Seq;
+  void wake();
+  void loop();
+  bool step();  // one iteration; false when nothing was run
+  void collect_new_and_cancelled();
+  void expire(Clock::time_point now);
+  void admit(Clock::time_point now);
+  void abort_request(Req& r, std::optional<AbortReason> reason, const std::string& message);
+  void finish_seq(Seq& s, FinishReason why);
+  void release_seq(Seq& s);
+  void preempt(Seq& s);
+  bool reserve_or_preempt(Seq& s, int64_t n_tokens);
+  void sample_and_emit(Seq& s, float* row, Clock::time_point now);
+  void on_prefill_done(Seq& s, float* row, Clock::time_point now);
+  void retire_finished_requests(Clock::time_point now);
+  void update_gauges();
+
+  Engine& engine_;
+  SchedulerOptions opt_;
+  Metrics* metrics_;
+  KvBlockAllocator alloc_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::shared_ptr<Req>> incoming_;  // submitted, not yet seen by the loop (guarded by mu_)
+  int64_t queued_ = 0;                         // incoming + waiting (guarded by mu_)
+  bool stop_ = false, draining_ = false, dead_ = false;
+  std::thread thread_;
+
+  // Loop-thread state.
+  std::deque<std::shared_ptr<Req>> waiting_;
+  std::vector<std::shared_ptr<Req>> running_;
+  std::vector<Seq*> active_;  // running sequences in admission order
+  SeqId next_seq_ = 1;
+  uint64_t next_order_ = 1;
+  int consecutive_failures_ = 0;
+  std::vector<float> logits_;
+
+  std::atomic<int64_t> st_waiting_{0}, st_running_reqs_{0}, st_running_seqs_{0}, st_steps_{0}, st_max_batch_{0};
+};
+
+}  // namespace latent

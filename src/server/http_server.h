@@ -1,0 +1,59 @@
+// The OpenAI-compatible HTTP server over cpp-httplib (spec api.md §1–§11): routing (404 / 405), auth before the body
+// is read, body size limit, request ids, CORS, OpenAI error JSON for every failure, SSE streaming, /metrics, and
+// graceful shutdown. The model-facing work is Service's; the server starts before the model is loaded and answers
+// 503 model_loading until set_service() is called.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/metrics.h"
+#include "server/openai_format.h"
+#include "server/service.h"
+
+namespace latent::server {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                      // 0 = any free port (tests)
+  int threads = 256;                    // HTTP worker threads (each open stream holds one)
+  size_t max_request_bytes = 32u << 20;
+  double read_timeout_s = 60;
+  std::vector<std::string> api_keys;    // empty = open
+  bool metrics_enabled = true;
+  bool metrics_require_auth = false;
+  std::string metrics_prefix = "latent:";
+  std::string allowed_origins;          // "" = CORS off; "*" or a comma list
+  double sse_ping_interval_s = 15;      // 0 = off
+  ReasoningField reasoning_field = ReasoningField::Both;
+  std::string version = "0.0.0", git_sha = "unknown", build_type = "unknown", cuda = "none";
+};
+
+class HttpServer {
+ public:
+  HttpServer(HttpOptions opt, Metrics& metrics);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // The model is ready: generation endpoints open.
+  void set_service(std::shared_ptr<Service> service);
+  // Model loading failed: /health and generation answer 503 engine_dead with this reason logged.
+  void set_failed(const std::string& reason);
+
+  // Binds host:port; returns the bound port. Throws latent::Error when the address cannot be bound.
+  int bind();
+  // Serves until stop() / shutdown() (blocking).
+  void serve();
+  // Graceful: refuse new requests (503 draining), let running ones finish for up to timeout_s, abort the rest
+  // (streams get an error event with code "draining"), then stop listening.
+  void shutdown(double timeout_s);
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace latent::server

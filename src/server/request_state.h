@@ -1,0 +1,58 @@
+// RequestState: the scheduler's sink for one HTTP request. On the scheduler thread it runs each choice's output
+// pipeline (choice_output.h) and queues events; the HTTP thread waits for them (with a timeout, so it can watch
+// the socket and send pings) and turns them into SSE chunks or the final JSON.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/scheduler.h"
+#include "server/choice_output.h"
+
+namespace latent::server {
+
+struct StreamEvent {
+  enum class Kind { Delta, Finish, Abort };
+  Kind kind = Kind::Delta;
+  int choice = 0;
+  ChoiceDelta delta;
+  std::string finish_reason;
+  AbortReason abort = AbortReason::EngineError;
+  std::string message;
+};
+
+class RequestState : public GenerationSink {
+ public:
+  explicit RequestState(std::vector<OutputConfig> choices);
+
+  void on_scheduled() override;
+  bool on_token(int choice, const SampleResult& s, bool stop_token) override;
+  void on_finish(int choice, FinishReason reason) override;
+  void on_abort(AbortReason reason, const std::string& message) override;
+
+  // Waits until an event is available, the request was scheduled (when wait_scheduled), or the timeout passes;
+  // moves queued events to `out`. Returns true when something happened.
+  bool wait(std::vector<StreamEvent>& out, std::chrono::milliseconds timeout, bool wait_scheduled = false);
+  bool scheduled() const;
+  bool all_finished() const;
+  std::optional<StreamEvent> abort_event() const;
+
+  // Valid after all_finished(): the per-choice results.
+  const ChoiceOutput& output(int choice) const { return outputs_[static_cast<size_t>(choice)]; }
+  int n_choices() const { return static_cast<int>(outputs_.size()); }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<ChoiceOutput> outputs_;
+  std::deque<StreamEvent> events_;
+  bool scheduled_ = false;
+  int finished_ = 0;
+  std::optional<StreamEvent> abort_;
+};
+
+}  // namespace latent::server

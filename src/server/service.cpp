@@ -1,0 +1,248 @@
+#include "server/service.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "server/api_error.h"
+
+namespace latent::server {
+
+SamplingDefaults SamplingDefaults::from_json(const nlohmann::json& j, const std::string& what) {
+  SamplingDefaults d;
+  if (j.is_null()) return d;
+  if (!j.is_object()) fail("{}: expected a JSON object", what);
+  auto num = [&](const char* k, std::optional<double>& out) {
+    auto it = j.find(k);
+    if (it == j.end() || it->is_null()) return;
+    if (!it->is_number()) fail("{}: \"{}\" is not a number", what, k);
+    out = it->get<double>();
+  };
+  num("temperature", d.temperature);
+  num("top_p", d.top_p);
+  num("min_p", d.min_p);
+  num("repetition_penalty", d.repetition_penalty);
+  num("presence_penalty", d.presence_penalty);
+  num("frequency_penalty", d.frequency_penalty);
+  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) fail("{}: \"top_k\" is not an integer", what);
+    d.top_k = it->get<int64_t>();
+  }
+  return d;
+}
+
+Service::Service(ModelInfo info, ServiceOptions opt, const TextCodec& codec, Scheduler& scheduler, Metrics& metrics)
+    : info_(std::move(info)), opt_(std::move(opt)), codec_(codec), scheduler_(scheduler), metrics_(metrics) {
+  auto id = [&](std::string_view s) { return codec_.token_id(s).value_or(-1); };
+  rt_.think_start = id("<think>");
+  rt_.think_end = id("</think>");
+  for (const char* a : {"<|assistant|>", "<｜Assistant｜>"})
+    if (auto t = codec_.token_id(a)) rt_.assistant.push_back(*t);
+  const bool glm = codec_.token_id("<tool_call>").has_value();
+  const bool deepseek = codec_.token_id("<｜tool▁calls▁begin｜>").has_value();
+  if (opt_.tool_parser == "glm47" || (opt_.tool_parser == "auto" && glm)) tool_format_ = ToolFormat::Glm47;
+  else if (opt_.tool_parser == "deepseek" || (opt_.tool_parser == "auto" && deepseek)) tool_format_ = ToolFormat::DeepSeek;
+  if (tool_format_ == ToolFormat::Glm47) {
+    if (auto t = codec_.token_id("<tool_call>")) rt_.tool_start.push_back(*t);
+  } else if (tool_format_ == ToolFormat::DeepSeek) {
+    for (const char* m : {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+                          "<｜tool▁calls▁end｜>"})
+      if (auto t = codec_.token_id(m)) keep_ids_.push_back(*t);
+    if (!keep_ids_.empty()) rt_.tool_start.push_back(keep_ids_.front());
+  }
+  reasoning_enabled_ = opt_.reasoning_parser != "none" && rt_.usable();
+}
+
+ValidationContext Service::validation() const {
+  ValidationContext v;
+  v.served_names = info_.served_names;
+  v.vocab_size = info_.vocab_size;
+  v.max_n = opt_.max_n;
+  v.trust_request_chat_template = opt_.trust_request_chat_template;
+  return v;
+}
+
+namespace {
+
+// continue_final_message: cut the rendering right after the final assistant message's content.
+std::string cut_after_final(const std::string& rendered, const ojson& last) {
+  const std::string content = last.value("content", ojson(nullptr)).is_string() ? last["content"].get<std::string>() : "";
+  std::string_view c = content;
+  while (!c.empty() && (c.back() == ' ' || c.back() == '\n' || c.back() == '\t')) c.remove_suffix(1);
+  if (c.empty()) return rendered;
+  const size_t p = rendered.rfind(c);
+  if (p == std::string::npos) invalid_value("messages", "The final assistant message could not be located in the rendered prompt.");
+  return rendered.substr(0, p + c.size());
+}
+
+}  // namespace
+
+std::string Service::render_chat(const ChatRequest& r) const {
+  if (!codec_.has_chat_template())
+    invalid_value("messages", "This model has no chat template; use /v1/completions or start the server with --chat-template.");
+  const ojson vars = chat_template_variables(r);
+  const ojson tools = r.tool_choice == ToolChoice::None ? ojson(nullptr) : r.tools;  // §5.5.2: none -> not rendered
+  std::string text;
+  try {
+    text = codec_.render_chat(r.messages, tools, r.add_generation_prompt, vars,
+                              r.chat_template ? &*r.chat_template : nullptr);
+  } catch (const latent::Error& e) {
+    std::string msg = e.what();
+    invalid_value("messages", fmt::format("The chat template failed: {}", msg));
+  }
+  if (r.continue_final_message) text = cut_after_final(text, r.messages.back());
+  return text;
+}
+
+std::vector<int32_t> Service::chat_prompt_ids(const ChatRequest& r) const {
+  return codec_.encode(render_chat(r), /*add_special_tokens=*/false);  // the template writes the specials (§5.3.2)
+}
+
+int64_t Service::resolve_max_tokens(const CommonParams& c, int64_t P, const std::string& prompt_param, bool chat) const {
+  const int64_t C = info_.max_model_len;
+  if (P >= C) {
+    metrics_.requests_rejected.inc("context_length");
+    bad_request("context_length_exceeded", prompt_param,
+                fmt::format("This model's maximum context length is {} tokens. However, your {} resulted in {} tokens. "
+                            "Please reduce the length of the {}.",
+                            C, prompt_param == "messages" ? "messages" : "prompt", P,
+                            prompt_param == "messages" ? "messages" : "prompt"));
+  }
+  if (c.max_tokens) {
+    const int64_t M = *c.max_tokens;
+    if (P + M > C) {
+      if (opt_.clamp_max_tokens) return C - P;
+      metrics_.requests_rejected.inc("context_length");
+      bad_request("context_length_exceeded", c.max_tokens_param,
+                  fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
+                              "the {}, {} in the completion). Please reduce the length of the {} or completion.",
+                              C, P + M, P, chat ? "messages" : "prompt", M, chat ? "messages" : "prompt"));
+    }
+    return M;
+  }
+  int64_t M = C - P;
+  if (!chat) M = std::min<int64_t>(M, 16);  // legacy completions default (§6.1)
+  if (opt_.max_output_tokens) M = std::min(M, *opt_.max_output_tokens);
+  return std::max<int64_t>(M, 1);
+}
+
+SamplingParams Service::sampling(const CommonParams& c) const {
+  const SamplingDefaults& s = opt_.default_sampling;
+  const SamplingDefaults& g = info_.generation_defaults;
+  auto pick = [](std::optional<double> req, std::optional<double> srv, std::optional<double> gen, double dflt) {
+    return static_cast<float>(req ? *req : srv ? *srv : gen ? *gen : dflt);
+  };
+  SamplingParams p;
+  p.temperature = pick(c.temperature, s.temperature, g.temperature, 1.0);
+  p.top_p = pick(c.top_p, s.top_p, g.top_p, 1.0);
+  p.min_p = pick(c.min_p, s.min_p, g.min_p, 0.0);
+  p.presence_penalty = pick(c.presence_penalty, s.presence_penalty, g.presence_penalty, 0.0);
+  p.frequency_penalty = pick(c.frequency_penalty, s.frequency_penalty, g.frequency_penalty, 0.0);
+  p.repetition_penalty = pick(c.repetition_penalty, s.repetition_penalty, g.repetition_penalty, 1.0);
+  p.top_k = c.top_k ? *c.top_k : s.top_k ? *s.top_k : g.top_k ? *g.top_k : 0;
+  if (p.top_k < 0) p.top_k = 0;
+  p.logit_bias = c.logit_bias;
+  p.seed = c.seed;
+  return p;
+}
+
+std::vector<int32_t> Service::stop_ids(const CommonParams& c) const {
+  std::vector<int32_t> ids = c.ignore_eos ? std::vector<int32_t>{} : info_.eos_ids;
+  ids.insert(ids.end(), c.stop_token_ids.begin(), c.stop_token_ids.end());
+  return ids;
+}
+
+ApiError rejection_error(const SchedulerRejected& r) {
+  using K = SchedulerRejected::Kind;
+  switch (r.kind) {
+    case K::Overloaded: return overloaded_error(fmt::format("The server is overloaded: {}. Retry later.", r.what()));
+    case K::Draining: return server_error(503, "draining", "The server is shutting down.");
+    case K::Dead: return server_error(503, "engine_dead", "The engine loop failed; the server must be restarted.");
+    case K::TooLarge: break;
+  }
+  return ApiError(400, "invalid_request_error", "invalid_value", std::string("n"),
+                  fmt::format("The request cannot be served: {}.", r.what()));
+}
+
+GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
+                              const std::vector<int64_t>& max_tokens,
+                              std::vector<OutputConfig> configs, const SamplingParams& sp) {
+  GenerationJob job;
+  job.model = c.model;
+  job.n_choices = static_cast<int>(configs.size());
+  job.state = std::make_shared<RequestState>(std::move(configs));
+  const auto ids = stop_ids(c);
+  const auto arrival = Clock::now();
+  try {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerationRequest g;
+      job.prompt_tokens += static_cast<int64_t>(prompts[i].size());
+      g.prompt = std::move(prompts[i]);
+      g.n = c.n;
+      g.choice_offset = static_cast<int>(i) * c.n;
+      g.sampling = sp;
+      g.max_tokens = max_tokens[i];
+      g.stop_ids = ids;
+      g.sink = job.state;
+      g.arrival = arrival;
+      job.handles.push_back(scheduler_.submit(std::move(g)));
+    }
+  } catch (const SchedulerRejected& r) {
+    job.cancel();
+    if (r.kind == SchedulerRejected::Kind::Overloaded) metrics_.requests_rejected.inc("overloaded");
+    throw rejection_error(r);
+  }
+  return job;
+}
+
+GenerationJob Service::start_chat(const ChatRequest& r) {
+  std::vector<int32_t> prompt = chat_prompt_ids(r);
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  const int64_t M = resolve_max_tokens(r.c, P, "messages", /*chat=*/true);
+  SamplingParams sp = sampling(r.c);
+  sp.logprobs = r.logprobs;
+  sp.top_logprobs = r.top_logprobs;
+  OutputConfig oc;
+  oc.codec = &codec_;
+  oc.reasoning_tokens = &rt_;
+  oc.reasoning_enabled = reasoning_enabled_;
+  oc.initial = initial_channel(prompt, rt_);
+  oc.tool_format = r.tool_choice == ToolChoice::Auto ? tool_format_ : ToolFormat::None;
+  oc.tools = r.tools;
+  oc.parallel_tool_calls = r.parallel_tool_calls;
+  oc.stop = r.c.stop;
+  oc.skip_special = r.c.skip_special_tokens;
+  if (oc.tool_format != ToolFormat::None) oc.keep_ids = keep_ids_;
+  oc.logprobs = r.logprobs;
+  std::vector<OutputConfig> configs(static_cast<size_t>(r.c.n), oc);
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.push_back(std::move(prompt));
+  return submit(std::move(prompts), r.c, {M}, std::move(configs), sp);
+}
+
+GenerationJob Service::start_completion(const CompletionRequest& r) {
+  std::vector<std::vector<int32_t>> prompts;
+  if (r.prompt_is_tokens) {
+    prompts = r.prompt_tokens;
+  } else {
+    for (const auto& t : r.prompt_texts) prompts.push_back(codec_.encode(t, r.add_special_tokens));
+  }
+  std::vector<int64_t> M;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string param = prompts.size() == 1 ? "prompt" : fmt::format("prompt[{}]", i);
+    if (prompts[i].empty()) invalid_value(param, fmt::format("'{}' produced no tokens.", param));
+    M.push_back(resolve_max_tokens(r.c, static_cast<int64_t>(prompts[i].size()), param, /*chat=*/false));
+  }
+  SamplingParams sp = sampling(r.c);
+  sp.logprobs = r.logprobs.has_value();
+  sp.top_logprobs = r.logprobs.value_or(0);
+  OutputConfig oc;
+  oc.codec = &codec_;
+  oc.stop = r.c.stop;
+  oc.skip_special = r.c.skip_special_tokens;
+  oc.logprobs = r.logprobs.has_value();
+  std::vector<OutputConfig> configs(prompts.size() * static_cast<size_t>(r.c.n), oc);
+  return submit(std::move(prompts), r.c, M, std::move(configs), sp);
+}
+
+}  // namespace latent::server

@@ -1,0 +1,106 @@
+// Service: the model-facing half of the server. Turns validated requests into prompts (chat template + tokenizer),
+// applies the context-length rules (spec api.md §5.8) and sampling defaults (§5.6.1), submits sequences to the
+// scheduler and hands back a job whose RequestState streams the output. No HTTP here.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/metrics.h"
+#include "runtime/scheduler.h"
+#include "server/api_error.h"
+#include "server/reasoning.h"
+#include "server/request_schema.h"
+#include "server/request_state.h"
+#include "server/text_codec.h"
+#include "server/tool_parser.h"
+
+namespace latent::server {
+
+// Optional sampling defaults (generation_config.json, --default-sampling-params).
+struct SamplingDefaults {
+  std::optional<double> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
+  std::optional<int64_t> top_k;
+  static SamplingDefaults from_json(const nlohmann::json& j, const std::string& what);  // throws latent::Error
+};
+
+struct ModelInfo {
+  std::vector<std::string> served_names;  // primary first
+  int64_t max_model_len = 4096;           // C
+  int64_t vocab_size = 0;                 // logits width (config.json)
+  std::vector<int32_t> eos_ids;           // generation_config eos_token_id (all are stops)
+  SamplingDefaults generation_defaults;
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object();  // /v1/models "meta"
+  int64_t created = 0;
+  std::string fingerprint;  // system_fingerprint
+};
+
+struct ServiceOptions {
+  int max_n = 16;
+  bool clamp_max_tokens = false;
+  std::optional<int64_t> max_output_tokens;
+  bool trust_request_chat_template = false;
+  std::string reasoning_parser = "auto";  // auto | none | glm45 | deepseek_r1
+  std::string tool_parser = "auto";       // auto | none | glm47 | deepseek
+  SamplingDefaults default_sampling;
+};
+
+struct GenerationJob {
+  std::shared_ptr<RequestState> state;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  int64_t prompt_tokens = 0;  // summed over prompts, once per prompt
+  int n_choices = 0;
+  std::string model;
+  void cancel() const {
+    for (const auto& h : handles) h->cancel();
+  }
+};
+
+class Service {
+ public:
+  Service(ModelInfo info, ServiceOptions opt, const TextCodec& codec, Scheduler& scheduler, Metrics& metrics);
+
+  const ModelInfo& info() const { return info_; }
+  const ServiceOptions& options() const { return opt_; }
+  const TextCodec& codec() const { return codec_; }
+  Scheduler& scheduler() { return scheduler_; }
+  Metrics& metrics() { return metrics_; }
+  ValidationContext validation() const;
+  const ReasoningTokens& reasoning_tokens() const { return rt_; }
+  ToolFormat tool_format() const { return tool_format_; }
+  bool reasoning_enabled() const { return reasoning_enabled_; }
+
+  // Chat template rendering (§5.3, §5.4.1): 400 invalid_value param messages on a template error.
+  std::string render_chat(const ChatRequest& r) const;
+  std::vector<int32_t> chat_prompt_ids(const ChatRequest& r) const;
+
+  GenerationJob start_chat(const ChatRequest& r);
+  GenerationJob start_completion(const CompletionRequest& r);
+
+ private:
+  int64_t resolve_max_tokens(const CommonParams& c, int64_t P, const std::string& prompt_param, bool chat) const;
+  SamplingParams sampling(const CommonParams& c) const;
+  std::vector<int32_t> stop_ids(const CommonParams& c) const;
+  GenerationJob submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
+                       const std::vector<int64_t>& max_tokens,
+                       std::vector<OutputConfig> configs, const SamplingParams& sp);
+
+  ModelInfo info_;
+  ServiceOptions opt_;
+  const TextCodec& codec_;
+  Scheduler& scheduler_;
+  Metrics& metrics_;
+  ReasoningTokens rt_;
+  bool reasoning_enabled_ = false;
+  ToolFormat tool_format_ = ToolFormat::None;
+  std::vector<int32_t> keep_ids_;  // tool-call marker ids shown even when special
+};
+
+// Maps a scheduler refusal to the spec's error (503 overloaded / draining / engine_dead, 400 for too large).
+ApiError rejection_error(const SchedulerRejected& r);
+
+}  // namespace latent::server

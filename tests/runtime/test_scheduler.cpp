@@ -1,0 +1,536 @@
+// Scheduler with a fake engine: continuous batching, chunked prefill, cancellation, queue limit, n > 1, KV budget
+// and preemption, failures.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "runtime/scheduler.h"
+
+namespace latent {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Logits are a deterministic function of a sequence's whole history, so outputs do not depend on batching.
+class FakeEngine : public Engine {
+ public:
+  static constexpr int64_t kV = 64;
+  int64_t vocab_size() const override { return kV; }
+  int64_t kv_bytes_per_token() const override { return 100; }
+  void add_sequence(SeqId s) override {
+    std::lock_guard lk(mu);
+    hist[s].clear();
+  }
+  void remove_sequence(SeqId s) override {
+    std::lock_guard lk(mu);
+    hist.erase(s);
+  }
+  void fork_sequence(SeqId from, SeqId to) override {
+    std::lock_guard lk(mu);
+    hist[to] = hist[from];
+    ++forks;
+  }
+  void step(std::span<const EngineStepItem> items, float* logits) override {
+    if (delay.count()) std::this_thread::sleep_for(delay);
+    std::lock_guard lk(mu);
+    if (fail) throw std::runtime_error("fake failure");
+    std::vector<std::pair<SeqId, int64_t>> log;
+    int64_t row = 0;
+    for (const auto& it : items) {
+      auto& h = hist.at(it.seq);
+      h.insert(h.end(), it.tokens.begin(), it.tokens.end());
+      tokens_processed += static_cast<int64_t>(it.tokens.size());
+      log.emplace_back(it.seq, static_cast<int64_t>(it.tokens.size()));
+      if (!it.want_logits) continue;
+      uint64_t x = 1469598103934665603ull;
+      for (int32_t t : h) x = (x ^ static_cast<uint64_t>(t + 7)) * 1099511628211ull;
+      float* r = logits + row * kV;
+      for (int64_t v = 0; v < kV; ++v) r[v] = static_cast<float>((x >> (v % 40)) & 7) * 0.1f;
+      r[next_of(h, x)] = 5.0f;
+      ++row;
+    }
+    steps.push_back(std::move(log));
+  }
+  int32_t next_of(const std::vector<int32_t>& h, uint64_t x) const {
+    const auto n = static_cast<int64_t>(h.size());
+    if (force_token >= 0 && n >= force_after) return force_token;
+    if (!cycle.empty() && n >= force_after) return cycle[static_cast<size_t>(n - force_after) % cycle.size()];
+    return static_cast<int32_t>(2 + (x % (kV - 2)));  // never 0 or 1 (used as EOS in tests)
+  }
+  std::mutex mu;
+  std::map<SeqId, std::vector<int32_t>> hist;
+  std::vector<std::vector<std::pair<SeqId, int64_t>>> steps;
+  int64_t tokens_processed = 0;
+  int forks = 0;
+  bool fail = false;
+  int32_t force_token = -1;
+  int64_t force_after = 0;
+  std::vector<int32_t> cycle;  // from force_after on, the outputs repeat this cycle (a degenerate generation)
+  std::chrono::milliseconds delay{0};
+};
+
+class CollectSink : public GenerationSink {
+ public:
+  explicit CollectSink(int n, int stop_after = -1) : toks(static_cast<size_t>(n)), stop_after_(stop_after) {}
+  void on_scheduled() override { scheduled = true; }
+  bool on_token(int c, const SampleResult& s, bool stop_token) override {
+    std::lock_guard lk(mu);
+    auto& v = toks.at(static_cast<size_t>(c));
+    if (stop_token) {
+      stop_tokens.push_back(s.token);
+      return false;
+    }
+    v.push_back(s.token);
+    return stop_after_ >= 0 && static_cast<int>(v.size()) >= stop_after_;
+  }
+  void on_finish(int c, FinishReason r) override {
+    std::lock_guard lk(mu);
+    reasons[c] = r;
+    cv.notify_all();
+  }
+  void on_abort(AbortReason r, const std::string& m) override {
+    std::lock_guard lk(mu);
+    aborted = r;
+    abort_msg = m;
+    cv.notify_all();
+  }
+  bool wait(size_t n_choices, std::chrono::milliseconds t = 5000ms) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, t, [&] { return reasons.size() >= n_choices || aborted.has_value(); });
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<int32_t>> toks;
+  std::vector<int32_t> stop_tokens;
+  std::map<int, FinishReason> reasons;
+  std::optional<AbortReason> aborted;
+  std::string abort_msg;
+  std::atomic<bool> scheduled{false};
+
+ private:
+  int stop_after_;
+};
+
+GenerationRequest make_req(std::vector<int32_t> prompt, int64_t max_tokens, std::shared_ptr<GenerationSink> sink,
+                           int n = 1) {
+  GenerationRequest g;
+  g.prompt = std::move(prompt);
+  g.max_tokens = max_tokens;
+  g.sampling.temperature = 0.0f;
+  g.sink = std::move(sink);
+  g.n = n;
+  g.stop_ids = {1};
+  return g;
+}
+
+std::vector<int32_t> prompt_of(int len, int seed) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back(2 + (i * 7 + seed * 13) % 60);
+  return p;
+}
+
+std::vector<int32_t> run_alone(std::vector<int32_t> prompt, int64_t max_tokens, SchedulerOptions o = {}) {
+  FakeEngine e;
+  Scheduler s(e, o);
+  s.start();
+  auto sink = std::make_shared<CollectSink>(1);
+  s.submit(make_req(std::move(prompt), max_tokens, sink));
+  EXPECT_TRUE(sink->wait(1));
+  return sink->toks[0];
+}
+
+TEST(Scheduler, GreedyLengthAndKvFreed) {
+  FakeEngine e;
+  Metrics m;
+  Scheduler s(e, {}, &m);
+  s.start();
+  auto sink = std::make_shared<CollectSink>(1);
+  auto h = s.submit(make_req(prompt_of(10, 1), 7, sink));
+  ASSERT_TRUE(sink->wait(1));
+  EXPECT_EQ(sink->toks[0].size(), 7u);
+  EXPECT_EQ(sink->reasons[0], FinishReason::Length);
+  EXPECT_TRUE(sink->scheduled);
+  for (int i = 0; i < 100 && !h->done(); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(h->done());
+  EXPECT_EQ(s.stats().kv_used, 0);
+  EXPECT_EQ(m.generation_tokens.value(), 7u);
+  EXPECT_EQ(m.prompt_tokens.value(), 10u);
+}
+
+TEST(Scheduler, StopTokenEndsChoice) {
+  FakeEngine e;
+  e.force_token = 1;  // EOS
+  e.force_after = 13;
+  Scheduler s(e, {});
+  s.start();
+  auto sink = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(10, 2), 50, sink));
+  ASSERT_TRUE(sink->wait(1));
+  EXPECT_EQ(sink->reasons[0], FinishReason::Stop);
+  EXPECT_EQ(sink->toks[0].size(), 3u);  // 10 prompt + 3 generated = 13, then EOS
+  ASSERT_EQ(sink->stop_tokens.size(), 1u);
+  EXPECT_EQ(sink->stop_tokens[0], 1);
+}
+
+TEST(Scheduler, SinkStopStringEndsChoice) {
+  FakeEngine e;
+  Scheduler s(e, {});
+  s.start();
+  auto sink = std::make_shared<CollectSink>(1, /*stop_after=*/4);
+  s.submit(make_req(prompt_of(5, 3), 50, sink));
+  ASSERT_TRUE(sink->wait(1));
+  EXPECT_EQ(sink->reasons[0], FinishReason::Stop);
+  EXPECT_EQ(sink->toks[0].size(), 4u);
+}
+
+TEST(Scheduler, ContextLimitIsLength) {
+  SchedulerOptions o;
+  o.max_context = 20;
+  auto t = run_alone(prompt_of(15, 4), 100, o);
+  EXPECT_EQ(t.size(), 5u);
+}
+
+TEST(Scheduler, BatchedEqualsAlone) {
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < 16; ++i) alone.push_back(run_alone(prompt_of(5 + i * 37, i), 20));
+  FakeEngine e;
+  SchedulerOptions o;
+  o.prefill_chunk = 64;
+  o.max_batch_tokens = 100;
+  Scheduler s(e, o);
+  s.start();
+  std::vector<std::shared_ptr<CollectSink>> sinks;
+  for (int i = 0; i < 16; ++i) {
+    sinks.push_back(std::make_shared<CollectSink>(1));
+    s.submit(make_req(prompt_of(5 + i * 37, i), 20, sinks.back()));
+  }
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(sinks[static_cast<size_t>(i)]->wait(1));
+    EXPECT_EQ(sinks[static_cast<size_t>(i)]->toks[0], alone[static_cast<size_t>(i)]) << "request " << i;
+  }
+  EXPECT_GT(s.stats().max_batch_seqs, 4);  // requests really ran together
+}
+
+TEST(Scheduler, ChunkedPrefillDoesNotStallDecoding) {
+  FakeEngine e;
+  e.delay = std::chrono::milliseconds(1);  // `a` (400 steps) outlives b's ~19 prefill chunks on a loaded machine
+  SchedulerOptions o;
+  o.prefill_chunk = 32;
+  o.max_batch_tokens = 40;
+  Scheduler s(e, o);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(8, 1), 400, a));
+  // Wait until `a` decodes, then send a long prompt.
+  for (int i = 0; i < 200; ++i) {
+    {
+      std::lock_guard lk(a->mu);
+      if (a->toks[0].size() >= 3) break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  auto b = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(600, 2), 5, b));
+  ASSERT_TRUE(b->wait(1));
+  ASSERT_TRUE(a->wait(1));
+  std::lock_guard lk(e.mu);
+  // Every step that prefilled part of b's prompt also advanced a (if a was still running).
+  int prefill_steps = 0;
+  const SeqId sa = 1, sb = 2;
+  for (const auto& st : e.steps) {
+    bool has_b_chunk = false, has_a = false;
+    for (auto [seq, n] : st) {
+      if (seq == sb && n > 1) {
+        has_b_chunk = true;
+        EXPECT_LE(n, 32);
+      }
+      if (seq == sa) has_a = true;
+    }
+    if (has_b_chunk) {
+      ++prefill_steps;
+      EXPECT_TRUE(has_a);
+    }
+  }
+  EXPECT_GE(prefill_steps, 600 / 32);
+}
+
+TEST(Scheduler, ContinuousAdmission) {
+  FakeEngine e;
+  e.delay = 1ms;
+  Scheduler s(e, {});
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 1), 100, a));
+  std::this_thread::sleep_for(20ms);
+  auto b = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 2), 5, b));
+  ASSERT_TRUE(b->wait(1));
+  {
+    std::lock_guard lk(a->mu);
+    EXPECT_TRUE(a->reasons.empty());  // b joined and finished while a was still running
+  }
+  ASSERT_TRUE(a->wait(1));
+}
+
+TEST(Scheduler, CancelFreesBlocksWithinAStep) {
+  FakeEngine e;
+  e.delay = 2ms;
+  Metrics m;
+  Scheduler s(e, {}, &m);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  auto h = s.submit(make_req(prompt_of(40, 1), 100000, a));
+  while (true) {
+    std::lock_guard lk(a->mu);
+    if (a->toks[0].size() >= 5) break;
+  }
+  EXPECT_GT(s.stats().kv_used, 0);
+  h->cancel();
+  for (int i = 0; i < 200 && !h->done(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(h->done());
+  std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(s.stats().kv_used, 0);
+  EXPECT_EQ(s.stats().running_seqs, 0);
+  EXPECT_FALSE(a->aborted.has_value());  // a cancelled request gets no callbacks
+  EXPECT_EQ(m.requests_aborted.value("client_disconnect"), 1u);
+  std::lock_guard lk(e.mu);
+  EXPECT_TRUE(e.hist.empty());
+}
+
+TEST(Scheduler, CancelWhileQueued) {
+  FakeEngine e;
+  e.delay = 1ms;
+  SchedulerOptions o;
+  o.max_num_seqs = 1;
+  Scheduler s(e, o);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 1), 100, a));
+  auto b = std::make_shared<CollectSink>(1);
+  auto hb = s.submit(make_req(prompt_of(4, 2), 5, b));
+  std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(s.stats().waiting, 1);
+  hb->cancel();
+  for (int i = 0; i < 200 && !hb->done(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(hb->done());
+  EXPECT_EQ(s.stats().waiting, 0);
+  EXPECT_FALSE(b->scheduled);
+}
+
+TEST(Scheduler, QueueFullIsOverloaded) {
+  FakeEngine e;
+  e.delay = 2ms;
+  SchedulerOptions o;
+  o.max_num_seqs = 1;
+  o.max_queue_len = 2;
+  Scheduler s(e, o);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 1), 1000, a));
+  std::this_thread::sleep_for(10ms);  // a is running
+  s.submit(make_req(prompt_of(4, 2), 5, std::make_shared<CollectSink>(1)));
+  s.submit(make_req(prompt_of(4, 3), 5, std::make_shared<CollectSink>(1)));
+  try {
+    s.submit(make_req(prompt_of(4, 4), 5, std::make_shared<CollectSink>(1)));
+    FAIL() << "expected overload";
+  } catch (const SchedulerRejected& r) {
+    EXPECT_EQ(r.kind, SchedulerRejected::Kind::Overloaded);
+  }
+}
+
+TEST(Scheduler, QueueWaitExpires) {
+  FakeEngine e;
+  e.delay = 2ms;
+  SchedulerOptions o;
+  o.max_num_seqs = 1;
+  o.max_queue_wait_s = 0.02;
+  Scheduler s(e, o);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 1), 200, a));
+  auto b = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 2), 5, b));
+  ASSERT_TRUE(b->wait(1));
+  ASSERT_TRUE(b->aborted.has_value());
+  EXPECT_EQ(*b->aborted, AbortReason::QueueTimeout);
+}
+
+TEST(Scheduler, NGreaterThanOneForksPrompt) {
+  FakeEngine e;
+  Scheduler s(e, {});
+  s.start();
+  auto sink = std::make_shared<CollectSink>(3);
+  s.submit(make_req(prompt_of(50, 1), 6, sink, 3));
+  ASSERT_TRUE(sink->wait(3));
+  EXPECT_EQ(sink->toks[0], sink->toks[1]);  // greedy: identical
+  EXPECT_EQ(sink->toks[0], sink->toks[2]);
+  std::lock_guard lk(e.mu);
+  EXPECT_EQ(e.forks, 2);
+  EXPECT_EQ(e.tokens_processed, 50 + 3 * 5);  // prompt once; the last sampled token is never fed back
+}
+
+TEST(Scheduler, SeededSamplingPerChoice) {
+  auto run = [](uint64_t seed) {
+    FakeEngine e;
+    Scheduler s(e, {});
+    s.start();
+    auto sink = std::make_shared<CollectSink>(2);
+    auto g = make_req(prompt_of(10, 1), 12, sink, 2);
+    g.sampling.temperature = 3.0f;
+    g.sampling.seed = static_cast<int64_t>(seed);
+    s.submit(g);
+    EXPECT_TRUE(sink->wait(2));
+    return sink->toks;
+  };
+  auto a = run(7), b = run(7);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a[0], a[1]);  // choices use different streams
+}
+
+TEST(Scheduler, TooLargeForKvBudget) {
+  FakeEngine e;
+  SchedulerOptions o;
+  o.kv_total_blocks = 4;
+  o.kv_block_tokens = 16;
+  Scheduler s(e, o);
+  s.start();
+  try {
+    s.submit(make_req(prompt_of(100, 1), 5, std::make_shared<CollectSink>(1)));
+    FAIL() << "expected TooLarge";
+  } catch (const SchedulerRejected& r) {
+    EXPECT_EQ(r.kind, SchedulerRejected::Kind::TooLarge);
+    EXPECT_NE(std::string(r.what()).find("KV cache"), std::string::npos);
+  }
+}
+
+TEST(Scheduler, PreemptionRecomputesAndKeepsOutput) {
+  const auto alone_a = run_alone(prompt_of(20, 1), 60);
+  const auto alone_b = run_alone(prompt_of(20, 2), 60);
+  FakeEngine e;
+  Metrics m;
+  SchedulerOptions o;
+  o.kv_block_tokens = 8;
+  o.kv_total_blocks = 15;  // 120 tokens: two sequences of 80 cannot both stay
+  Scheduler s(e, o, &m);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1), b = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(20, 1), 60, a));
+  s.submit(make_req(prompt_of(20, 2), 60, b));
+  ASSERT_TRUE(a->wait(1));
+  ASSERT_TRUE(b->wait(1));
+  EXPECT_EQ(a->toks[0], alone_a);
+  EXPECT_EQ(b->toks[0], alone_b);
+  EXPECT_GE(m.preemptions.value(), 1u);
+  EXPECT_EQ(s.stats().kv_used, 0);
+}
+
+TEST(Scheduler, EngineFailureAbortsRequest) {
+  FakeEngine e;
+  e.fail = true;
+  Scheduler s(e, {});
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 1), 5, a));
+  ASSERT_TRUE(a->wait(1));
+  ASSERT_TRUE(a->aborted.has_value());
+  EXPECT_EQ(*a->aborted, AbortReason::EngineError);
+}
+
+TEST(Scheduler, DrainRefusesAndStopAborts) {
+  FakeEngine e;
+  e.delay = 1ms;
+  Scheduler s(e, {});
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 1), 100000, a));
+  s.begin_drain();
+  EXPECT_THROW(s.submit(make_req(prompt_of(4, 2), 5, std::make_shared<CollectSink>(1))), SchedulerRejected);
+  EXPECT_FALSE(s.wait_idle(0.02));
+  s.stop();
+  ASSERT_TRUE(a->aborted.has_value());
+  EXPECT_EQ(*a->aborted, AbortReason::Shutdown);
+}
+
+}  // namespace
+}  // namespace latent
+
+namespace latent {
+namespace {
+
+TEST(Scheduler, RequestTimeoutAborts) {
+  FakeEngine e;
+  e.delay = std::chrono::milliseconds(2);
+  SchedulerOptions o;
+  o.request_timeout_s = 0.03;
+  Scheduler s(e, o);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 1), 100000, a));
+  ASSERT_TRUE(a->wait(1));
+  ASSERT_TRUE(a->aborted.has_value());
+  EXPECT_EQ(*a->aborted, AbortReason::Timeout);
+  for (int i = 0; i < 100 && s.stats().kv_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(s.stats().kv_used, 0);
+}
+
+// A generation that falls into a cycle: counted once in /metrics; with stop_on_loop it ends (Length) soon after the
+// detector's threshold (min_span 12 tokens, 3 cycles), without it it runs to max_tokens.
+TEST(Scheduler, RepetitionLoopCountedAndStoppedOnRequest) {
+  for (bool stop : {false, true}) {
+    FakeEngine e;
+    e.cycle = {5, 6, 7};
+    e.force_after = 14;  // prompt 10 + 4 free tokens, then 5 6 7 5 6 7 ...
+    Metrics m;
+    SchedulerOptions o;
+    o.stop_on_loop = stop;
+    Scheduler s(e, o, &m);
+    s.start();
+    auto sink = std::make_shared<CollectSink>(1);
+    s.submit(make_req(prompt_of(10, 9), 100, sink));
+    ASSERT_TRUE(sink->wait(1));
+    EXPECT_EQ(sink->reasons[0], FinishReason::Length);
+    EXPECT_EQ(m.repetition_loops.value(), 1u) << "stop_on_loop " << stop;
+    if (stop) {
+      EXPECT_GE(sink->toks[0].size(), 4u + 12u);
+      EXPECT_LE(sink->toks[0].size(), 4u + 15u);
+    } else {
+      EXPECT_EQ(sink->toks[0].size(), 100u);
+    }
+  }
+  // A generation without a cycle is not counted.
+  FakeEngine e;
+  Metrics m;
+  Scheduler s(e, {}, &m);
+  s.start();
+  auto sink = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(10, 9), 60, sink));
+  ASSERT_TRUE(sink->wait(1));
+  EXPECT_EQ(m.repetition_loops.value(), 0u);
+}
+
+TEST(KvBlocks, ReserveReleaseAccounting) {
+  KvBlockAllocator a(10, 16);
+  EXPECT_EQ(a.blocks_for(0), 0);
+  EXPECT_EQ(a.blocks_for(17), 2);
+  EXPECT_TRUE(a.reserve(1, 100));  // 7 blocks
+  EXPECT_EQ(a.used_blocks(), 7);
+  EXPECT_FALSE(a.reserve(2, 64));  // 4 > 3 free: nothing changes
+  EXPECT_EQ(a.blocks_of(2), 0);
+  EXPECT_TRUE(a.reserve(2, 48));
+  EXPECT_EQ(a.free_blocks(), 0);
+  EXPECT_TRUE(a.reserve(1, 112));  // already covered
+  a.release(1);
+  EXPECT_EQ(a.used_blocks(), 3);
+  a.release(1);  // idempotent
+  EXPECT_EQ(a.free_blocks(), 7);
+  EXPECT_THROW(KvBlockAllocator(0, 16), Error);
+}
+
+}  // namespace
+}  // namespace latent
