@@ -26,6 +26,7 @@ void register_all(CLI::App& app) {
   register_logits(app);
   register_run(app);
   register_serve(app);
+  register_fidelity(app);
   register_tokenize(app);
   register_detokenize(app);
   register_render(app);

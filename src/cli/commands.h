@@ -15,6 +15,7 @@ void register_plan(CLI::App& app);
 void register_logits(CLI::App& app);
 void register_run(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_fidelity(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_detokenize(CLI::App& app);
 void register_render(CLI::App& app);

@@ -1,0 +1,222 @@
+#include "fidelity/fidelity.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "model/generate.h"
+#include "model/model.h"
+
+namespace latent {
+
+double relative_error(const float* ref, const float* x, size_t n) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(x[i]) - static_cast<double>(ref[i]);
+    num += d * d;
+    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+double kl_divergence(const float* lp, const float* lq, int64_t n) {
+  auto lse = [n](const float* l) {
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(l[i]));
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(l[i]) - mx);
+    return mx + std::log(s);
+  };
+  const double zp = lse(lp), zq = lse(lq);
+  double kl = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double logp = static_cast<double>(lp[i]) - zp;
+    const double logq = static_cast<double>(lq[i]) - zq;
+    const double p = std::exp(logp);
+    if (p > 0.0) kl += p * (logp - logq);
+  }
+  return std::max(0.0, kl);
+}
+
+namespace {
+
+std::vector<TensorError> transforms_of(const PrecisionPlan& plan) {
+  std::vector<TensorError> out;
+  for (const auto& e : plan.entries())
+    if (e.transform != "none") out.push_back({e.name, e.transform, e.rel_error});
+  return out;
+}
+
+struct Side {
+  ModelFiles files;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+Side open_side(const std::string& dir, const std::vector<QuantizeRule>& rules, int threads) {
+  PlanOptions po;
+  po.quantize = rules;
+  po.allow_lossy = true;
+  Side s;
+  s.files = open_model_files(dir, po);
+  s.backend = make_backend("cpu", threads);
+  s.model = std::make_unique<Model>(*s.files.cfg, *s.files.plan, *s.backend);
+  return s;
+}
+
+}  // namespace
+
+FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std::vector<int32_t>>& prompts,
+                            const std::vector<std::string>& labels, const FidelityOptions& opt) {
+  if (prompts.empty()) fail("fidelity: no prompts");
+  Side base = open_side(model_dir, opt.baseline, opt.threads);
+  Side cand = open_side(model_dir, opt.candidate, opt.threads);
+  const ModelConfig& cfg = *base.files.cfg;
+  const int64_t V = cfg.vocab_size;
+
+  FidelityReport rep;
+  rep.model_dir = model_dir;
+  rep.baseline_transforms = transforms_of(*base.files.plan);
+  rep.candidate_transforms = transforms_of(*cand.files.plan);
+  rep.mean_layer_rel_error.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), 0.0);
+
+  for (size_t pi = 0; pi < prompts.size(); ++pi) {
+    const auto& ids = prompts[pi];
+    if (ids.empty()) fail("fidelity: prompt {} is empty", pi);
+    for (int32_t t : ids)
+      if (t < 0 || t >= V) fail("fidelity: prompt {}: token id {} outside [0, {})", pi, t, V);
+    PromptFidelity pf;
+    pf.label = pi < labels.size() ? labels[pi] : fmt::format("prompt {}", pi);
+    pf.prompt = ids;
+    const int64_t T = static_cast<int64_t>(ids.size());
+    std::vector<float> lb(static_cast<size_t>(T * V)), lc(static_cast<size_t>(T * V));
+    std::vector<float> hb, hc;
+    {
+      KvCache cb(cfg), cc(cfg);
+      base.model->forward(ids, cb, lb.data(), true, &hb);
+      cand.model->forward(ids, cc, lc.data(), true, &hc);
+    }
+    const int64_t L1 = cfg.num_hidden_layers + 1;
+    const size_t per_layer = static_cast<size_t>(T * cfg.hidden_size);
+    for (int64_t l = 0; l < L1; ++l) {
+      double e = relative_error(hb.data() + static_cast<size_t>(l) * per_layer,
+                                hc.data() + static_cast<size_t>(l) * per_layer, per_layer);
+      pf.layer_rel_error.push_back(e);
+      rep.mean_layer_rel_error[static_cast<size_t>(l)] += e / static_cast<double>(prompts.size());
+    }
+    int64_t agree = 0;
+    double kl_sum = 0.0;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* pb = lb.data() + t * V;
+      const float* pc = lc.data() + t * V;
+      const double kl = kl_divergence(pb, pc, V);
+      kl_sum += kl;
+      pf.kl_max = std::max(pf.kl_max, kl);
+      agree += argmax(pb, V) == argmax(pc, V);
+    }
+    pf.kl_mean = kl_sum / static_cast<double>(T);
+    pf.top1_agreement = static_cast<double>(agree) / static_cast<double>(T);
+
+    GenerateOptions g;
+    g.max_new_tokens = opt.max_tokens;
+    g.temperature = 0.0;
+    g.stop_ids = opt.stop_ids;
+    if (opt.max_tokens > 0) {
+      pf.greedy_baseline = generate(*base.model, ids, g);
+      pf.greedy_candidate = generate(*cand.model, ids, g);
+    }
+    const size_t n = std::min(pf.greedy_baseline.size(), pf.greedy_candidate.size());
+    for (size_t i = 0; i < n; ++i)
+      if (pf.greedy_baseline[i] != pf.greedy_candidate[i]) {
+        pf.diverge_step = static_cast<int64_t>(i);
+        break;
+      }
+    if (pf.diverge_step < 0 && pf.greedy_baseline.size() != pf.greedy_candidate.size())
+      pf.diverge_step = static_cast<int64_t>(n);
+    pf.loop_baseline = find_longest_loop(pf.greedy_baseline);
+    pf.loop_candidate = find_longest_loop(pf.greedy_candidate);
+    rep.prompts.push_back(std::move(pf));
+  }
+  return rep;
+}
+
+namespace {
+
+std::string loop_str(const std::optional<LoopInfo>& l) {
+  if (!l) return "no";
+  return fmt::format("yes (period {}, span {} from {})", l->period, l->span, l->start);
+}
+
+std::string short_label(const std::string& s) {
+  std::string r;
+  for (char c : s) r += (c == '\n' || c == '\r' || c == '\t') ? ' ' : c;
+  return r.size() > 48 ? r.substr(0, 45) + "..." : r;
+}
+
+}  // namespace
+
+std::string fidelity_table(const FidelityReport& r) {
+  std::string out = fmt::format("model  {}\n", r.model_dir);
+  auto list = [&](const char* what, const std::vector<TensorError>& v) {
+    if (v.empty()) {
+      out += fmt::format("{}  as stored (no transform)\n", what);
+      return;
+    }
+    out += fmt::format("{}  {} transformed tensor(s):\n", what, v.size());
+    for (const auto& t : v) out += fmt::format("    {:<56} rel_error {:.4f}  {}\n", t.name, t.rel_error, t.transform);
+  };
+  list("baseline ", r.baseline_transforms);
+  list("candidate", r.candidate_transforms);
+  out += "\nper-layer relative error of the residual stream (mean over prompts)\n";
+  for (size_t l = 0; l < r.mean_layer_rel_error.size(); ++l) {
+    const char* what = l == 0 ? "embeddings" : (l + 1 == r.mean_layer_rel_error.size() ? "final norm" : "");
+    out += fmt::format("  {:>3}  {:.3e}  {}\n", l, r.mean_layer_rel_error[l], what);
+  }
+  out += fmt::format("\n{:<50} {:>9} {:>9} {:>7} {:>8}  {:<12} {}\n", "prompt", "KL mean", "KL max", "top-1",
+                     "diverge", "loop (base)", "loop (candidate)");
+  for (const auto& p : r.prompts) {
+    out += fmt::format("{:<50} {:>9.3e} {:>9.3e} {:>6.1f}% {:>8}  {:<12} {}\n", short_label(p.label), p.kl_mean,
+                       p.kl_max, 100.0 * p.top1_agreement, p.diverge_step < 0 ? std::string("never")
+                                                                             : std::to_string(p.diverge_step),
+                       p.loop_baseline ? "yes" : "no", loop_str(p.loop_candidate));
+  }
+  return out;
+}
+
+nlohmann::json fidelity_json(const FidelityReport& r) {
+  auto terr = [](const std::vector<TensorError>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& t : v) a.push_back({{"name", t.name}, {"transform", t.transform}, {"rel_error", t.rel_error}});
+    return a;
+  };
+  auto loop = [](const std::optional<LoopInfo>& l) -> nlohmann::json {
+    if (!l) return nullptr;
+    return {{"period", l->period}, {"span", l->span}, {"start", l->start}};
+  };
+  nlohmann::json j;
+  j["model"] = r.model_dir;
+  j["baseline_transforms"] = terr(r.baseline_transforms);
+  j["candidate_transforms"] = terr(r.candidate_transforms);
+  j["mean_layer_rel_error"] = r.mean_layer_rel_error;
+  j["prompts"] = nlohmann::json::array();
+  for (const auto& p : r.prompts) {
+    j["prompts"].push_back({{"label", p.label},
+                            {"prompt_tokens", p.prompt},
+                            {"layer_rel_error", p.layer_rel_error},
+                            {"kl_mean", p.kl_mean},
+                            {"kl_max", p.kl_max},
+                            {"top1_agreement", p.top1_agreement},
+                            {"greedy_baseline", p.greedy_baseline},
+                            {"greedy_candidate", p.greedy_candidate},
+                            {"diverge_step", p.diverge_step < 0 ? nlohmann::json(nullptr) : nlohmann::json(p.diverge_step)},
+                            {"loop_baseline", loop(p.loop_baseline)},
+                            {"loop_candidate", loop(p.loop_candidate)}});
+  }
+  return j;
+}
+
+}  // namespace latent

@@ -1,0 +1,62 @@
+// Fidelity: compares two precision plans of one checkpoint (spec quantization.md §6; DESIGN "Fidelity is
+// measurable"). For each prompt: per-layer relative error of the residual stream (candidate vs baseline),
+// KL divergence and top-1 agreement of the next-token distributions along the prompt (teacher-forced), the first
+// step at which the greedy continuations diverge, and whether each continuation fell into a repetition loop.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loader/precision_plan.h"
+#include "runtime/repetition.h"
+
+namespace latent {
+
+struct FidelityOptions {
+  std::vector<QuantizeRule> baseline;   // empty = as stored
+  std::vector<QuantizeRule> candidate;  // empty = as stored
+  int64_t max_tokens = 32;              // greedy continuation length
+  int threads = 0;
+  std::vector<int64_t> stop_ids;        // greedy continuations end at one of these (EOS); empty = never
+};
+
+struct TensorError {
+  std::string name;
+  std::string transform;
+  double rel_error = 0.0;
+};
+
+struct PromptFidelity {
+  std::string label;                  // prompt text or "ids:…"
+  std::vector<int32_t> prompt;
+  std::vector<double> layer_rel_error;  // [L+1]: embeddings, decoder layers 1..L-1, final-norm output
+  double kl_mean = 0.0, kl_max = 0.0;   // KL(p_baseline || p_candidate) per position, nats
+  double top1_agreement = 1.0;          // fraction of prompt positions with the same argmax
+  std::vector<int32_t> greedy_baseline, greedy_candidate;
+  int64_t diverge_step = -1;  // first index where the continuations differ; -1 when equal over the shorter length
+  std::optional<LoopInfo> loop_baseline, loop_candidate;
+};
+
+struct FidelityReport {
+  std::string model_dir;
+  std::vector<TensorError> baseline_transforms, candidate_transforms;
+  std::vector<PromptFidelity> prompts;
+  std::vector<double> mean_layer_rel_error;  // over prompts
+};
+
+// Builds both plans (the --max-quant-error guard does not apply: fidelity measures lossy plans on purpose) and
+// runs every prompt through both models.
+FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std::vector<int32_t>>& prompts,
+                            const std::vector<std::string>& labels, const FidelityOptions& opt);
+
+std::string fidelity_table(const FidelityReport& r);
+nlohmann::json fidelity_json(const FidelityReport& r);
+
+// Numerics shared with tests.
+double relative_error(const float* ref, const float* x, size_t n);     // ||x - ref|| / ||ref||
+double kl_divergence(const float* logits_p, const float* logits_q, int64_t n);  // KL(softmax p || softmax q)
+
+}  // namespace latent
