@@ -1,7 +1,9 @@
-// latent run [--model DIR] (--prompt TEXT | --prompt-tokens IDS) [--max-tokens N] [--temperature T] [--seed S]
-// Plain generation without a chat template: prints the generated ids (one line, streamed), then their text on a
-// second line when the model directory has a tokenizer.json. --prompt is encoded with add_special_tokens (the
-// post-processor's BOS, as HF tokenizer(text) does).
+// latent run [--model DIR] (--prompt TEXT | --prompt-tokens IDS | --chat TEXT) [--max-tokens N] [--temperature T]
+// --prompt / --prompt-tokens: plain generation without a chat template: prints the generated ids (one line,
+// streamed), then their text on a second line when the model directory has a tokenizer.json. --prompt is encoded
+// with add_special_tokens (the post-processor's BOS, as HF tokenizer(text) does).
+// --chat: one conversation through the serving path (chat template, scheduler, sampler, reasoning split), the
+// reasoning printed between <think> and </think> (dimmed on a terminal), then the answer.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -13,6 +15,8 @@
 #include "core/error.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "server/chat_once.h"
+#include "server/serving_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace latent::cli {
@@ -20,6 +24,8 @@ namespace latent::cli {
 void register_run(CLI::App& app) {
   struct Opts {
     ModelFlags model;
+    std::string chat, system;
+    bool no_think = false;
     std::string prompt, prompt_tokens, activations = "fp32", backend = "cpu";
     int64_t max_tokens = 16;
     double temperature = 0.0;
@@ -31,19 +37,48 @@ void register_run(CLI::App& app) {
   o->model.add_to(cmd);
   auto* p_text = cmd->add_option("--prompt", o->prompt, "Prompt text (needs tokenizer.json)");
   auto* p_ids = cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt token ids, e.g. \"1 2 3\"");
+  auto* p_chat = cmd->add_option("--chat", o->chat, "A user message: one chat turn through the chat template");
+  cmd->add_option("--system", o->system, "System message for --chat");
+  cmd->add_flag("--no-think", o->no_think, "--chat with enable_thinking=false");
   p_text->excludes(p_ids);
-  cmd->add_option("--max-tokens", o->max_tokens, "Number of tokens to generate (default 16)");
+  p_chat->excludes(p_text);
+  p_chat->excludes(p_ids);
+  auto* p_max = cmd->add_option("--max-tokens", o->max_tokens,
+                                "Number of tokens to generate (default 16; with --chat: up to the context)");
   cmd->add_option("--temperature", o->temperature, "0 = greedy (default)");
   cmd->add_option("--seed", o->seed, "Sampling seed");
   cmd->add_option("--activations", o->activations, "fp32 (default) or bf16");
   cmd->add_option("--backend", o->backend, "ref or cpu (default)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at an end-of-sequence token");
-  cmd->callback([o]() {
-    if (o->prompt.empty() && o->prompt_tokens.empty()) fail("run: give --prompt TEXT or --prompt-tokens IDS");
+  cmd->callback([o, p_max]() {
+    if (o->prompt.empty() && o->prompt_tokens.empty() && o->chat.empty())
+      fail("run: give --prompt TEXT, --prompt-tokens IDS or --chat TEXT");
     if (o->max_tokens < 0) fail("--max-tokens must be >= 0 (got {})", o->max_tokens);
     if (o->temperature < 0) fail("--temperature must be >= 0 (got {})", o->temperature);
     if (o->activations != "fp32" && o->activations != "bf16")
       fail("--activations must be fp32 or bf16 (got '{}')", o->activations);
+    if (!o->chat.empty()) {
+      server::ServeModelOptions so;
+      so.model_dir = o->model.model_dir();
+      so.plan = o->model.plan_options();
+      so.threads = o->model.threads;
+      so.backend = o->backend;
+      so.bf16_activations = o->activations == "bf16";
+      so.prefault = false;
+      auto m = server::load_serving_model(so);
+      for (const auto& w : m->files.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
+      server::ChatOnceOptions co;
+      co.text = o->chat;
+      co.system = o->system;
+      co.max_tokens = p_max->count() ? o->max_tokens : 0;
+      co.temperature = o->temperature;
+      co.seed = static_cast<int64_t>(o->seed);
+      if (o->no_think) co.enable_thinking = false;
+      co.ignore_eos = o->ignore_eos;
+      const std::string finish = server::run_chat_once(*m, co);
+      std::fprintf(stderr, "latent: finish_reason %s\n", finish.c_str());
+      return;
+    }
     const std::string dir = o->model.model_dir();
     const bool have_tok = std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json");
     std::optional<Tokenizer> tok;
