@@ -183,21 +183,7 @@ class CpuBackend final : public Backend {
                   bool bf16) override {
     // Small (the indexer's k_norm): the ref formula row by row (double statistics), split over rows.
     pool_.parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, D)), [&](int64_t m0, int64_t m1) {
-      for (int64_t m = m0; m < m1; ++m) {
-        const float* xm = x + m * D;
-        float* ym = y + m * D;
-        double mean = 0.0;
-        for (int64_t i = 0; i < D; ++i) mean += xm[i];
-        mean /= static_cast<double>(D);
-        double var = 0.0;
-        for (int64_t i = 0; i < D; ++i) var += (xm[i] - mean) * (xm[i] - mean);
-        var /= static_cast<double>(D);
-        const double r = 1.0 / std::sqrt(var + static_cast<double>(eps));
-        for (int64_t i = 0; i < D; ++i) {
-          const float v = static_cast<float>((xm[i] - mean) * r * w[i] + (b ? b[i] : 0.0f));
-          ym[i] = bf16 ? bf16r(v) : v;
-        }
-      }
+      for (int64_t m = m0; m < m1; ++m) ref::layer_norm_row(x + m * D, w, b, D, eps, y + m * D, bf16);
     });
   }
 

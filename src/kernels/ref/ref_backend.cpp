@@ -83,22 +83,22 @@ void RefBackend::rms_norm(const float* x, const float* w, int64_t M, int64_t D, 
 void RefBackend::layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps,
                             float* y, bool bf16) {
   pool_.parallel_for(M, 8, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* xm = x + m * D;
-      float* ym = y + m * D;
-      double mean = 0.0;
-      for (int64_t i = 0; i < D; ++i) mean += xm[i];
-      mean /= static_cast<double>(D);
-      double var = 0.0;
-      for (int64_t i = 0; i < D; ++i) var += (xm[i] - mean) * (xm[i] - mean);
-      var /= static_cast<double>(D);
-      const double r = 1.0 / std::sqrt(var + static_cast<double>(eps));
-      for (int64_t i = 0; i < D; ++i) {
-        float v = static_cast<float>((xm[i] - mean) * r * w[i] + (b ? b[i] : 0.0f));
-        ym[i] = bf16 ? bf16r(v) : v;
-      }
-    }
+    for (int64_t m = m0; m < m1; ++m) ref::layer_norm_row(x + m * D, w, b, D, eps, y + m * D, bf16);
   });
+}
+
+void ref::layer_norm_row(const float* x, const float* w, const float* b, int64_t D, float eps, float* y, bool bf16) {
+  double mean = 0.0;
+  for (int64_t i = 0; i < D; ++i) mean += x[i];
+  mean /= static_cast<double>(D);
+  double var = 0.0;
+  for (int64_t i = 0; i < D; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= static_cast<double>(D);
+  const double r = 1.0 / std::sqrt(var + static_cast<double>(eps));
+  for (int64_t i = 0; i < D; ++i) {
+    const float v = static_cast<float>((x[i] - mean) * r * w[i] + (b ? b[i] : 0.0f));
+    y[i] = bf16 ? bf16r(v) : v;
+  }
 }
 
 void RefBackend::rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,

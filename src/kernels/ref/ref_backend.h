@@ -55,6 +55,9 @@ class RefBackend final : public Backend {
 namespace ref {
 // bf16 round trip (round to nearest even), the rounding every bf16-mode op uses.
 float bf16r(float x);
+// One row of LayerNorm (double statistics): y = (x - mean) / sqrt(var + eps) * w + b (b may be null), rounded to
+// bf16 when asked. Shared by the ref and cpu backends (the cpu one only splits rows over threads).
+void layer_norm_row(const float* x, const float* w, const float* b, int64_t D, float eps, float* y, bool bf16);
 // The keys query s may attend to (causal ∩ selection), ascending. Shared by the attention ops.
 void allowed_keys(int64_t s, int64_t T, const int64_t* q_pos, const KeySelection& sel, std::vector<int32_t>& out);
 }  // namespace ref
