@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "read_bandwidth.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/generate.h"
 #include "model/model.h"
@@ -34,66 +35,7 @@
 namespace {
 
 using namespace latent;
-using Clock = std::chrono::steady_clock;
-double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-
-// ---------------------------------------------------------------------------------------------------------------
-// Streaming read bandwidth (as bench/membw_bench.cpp)
-// ---------------------------------------------------------------------------------------------------------------
-__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* p, size_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
-    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
-  }
-  alignas(32) uint64_t t[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-  return t[0] + t[1] + t[2] + t[3];
-}
-uint64_t sum_scalar(const uint64_t* p, size_t n) {
-  uint64_t s = 0;
-  for (size_t i = 0; i < n; ++i) s += p[i];
-  return s;
-}
-
-double read_bandwidth(size_t mb, int threads, int reps) {
-  const size_t words = mb * 1024 * 1024 / 8;
-  uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(64, words * 8));
-  if (!buf) return 0.0;
-  for (size_t i = 0; i < words; ++i) buf[i] = i;
-  const bool avx2 = __builtin_cpu_supports("avx2");
-  const size_t per = (words / static_cast<size_t>(threads)) & ~size_t(15);
-  double best = 0.0;
-  std::atomic<uint64_t> sink{0};
-  for (int r = 0; r < reps; ++r) {
-    std::atomic<int> ready{0};
-    std::atomic<bool> go{false};
-    std::vector<double> t_end(static_cast<size_t>(threads));
-    std::vector<std::thread> th;
-    for (int t = 0; t < threads; ++t)
-      th.emplace_back([&, t] {
-        ready.fetch_add(1);
-        while (!go.load(std::memory_order_acquire)) {
-        }
-        const uint64_t* p = buf + static_cast<size_t>(t) * per;
-        sink.fetch_add(avx2 ? sum_avx2(p, per) : sum_scalar(p, per));
-        t_end[static_cast<size_t>(t)] = now_s();
-      });
-    while (ready.load() < threads) {
-    }
-    const double t0 = now_s();
-    go.store(true, std::memory_order_release);
-    for (auto& x : th) x.join();
-    const double t1 = *std::max_element(t_end.begin(), t_end.end());
-    best = std::max(best, static_cast<double>(per) * 8.0 * threads / (t1 - t0) / 1e9);
-  }
-  std::free(buf);
-  if (sink.load() == 42) std::printf(" ");
-  return best;
-}
+using bench::now_s;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Counting pass-through backend
@@ -331,7 +273,7 @@ int main(int argc, char** argv) {
   std::printf("cpu backend ISA: %s\n", cpu_isa_name(cpu_isa_default()));
   std::map<int, double> bw;
   for (int t : threads) {
-    bw[t] = read_bandwidth(mb, t, 3);
+    bw[t] = bench::read_bandwidth_mb(mb, t, 3);
     std::printf("streaming read bandwidth, %d thread%s: %.2f GB/s\n", t, t == 1 ? "" : "s", bw[t]);
   }
   std::printf("\n%-22s %-4s %3s %10s %10s %9s %8s %8s %7s\n", "model", "be", "thr", "prefill/s", "decode/s",

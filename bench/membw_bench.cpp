@@ -19,76 +19,13 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "read_bandwidth.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "quant/float_formats.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-
-// Sum of 64-bit words (the value keeps the loads alive). AVX2 when available: 4 independent 256-bit streams.
-__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* p, size_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
-    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
-  }
-  alignas(32) uint64_t t[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-  uint64_t s = t[0] + t[1] + t[2] + t[3];
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-uint64_t sum_scalar(const uint64_t* p, size_t n) {
-  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += p[i];
-    s1 += p[i + 1];
-    s2 += p[i + 2];
-    s3 += p[i + 3];
-  }
-  for (; i < n; ++i) s0 += p[i];
-  return s0 + s1 + s2 + s3;
-}
-
-// Best-of-reps read bandwidth with `threads` threads, each reading its own contiguous slice once per rep.
-double read_bandwidth(const uint64_t* buf, size_t words, int threads, int reps, bool avx2) {
-  double best = 0.0;
-  std::atomic<uint64_t> sink{0};
-  for (int r = 0; r < reps; ++r) {
-    std::atomic<int> ready{0};
-    std::atomic<bool> go{false};
-    double t_end[64] = {};
-    std::vector<std::thread> th;
-    const size_t per = (words / static_cast<size_t>(threads)) & ~size_t(15);
-    for (int t = 0; t < threads; ++t) {
-      th.emplace_back([&, t] {
-        ready.fetch_add(1);
-        while (!go.load(std::memory_order_acquire)) {
-        }
-        const uint64_t* p = buf + static_cast<size_t>(t) * per;
-        sink.fetch_add(avx2 ? sum_avx2(p, per) : sum_scalar(p, per));
-        t_end[t] = now_s();
-      });
-    }
-    while (ready.load() < threads) {
-    }
-    const double t0 = now_s();
-    go.store(true, std::memory_order_release);
-    for (auto& x : th) x.join();
-    double t1 = t0;
-    for (int t = 0; t < threads; ++t) t1 = std::max(t1, t_end[t]);
-    best = std::max(best, static_cast<double>(per) * 8.0 * threads / (t1 - t0) / 1e9);
-  }
-  if (sink.load() == 42) std::printf(" ");
-  return best;
-}
+using latent::bench::now_s;
 
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> v;
@@ -213,7 +150,7 @@ int main(int argc, char** argv) {
   std::printf("streaming read bandwidth (%zu MiB buffer, best of %d, %s loads):\n", mb, reps,
               avx2 ? "avx2" : "scalar");
   for (int t : threads)
-    std::printf("  threads %d: %6.2f GB/s\n", t, read_bandwidth(buf, words, t, reps, avx2));
+    std::printf("  threads %d: %6.2f GB/s\n", t, latent::bench::read_bandwidth(buf, words, t, reps, avx2));
   std::free(buf);
   if (ops) run_ops(threads, isa);
   return 0;
