@@ -222,16 +222,7 @@ void run_serve(const ServeOpts& o) {
               o.kv_block_tokens, m->engine->kv_bytes_per_token(), budget / double(1u << 30), m->info.max_model_len);
     sched = std::make_unique<Scheduler>(*m->engine, so, &metrics);
     sched->start();
-    metrics.set_gauge_source([s = sched.get()] {
-      const auto st = s->stats();
-      MetricsGauges g;
-      g.requests_running = st.running_requests;
-      g.requests_waiting = st.waiting;
-      g.sequences_running = st.running_seqs;
-      g.kv_blocks_used = st.kv_used;
-      g.kv_blocks_total = st.kv_total;
-      return g;
-    });
+    metrics.set_gauge_source([s = sched.get()] { return s->gauges(); });
     server::ServiceOptions svo;
     svo.max_n = o.max_n;
     svo.clamp_max_tokens = o.clamp;

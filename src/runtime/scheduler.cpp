@@ -455,6 +455,17 @@ void Scheduler::retire_finished_requests(Clock::time_point now) {
   active_.erase(std::remove_if(active_.begin(), active_.end(), [](Seq* s) { return s->done; }), active_.end());
 }
 
+MetricsGauges Scheduler::gauges() const {
+  const SchedulerStats st = stats();
+  MetricsGauges g;
+  g.requests_running = st.running_requests;
+  g.requests_waiting = st.waiting;
+  g.sequences_running = st.running_seqs;
+  g.kv_blocks_used = st.kv_used;
+  g.kv_blocks_total = st.kv_total;
+  return g;
+}
+
 void Scheduler::update_gauges() {
   int64_t q;
   {

@@ -120,6 +120,9 @@ class Scheduler {
   void stop();
 
   SchedulerStats stats() const;
+  // The /metrics gauges (running / waiting requests, running sequences, KV blocks) from stats(); pass
+  // [&s] { return s.gauges(); } to Metrics::set_gauge_source.
+  MetricsGauges gauges() const;
   const SchedulerOptions& options() const { return opt_; }
   int64_t blocks_for(int64_t tokens) const { return alloc_.blocks_for(tokens); }
 

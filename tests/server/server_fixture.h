@@ -32,16 +32,7 @@ struct ServerFixture {
     so.max_context = 256;
     sched = std::make_unique<Scheduler>(engine, so, &metrics);
     sched->start();
-    metrics.set_gauge_source([s = sched.get()] {
-      const auto st = s->stats();
-      MetricsGauges g;
-      g.requests_running = st.running_requests;
-      g.requests_waiting = st.waiting;
-      g.sequences_running = st.running_seqs;
-      g.kv_blocks_used = st.kv_used;
-      g.kv_blocks_total = st.kv_total;
-      return g;
-    });
+    metrics.set_gauge_source([s = sched.get()] { return s->gauges(); });
     server::ModelInfo info;
     info.served_names = {"fake-model", "fake-alias"};
     info.max_model_len = 256;
