@@ -11,6 +11,16 @@
 //   * ops never throw; arguments are validated by the caller (the model validates shapes at load).
 // The scalar reference implementation (src/kernels/ref, make_ref_backend) is the oracle every other backend is
 // compared against (op harness, tests/kernels).
+//
+// Memory (the engine contract, DESIGN.md "One step for many sequences"): every pointer an op receives —
+// activations, scratch, KV pools, step metadata (positions, slots, block tables, offsets, ids) — lives in the
+// backend's own memory (`device()`): host memory for the CPU backends, device memory for CUDA. The model gets it
+// from alloc() once at load (an arena sized by the largest step) and moves host data in and out only through
+// upload()/download(). Weights are QuantWeight views returned by prepare_weight() (CPU: the memory-mapped
+// checkpoint itself; CUDA: the stored bytes uploaded once). Activations are fp32 storage on every backend; the
+// bf16 mode rounds them to bf16 at the documented points (identical values to a bf16-storage run). KV pools carry
+// their own dtype (F32 or BF16: the cache dtype = the activation dtype, lossless since bf16-mode values are
+// already bf16).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -58,11 +68,52 @@ struct RouterParams {
   float routed_scaling_factor = 1.0f;
 };
 
+enum class Device : uint8_t { Cpu, Cuda };
+const char* device_name(Device d);  // "cpu", "cuda"
+
+// One layer's paged pool: rows [num_blocks * block_tokens, width] of `dtype` (F32 or BF16), row r = token slot
+// (block r / block_tokens, offset r % block_tokens). The latent pool has width dc + dr (c after kv_a_layernorm,
+// then rotated k_pe); the indexer key pool width dI.
+struct KvPool {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t num_blocks = 0, block_tokens = 0, width = 0;
+  int64_t rows() const { return num_blocks * block_tokens; }
+};
+
+// The sequences of one step (all arrays in backend memory). Tokens of the flat batch are grouped by sequence:
+// sequence s owns tokens [q_begin[s], q_begin[s+1]); after the step it has ctx_len[s] tokens in the cache, the
+// last q_begin[s+1]-q_begin[s] of them being this step's. Its cache slots are block_table[s*max_blocks + j]
+// (j < ceil(ctx_len[s] / block_tokens)). Token i attends to keys t <= pos[i] of its own sequence.
+struct StepSeqs {
+  int64_t n_seqs = 0;
+  const int32_t* q_begin = nullptr;      // [n_seqs + 1]
+  const int32_t* ctx_len = nullptr;      // [n_seqs]
+  const int32_t* block_table = nullptr;  // [n_seqs, max_blocks]
+  int64_t max_blocks = 0;
+  int64_t max_ctx = 0;  // host-known bound: max over s of ctx_len[s] (sizes scratch; a kernel may use it for grids)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual int num_threads() const = 0;
+
+  // ---------------- memory ----------------
+  virtual Device device() const { return Device::Cpu; }
+  // Backend memory, 64-byte aligned, uninitialized; throws Error naming `what` and the sizes when it does not fit.
+  virtual void* alloc(size_t bytes, const char* what);
+  virtual void dealloc(void* p);
+  // Host <-> backend copies (synchronous with respect to the ops issued before).
+  virtual void upload(void* dst, const void* src, size_t bytes);
+  virtual void download(void* dst, const void* src, size_t bytes);
+  // Backend-to-backend copy.
+  virtual void copy(void* dst, const void* src, size_t bytes);
+  // Waits until every op issued so far has finished (CPU: no-op).
+  virtual void sync() {}
+  // The view an op receives for a checkpoint weight (CPU: `w` itself, in place; CUDA: uploaded once, as stored).
+  virtual QuantWeight prepare_weight(const QuantWeight& w) { return w; }
 
   // ---------------- linear ----------------
   // y[m, o] = Σ_i x[m, i] · W[o, i]  for m < M.  x [M, w.cols], y [M, w.rows].
