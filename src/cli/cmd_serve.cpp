@@ -41,7 +41,7 @@ struct ServeOpts {
          shutdown_timeout = 30;
   size_t max_request_bytes = 32u << 20;
   bool trust_template = false, clamp = false, no_metrics = false, metrics_auth = false, stop_on_loop = false,
-       deterministic = false, no_prefault = false;
+       deterministic = false, no_prefault = false, no_prefix_cache = false;
 };
 
 // A one-line progress bar on stderr (only on a terminal).
@@ -204,6 +204,11 @@ void run_serve(const ServeOpts& o) {
     so.request_timeout_s = o.request_timeout;
     so.kv_block_tokens = o.kv_block_tokens;
     so.stop_on_loop = o.stop_on_loop;
+    so.prefix_cache = !o.no_prefix_cache;
+    // What decides a cached block's contents besides its tokens: the checkpoint, the plan (transforms included)
+    // and the activation / cache dtype.
+    so.prefix_cache_salt = std::hash<std::string>{}(dir + "\n" + m->plan_text + "\n" + o.activations + "\n" +
+                                                    std::to_string(m->files.cfg->vocab_size));
     so.banned = &m->banned;
     const double budget = parse_bytes(o.kv_cache_bytes);
     so.max_context = m->info.max_model_len;
@@ -303,6 +308,8 @@ void register_serve(CLI::App& app) {
   cmd->add_flag("--metrics-require-auth", o->metrics_auth, "Protect /metrics with the API key");
   cmd->add_option("--metrics-prefix", o->metrics_prefix, "Prefix of metric names (default 'latent:')");
   cmd->add_flag("--stop-on-loop", o->stop_on_loop, "End a choice that falls into a repetition loop (finish_reason length)");
+  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
+                "Do not reuse the KV blocks of identical prompt prefixes (automatic prefix caching is on by default)");
   cmd->add_flag("--deterministic", o->deterministic, "Report deterministic mode (per-sequence compute is batch-invariant)");
   cmd->add_flag("--no-prefault", o->no_prefault, "Do not read the weights in at start");
   cmd->callback([o]() { run_serve(*o); });

@@ -449,7 +449,7 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
   auto absorbed_for = [&](int64_t s) {
     if (opt_.attention == AttentionForm::Absorbed) return true;
     if (opt_.attention == AttentionForm::Naive) return false;
-    return m.q_begin[s + 1] - m.q_begin[s] == 1;
+    return m.step->seqs[s].decode;
   };
   for (int64_t s = 0; s < m.S;) {
     if (absorbed_for(s)) {
@@ -631,6 +631,7 @@ void Model::forward(std::span<const int32_t> ids, KvCache& cache, float* logits,
   q.n_tokens = S;
   q.blocks = blocks;
   q.logits = logits ? (all_rows ? LogitRows::All : LogitRows::Last) : LogitRows::None;
+  q.decode = S == 1 && cache.length() > 0;  // a single token after a prefill: decode
   Step st{ids, std::span<const StepSequence>(&q, 1)};
   step(st, *cache.pool_, logits, hidden);
   cache.len_ += S;

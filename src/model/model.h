@@ -18,7 +18,7 @@
 namespace latent {
 
 enum class AttentionForm {
-  Auto,      // naive (expanded K/V) when a call processes > 1 token, weight-absorbed for single-token decode
+  Auto,      // weight-absorbed for decode tokens (StepSequence::decode), naive (expanded K/V) for prompt chunks
   Naive,     // always the naive form (spec §3.2)
   Absorbed,  // always the weight-absorbed form over the latent cache (spec §3.4)
 };
@@ -54,6 +54,10 @@ struct StepSequence {
   int64_t n_tokens = 0;
   std::span<const int32_t> blocks;
   LogitRows logits = LogitRows::Last;
+  // Generated tokens (decode): attention in the weight-absorbed form over the pages. Prompt chunks (prefill, any
+  // length) use the naive form. Fixing the form by the kind of token, not by the chunk length, keeps a prompt's
+  // KV bit-identical however it was chunked or taken from the prefix cache.
+  bool decode = false;
 };
 
 // One scheduler step: N tokens of S sequences (decode tokens and prefill chunks mixed).
@@ -82,7 +86,8 @@ class Model {
   // Validates the step (token ids, block tables, sizes) and throws Error before touching the cache.
   void step(const Step& step, PagedKvCache& cache, float* logits, std::vector<float>* hidden = nullptr);
 
-  // A step of one sequence: runs ids at positions cache.length() .. +S-1 and appends them to the cache.
+  // A step of one sequence: runs ids at positions cache.length() .. +S-1 and appends them to the cache. A single
+  // token after the first call is a decode token (absorbed attention), anything else a prompt chunk.
   // logits: [S, V] (all_rows) or [1, V] (only the last token), nullptr for none. A failed call leaves the cache as
   // it was.
   void forward(std::span<const int32_t> ids, KvCache& cache, float* logits, bool all_rows = true,

@@ -17,6 +17,7 @@ struct EngineStepItem {
   int64_t start = 0;                // tokens of this sequence already in the cache
   std::span<const int32_t> blocks;  // its block table, covering start + tokens.size() tokens
   bool want_logits = false;         // the logits of the last token of this chunk are needed
+  bool decode = false;              // the tokens are generated ones (not the prompt): decode-form attention
 };
 
 class Engine {

@@ -157,6 +157,14 @@ std::string Metrics::render(const std::string& prefix, const std::string& model_
   counter("preemptions_total", "Sequences preempted for KV cache space (recomputed).", preemptions.value());
   counter("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", prefix_cache_queries.value());
   counter("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", prefix_cache_hits.value());
+  gauge("prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / tokens looked up (0..1).",
+        prefix_cache_queries.value() > 0
+            ? static_cast<double>(prefix_cache_hits.value()) / static_cast<double>(prefix_cache_queries.value())
+            : 0.0);
+  gauge("prefix_cache_blocks", "KV blocks held by the prefix cache (in use or evictable).",
+        static_cast<double>(g.prefix_cached_blocks));
+  gauge("prefix_cache_lookups", "Sequences that looked up the prefix cache since start.",
+        static_cast<double>(g.prefix_requests));
   counter("spec_decode_num_draft_tokens_total", "Speculative draft tokens.", spec_draft_tokens.value());
   counter("spec_decode_num_accepted_tokens_total", "Accepted speculative tokens.", spec_accepted_tokens.value());
   labeled("request_success_total", "finished_reason", "Finished requests by finish reason.", request_success);

@@ -60,6 +60,8 @@ struct MetricsGauges {
   int64_t sequences_running = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
+  int64_t prefix_cached_blocks = 0;  // full blocks registered in the prefix cache (in use or evictable)
+  int64_t prefix_requests = 0;       // sequences that looked up the prefix cache
 };
 
 class Metrics {
@@ -73,7 +75,8 @@ class Metrics {
   Counter unknown_fields;
   Counter repetition_loops;          // sequences that fell into a repetition loop (runtime/repetition.h)
   Counter preemptions;               // sequences whose cache was dropped to make room (recomputed later)
-  Counter prefix_cache_queries, prefix_cache_hits, spec_draft_tokens, spec_accepted_tokens;
+  Counter prefix_cache_queries, prefix_cache_hits;  // prompt tokens looked up / found in the prefix cache
+  Counter spec_draft_tokens, spec_accepted_tokens;
   LabeledCounter request_success;    // finished_reason
   LabeledCounter requests_rejected;  // reason: overloaded, validation, auth, context_length, ...
   LabeledCounter requests_aborted;   // reason: client_disconnect, timeout, shutdown, error

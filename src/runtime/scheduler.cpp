@@ -36,6 +36,7 @@ struct Scheduler::Seq {
   Clock::time_point last_token{};
   std::unique_ptr<LoopDetector> loop;
   bool loop_seen = false;
+  bool cache_reported = false;  // choice 0 told its sink how many prompt tokens came from the prefix cache
   Seq(const SamplingParams& p, uint64_t stream) : sampler(p, stream) {}
   int choice() const;
 };
@@ -57,6 +58,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions opt, Metrics* metrics)
   opt_.max_num_seqs = std::max<int64_t>(1, opt_.max_num_seqs);
   opt_.max_batch_tokens = std::max<int64_t>(1, opt_.max_batch_tokens);
   opt_.prefill_chunk = std::max<int64_t>(1, opt_.prefill_chunk);
+  if (opt_.prefix_cache) alloc_.enable_prefix_cache(opt_.prefix_cache_salt);
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -176,6 +178,10 @@ SchedulerStats Scheduler::stats() const {
   s.running_seqs = st_running_seqs_.load();
   s.kv_used = alloc_.used_blocks();
   s.kv_total = alloc_.total_blocks();
+  s.prefix_cached_blocks = alloc_.cached_blocks();
+  s.prefix_requests = static_cast<int64_t>(alloc_.prefix_queries());
+  s.prefix_hit_tokens = static_cast<int64_t>(alloc_.prefix_hit_tokens());
+  s.prefix_query_tokens = static_cast<int64_t>(alloc_.prefix_query_tokens());
   s.steps = st_steps_.load();
   s.max_batch_seqs = st_max_batch_.load();
   std::lock_guard lk(mu_);
@@ -463,6 +469,8 @@ MetricsGauges Scheduler::gauges() const {
   g.sequences_running = st.running_seqs;
   g.kv_blocks_used = st.kv_used;
   g.kv_blocks_total = st.kv_total;
+  g.prefix_cached_blocks = st.prefix_cached_blocks;
+  g.prefix_requests = st.prefix_requests;
   return g;
 }
 
@@ -497,6 +505,27 @@ bool Scheduler::step() {
     int64_t start;  // n_computed when planned; a preempted sequence no longer matches
     bool valid = true;
   };
+  // A sequence that starts (or restarts after preemption) from nothing takes the cached blocks of its prefix; at
+  // least its last token is computed, for the logits.
+  if (alloc_.prefix_cache_enabled())
+    for (Seq* s : active_) {
+      if (s->done || s->await_fork || s->n_computed != 0 || alloc_.blocks_of(s->id) != 0) continue;
+      const int64_t n = static_cast<int64_t>(s->tokens.size());
+      const uint64_t q0 = alloc_.prefix_query_tokens(), h0 = alloc_.prefix_hit_tokens();
+      s->n_computed = alloc_.attach_prefix(s->id, s->tokens, n - 1);
+      if (metrics_) {
+        metrics_->prefix_cache_queries.inc(alloc_.prefix_query_tokens() - q0);
+        metrics_->prefix_cache_hits.inc(alloc_.prefix_hit_tokens() - h0);
+      }
+      if (s->j == 0 && !s->cache_reported) {
+        s->cache_reported = true;
+        try {
+          s->req->g.sink->on_cached_prompt_tokens(std::min(s->n_computed, s->n_prompt));
+        } catch (const std::exception& e) {
+          log::error("scheduler: sink: {}", e.what());
+        }
+      }
+    }
   std::vector<Plan> plan;
   int64_t decodes = 0;
   for (Seq* s : active_) {
@@ -553,6 +582,7 @@ bool Scheduler::step() {
     const std::vector<int32_t>* table = alloc_.block_table(s.id);
     it.blocks = std::span<const int32_t>(table->data(), table->size());
     it.want_logits = s.n_computed + p.len == total;
+    it.decode = s.n_computed >= s.n_prompt;
     want += it.want_logits ? 1 : 0;
     items.push_back(it);
     ran.push_back(&p);
@@ -584,6 +614,7 @@ bool Scheduler::step() {
   for (size_t i = 0; i < items.size(); ++i) {
     Seq& s = *ran[i]->s;
     s.n_computed += ran[i]->len;
+    alloc_.commit(s.id, s.tokens, s.n_computed);
     if (!items[i].want_logits) continue;
     float* rowp = logits_.data() + row * V;
     ++row;

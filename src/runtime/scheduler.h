@@ -44,6 +44,8 @@ class GenerationSink {
   virtual ~GenerationSink() = default;
   // The request left the queue (its first sequence was scheduled).
   virtual void on_scheduled() {}
+  // The first choice found this many prompt tokens in the prefix cache (called once, before its first token).
+  virtual void on_cached_prompt_tokens(int64_t tokens) {}
   // Choice `choice` (request choice_offset + j) sampled token s. stop_token: an EOS / stop id, which ends the choice
   // and is not text. Return true to end the choice now (a stop string matched): finish reason Stop.
   virtual bool on_token(int choice, const SampleResult& s, bool stop_token) = 0;
@@ -94,12 +96,15 @@ struct SchedulerOptions {
   int64_t kv_block_tokens = 64;
   int64_t kv_total_blocks = 1024;
   bool stop_on_loop = false;         // end a choice (reason Length) that falls into a repetition loop
+  bool prefix_cache = true;          // reuse cached full KV blocks of identical prefixes (runtime/kv_blocks.h)
+  uint64_t prefix_cache_salt = 0;    // hashes what else decides a block's contents (model, plan, cache dtype)
   const std::vector<bool>* banned = nullptr;  // [vocab] ids never sampled (padding without a token string)
 };
 
 struct SchedulerStats {
   int64_t waiting = 0, running_requests = 0, running_seqs = 0, kv_used = 0, kv_total = 0;
   int64_t steps = 0, max_batch_seqs = 0;
+  int64_t prefix_cached_blocks = 0, prefix_requests = 0, prefix_hit_tokens = 0, prefix_query_tokens = 0;
   bool dead = false, draining = false;
 };
 
@@ -126,6 +131,7 @@ class Scheduler {
   MetricsGauges gauges() const;
   const SchedulerOptions& options() const { return opt_; }
   int64_t blocks_for(int64_t tokens) const { return alloc_.blocks_for(tokens); }
+  int64_t block_tokens() const { return alloc_.block_tokens(); }
 
  private:
   friend class RequestHandle;

@@ -49,7 +49,7 @@ ojson usage_of(const RequestState& st, int64_t prompt_tokens) {
     comp += st.output(i).completion_tokens();
     reas += st.output(i).reasoning_tokens();
   }
-  return usage_json(prompt_tokens, comp, reas);
+  return usage_json(prompt_tokens, comp, reas, st.cached_tokens());
 }
 
 ojson chat_logprobs_json(const std::vector<LogprobEntry>& entries, const TextCodec& codec) {

@@ -2,6 +2,7 @@
 // pipeline (choice_output.h) and queues events; the HTTP thread waits for them (with a timeout, so it can watch
 // the socket and send pings) and turns them into SSE chunks or the final JSON.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -30,6 +31,7 @@ class RequestState : public GenerationSink {
   explicit RequestState(std::vector<OutputConfig> choices);
 
   void on_scheduled() override;
+  void on_cached_prompt_tokens(int64_t tokens) override { cached_tokens_.fetch_add(tokens); }
   bool on_token(int choice, const SampleResult& s, bool stop_token) override;
   void on_finish(int choice, FinishReason reason) override;
   void on_abort(AbortReason reason, const std::string& message) override;
@@ -44,6 +46,8 @@ class RequestState : public GenerationSink {
   // Valid after all_finished(): the per-choice results.
   const ChoiceOutput& output(int choice) const { return outputs_[static_cast<size_t>(choice)]; }
   int n_choices() const { return static_cast<int>(outputs_.size()); }
+  // Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens).
+  int64_t cached_tokens() const { return cached_tokens_.load(); }
 
  private:
   mutable std::mutex mu_;
@@ -51,6 +55,7 @@ class RequestState : public GenerationSink {
   std::vector<ChoiceOutput> outputs_;
   std::deque<StreamEvent> events_;
   bool scheduled_ = false;
+  std::atomic<int64_t> cached_tokens_{0};
   int finished_ = 0;
   std::optional<StreamEvent> abort_;
 };

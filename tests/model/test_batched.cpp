@@ -92,7 +92,7 @@ TEST_P(BatchInvariance, SixteenSequencesTogetherEqualAlone) {
     seqs.clear();
     for (int64_t s : order) {
       tokens.push_back(dec[s][i]);
-      seqs.push_back({static_cast<int64_t>(prompt[s].size()) + i, 1, table[s], LogitRows::Last});
+      seqs.push_back({static_cast<int64_t>(prompt[s].size()) + i, 1, table[s], LogitRows::Last, true});
     }
     out.assign(static_cast<size_t>(S * V), 0.0f);
     m.step(Step{tokens, seqs}, pool, out.data());
@@ -143,7 +143,7 @@ TEST_P(BatchInvariance, MixedPrefillAndDecodeSteps) {
     for (const Chunk& ch : stp) {
       const auto& ids = ch.which == 0 ? a : b;
       tokens.insert(tokens.end(), ids.begin() + ch.start, ids.begin() + ch.start + ch.n);
-      seqs.push_back({ch.start, ch.n, ch.which == 0 ? ta : tb, LogitRows::All});
+      seqs.push_back({ch.start, ch.n, ch.which == 0 ? ta : tb, LogitRows::All, ch.start > 0 && ch.n == 1});
     }
     std::vector<float> out(tokens.size() * static_cast<size_t>(V));
     m.step(Step{tokens, seqs}, pool, out.data());

@@ -414,6 +414,60 @@ TEST(Scheduler, NGreaterThanOneSharesThePromptBlocks) {
   EXPECT_EQ(s.stats().kv_used, 0);
 }
 
+TEST(Scheduler, MemoryPressureEvictsCachedBlocksBeforePreempting) {
+  FakeEngine e;
+  Metrics m;
+  SchedulerOptions o;
+  o.kv_block_tokens = 8;
+  e.store.block_tokens = 8;
+  o.kv_total_blocks = 20;  // 160 tokens
+  Scheduler s(e, o, &m);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(60, 1), 4, a));
+  ASSERT_TRUE(a->wait(1));
+  const int64_t cached = s.stats().prefix_cached_blocks;
+  EXPECT_EQ(cached, 7);  // 63 tokens computed: 7 full blocks stay cached after the request ended
+  EXPECT_EQ(s.stats().kv_used, 0);
+  // Two requests that need 9 blocks each (40 + 30 tokens): 18 of 20 blocks, more than the 13 never used.
+  auto b = std::make_shared<CollectSink>(1), c = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(40, 2), 30, b));
+  s.submit(make_req(prompt_of(40, 3), 30, c));
+  ASSERT_TRUE(b->wait(1));
+  ASSERT_TRUE(c->wait(1));
+  EXPECT_EQ(m.preemptions.value(), 0u);
+  EXPECT_LT(s.stats().prefix_cached_blocks, cached + 2 * 8);
+  EXPECT_EQ(b->toks[0], run_alone(prompt_of(40, 2), 30));
+}
+
+TEST(Scheduler, PrefixCacheSkipsTheSharedPrompt) {
+  FakeEngine e;
+  Metrics m;
+  SchedulerOptions o;
+  o.kv_block_tokens = 16;
+  e.store.block_tokens = 16;
+  Scheduler s(e, o, &m);
+  s.start();
+  auto p = prompt_of(100, 4);
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(p, 3, a));
+  ASSERT_TRUE(a->wait(1));
+  int64_t before;
+  {
+    std::lock_guard lk(e.mu);
+    before = e.tokens_processed;
+  }
+  p.push_back(9);
+  auto b = std::make_shared<CollectSink>(1);
+  s.submit(make_req(p, 3, b));
+  ASSERT_TRUE(b->wait(1));
+  std::lock_guard lk(e.mu);
+  // 6 full blocks (96 tokens) of the shared prompt came from the cache: 5 computed for the prefill, 2 decodes.
+  EXPECT_EQ(e.tokens_processed - before, 101 - 96 + 2);
+  EXPECT_EQ(m.prefix_cache_hits.value(), 96u);
+  EXPECT_EQ(b->toks[0], run_alone(p, 3));
+}
+
 TEST(Scheduler, NGreaterThanOneForksPrompt) {
   FakeEngine e;
   Scheduler s(e, {});
