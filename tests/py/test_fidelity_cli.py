@@ -69,7 +69,7 @@ def test_default_is_the_founding_comparison():
     assert r["baseline_transforms"] == []
     assert all(e > 1e-4 for p in r["prompts"] for e in p["layer_rel_error"][1:])
     # --max-quant-error keeps its meaning: the threshold the candidate's tensors are flagged against
-    r, _ = fidelity_json("--max-tokens", "1", "--max-quant-error", "0.2")
+    r, _ = fidelity_json("--max-tokens", "0", "--max-quant-error", "0.2")
     assert r["max_quant_error"] == 0.2 and not any(t["over_max_quant_error"] for t in r["candidate_transforms"])
 
 
@@ -107,19 +107,19 @@ def test_quantize_applies_to_both_plans_under_the_guard():
     assert len(r["baseline_transforms"]) == 4 and len(r["candidate_transforms"]) == 4
     assert all(e == 0.0 for p in r["prompts"] for e in p["layer_rel_error"])
     # --max-quant-error raises the budget instead
-    r, _ = fidelity_json("--quantize", FOUNDING, "--max-quant-error", "0.2", "--candidate", "none", "--max-tokens", "1")
+    r, _ = fidelity_json("--quantize", FOUNDING, "--max-quant-error", "0.2", "--candidate", "none", "--max-tokens", "0")
     assert len(r["baseline_transforms"]) == 4
 
 
 def test_quantize_within_budget_plus_candidate():
-    r, first = fidelity_json("--quantize", "*.o_proj=fp8_e4m3_tensor", "--max-tokens", "2")
+    r, first = fidelity_json("--quantize", "*.o_proj=fp8_e4m3_tensor", "--max-tokens", "0")
     assert first.startswith("fidelity: the founding comparison") and "both with --quantize *.o_proj=fp8_e4m3_tensor" in first
     base = {t["name"] for t in r["baseline_transforms"]}
     cand = {t["name"] for t in r["candidate_transforms"]}
     assert base and all("o_proj" in n for n in base)
     assert cand == base | {n for n in cand if "kv_b_proj" in n} and len(cand) == len(base) + 4
     # a candidate rule overriding every tensor of a --quantize rule: the candidate wins there, the baseline keeps it
-    r, _ = fidelity_json("--quantize", "*.kv_b_proj=fp8_e4m3_block128", "--candidate", FOUNDING, "--max-tokens", "1")
+    r, _ = fidelity_json("--quantize", "*.kv_b_proj=fp8_e4m3_block128", "--candidate", FOUNDING, "--max-tokens", "0")
     assert all("fp8_e4m3_block128" in t["transform"] for t in r["baseline_transforms"])
     assert all("mxfp4" in t["transform"] for t in r["candidate_transforms"]) and len(r["candidate_transforms"]) == 4
 
@@ -175,7 +175,7 @@ def read_png(path):
 
 def plot(tmp_path, *args, name="c.png"):
     png = tmp_path / name
-    r = json.loads(fidelity("--json", "--max-tokens", "1", "--plot", png, *args).stdout)
+    r = json.loads(fidelity("--json", "--max-tokens", "0", "--plot", png, *args).stdout)
     return r, png, json.loads(png.with_suffix(".json").read_text())
 
 
