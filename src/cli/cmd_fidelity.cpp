@@ -1,6 +1,8 @@
-// latent fidelity --model DIR [--baseline RULE …] --candidate RULE … [--prompts FILE] [--chat] [--max-tokens N]
-//                [--json] [--plot FILE.png]
-// Compares two precision plans of one checkpoint layer by layer (src/fidelity).
+// latent fidelity [--model DIR] [--baseline RULE …] [--candidate RULE …] [--quantize RULE …] [--max-quant-error E]
+//                [--allow-lossy] [--prompts FILE] [--chat] [--max-tokens N] [--json] [--plot FILE.png]
+// Compares two precision plans of one checkpoint layer by layer (src/fidelity). Without --candidate: the founding
+// comparison, *.kv_b_proj=mxfp4 against the checkpoint as stored.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +11,7 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/model_flags.h"
 #include "core/error.h"
 #include "fidelity/fidelity.h"
 #include "fidelity/png_plot.h"
@@ -98,58 +101,149 @@ Prompts load_prompts(const std::string& file, const std::string& model_dir, cons
   return p;
 }
 
-std::vector<QuantizeRule> parse_rules(const std::vector<std::string>& v) {
+// A side's rules: PATTERN=FORMAT (repeatable), or the single word "none" for the checkpoint as stored.
+std::vector<QuantizeRule> parse_rules(const std::vector<std::string>& v, const char* flag) {
   std::vector<QuantizeRule> r;
-  for (const auto& s : v) r.push_back(QuantizeRule::parse(s));
+  for (const auto& s : v) {
+    if (s == "none") {
+      if (v.size() != 1) fail("{} none (the checkpoint as stored) cannot be combined with other rules", flag);
+      return r;
+    }
+    r.push_back(QuantizeRule::parse(s));
+  }
   return r;
+}
+
+// The founding experiment (docs/fidelity.md): GLM-5's bf16 kv_b_proj re-quantized to MXFP4.
+constexpr const char* kFoundingCandidate = "*.kv_b_proj=mxfp4";
+
+std::string model_name(const std::string& dir) {
+  std::filesystem::path p(dir);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();
+  const std::string n = p.filename().string();
+  return n.empty() ? dir : n;
+}
+
+// "x.png" -> "x.json", anything else -> "<path>.json".
+std::string sidecar_path(const std::string& png) {
+  const std::string ext = ".png";
+  if (png.size() > ext.size() && png.compare(png.size() - ext.size(), ext.size(), ext) == 0)
+    return png.substr(0, png.size() - ext.size()) + ".json";
+  return png + ".json";
 }
 
 }  // namespace
 
 void register_fidelity(CLI::App& app) {
   struct Opts {
-    std::string model, prompts, plot;
+    ModelFlags model;
+    std::string prompts, plot, plot_scale = "linear";
     std::vector<std::string> baseline, candidate;
     int64_t max_tokens = 32;
-    int threads = 0;
     bool json = false, chat = false;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("fidelity", "Compare two precision plans of a model layer by layer");
-  cmd->add_option("--model", o->model, "Hugging Face model directory (default: the bundled model)");
-  cmd->add_option("--baseline", o->baseline, "Quantize rule PATTERN=FORMAT of the baseline (repeatable; none = as stored)");
-  cmd->add_option("--candidate", o->candidate, "Quantize rule PATTERN=FORMAT of the candidate (repeatable; none = as stored)");
-  cmd->add_option("--quantize", o->candidate, "Alias of --candidate");
+  o->model.add_to(cmd);
+  cmd->add_option("--baseline", o->baseline,
+                  "Rule PATTERN=FORMAT of the baseline plan (repeatable; default and 'none': as stored)");
+  cmd->add_option("--candidate", o->candidate,
+                  std::string("Rule PATTERN=FORMAT of the candidate plan (repeatable; 'none': as stored; default: the "
+                              "founding comparison ") + kFoundingCandidate + ")");
   cmd->add_option("--prompts", o->prompts, "File: one prompt per line, text or 'ids: 1 2 3'");
   cmd->add_flag("--chat", o->chat, "Render each text prompt as a user message through the chat template");
   cmd->add_option("--max-tokens", o->max_tokens, "Greedy continuation length (default 32)");
-  cmd->add_option("--threads", o->threads, "Worker threads (0 = all cores)");
-  cmd->add_flag("--json", o->json, "Print every number as JSON");
-  cmd->add_option("--plot", o->plot, "Write a per-layer error chart (PNG)");
+  cmd->add_flag("--json", o->json, "Print every number as JSON (the comparison line goes to stderr)");
+  cmd->add_option("--plot", o->plot, "Write a per-layer error chart (PNG) and its data beside it (F.json)");
+  cmd->add_option("--plot-scale", o->plot_scale, "y axis of the chart: linear (default) or symlog");
+  cmd->footer(
+      "--quantize, --max-quant-error and --allow-lossy mean what they mean for every command that loads weights: "
+      "--quantize transforms are applied at load (here to both plans) and refused above --max-quant-error unless "
+      "--allow-lossy. --baseline / --candidate rules are what is compared; they are measured on purpose, so the guard "
+      "does not refuse them, and the report flags the tensors over --max-quant-error.");
   cmd->callback([o]() {
-    const std::string dir = resolve_model_dir(o->model);
+    const std::string dir = o->model.model_dir();
     if (o->max_tokens < 0) fail("--max-tokens must be >= 0");
+    const YScale y_scale = parse_y_scale(o->plot_scale);
+    const PlanOptions shared = o->model.plan_options();
+    FidelityOptions fo;
+    fo.shared = shared.quantize;
+    fo.max_quant_error = shared.max_quant_error;
+    fo.allow_lossy = shared.allow_lossy;
+    fo.baseline = parse_rules(o->baseline, "--baseline");
+    const bool founding = o->candidate.empty();
+    fo.candidate = founding ? std::vector<QuantizeRule>{QuantizeRule::parse(kFoundingCandidate)}
+                            : parse_rules(o->candidate, "--candidate");
+    fo.max_tokens = o->max_tokens;
+    fo.threads = o->model.threads;
+
+    // The first line says what is compared, before the (possibly long) run.
+    const std::string base_txt = rules_text(fo.baseline), cand_txt = rules_text(fo.candidate);
+    std::string line = founding ? fmt::format("fidelity: the founding comparison (no --candidate given): candidate {} "
+                                              "(bf16 kv_b_proj re-quantized to MXFP4, the transform latent was "
+                                              "started over) against baseline {}",
+                                              cand_txt, base_txt)
+                                : fmt::format("fidelity: candidate {} against baseline {}", cand_txt, base_txt);
+    if (!fo.shared.empty()) line += fmt::format(", both with --quantize {}", rules_text(fo.shared));
+    if (base_txt == cand_txt) line += "; the two plans are the same, so every difference must be 0 (a determinism check)";
+    if (founding) line += "; --candidate RULE measures another plan";
+    std::fprintf(o->json ? stderr : stdout, "%s\n", line.c_str());
+    std::fflush(o->json ? stderr : stdout);
+
     const ModelConfig cfg = load_model_config(dir);
     Prompts pr = load_prompts(o->prompts, dir, cfg, o->chat);
-    FidelityOptions fo;
-    fo.baseline = parse_rules(o->baseline);
-    fo.candidate = parse_rules(o->candidate);
-    fo.max_tokens = o->max_tokens;
-    fo.threads = o->threads;
     fo.stop_ids = cfg.eos_token_ids;
     const FidelityReport rep = run_fidelity(dir, pr.ids, pr.labels, fo);
-    if (o->json) std::printf("%s\n", fidelity_json(rep).dump(1).c_str());
-    else std::printf("%s", fidelity_table(rep).c_str());
+    if (o->json) {
+      nlohmann::json j = fidelity_json(rep);
+      j["comparison"] = {{"line", line},
+                         {"founding_default", founding},
+                         {"baseline", base_txt},
+                         {"candidate", cand_txt},
+                         {"quantize", rules_text(fo.shared)}};
+      std::printf("%s\n", j.dump(1).c_str());
+    } else {
+      std::printf("\n%s", fidelity_table(rep).c_str());
+    }
     if (!o->plot.empty()) {
       std::vector<ChartSeries> s;
-      for (const auto& p : rep.prompts) s.push_back({p.label, p.layer_rel_error});
-      if (rep.prompts.size() > 1) s.push_back({"mean", rep.mean_layer_rel_error});
+      std::vector<ChartBand> bands;
+      const size_t n = rep.prompts.size();
+      if (n <= 8) {
+        for (const auto& p : rep.prompts) s.push_back({p.label, p.layer_rel_error, false});
+        if (n > 1) s.push_back({fmt::format("mean over the {} prompts", n), rep.mean_layer_rel_error, true});
+      } else {  // too many lines to tell apart: the spread and the mean
+        ChartBand b{fmt::format("min..max over the {} prompts", n), rep.mean_layer_rel_error, rep.mean_layer_rel_error};
+        for (const auto& p : rep.prompts)
+          for (size_t l = 0; l < p.layer_rel_error.size() && l < b.lo.size(); ++l) {
+            b.lo[l] = std::min(b.lo[l], p.layer_rel_error[l]);
+            b.hi[l] = std::max(b.hi[l], p.layer_rel_error[l]);
+          }
+        bands.push_back(std::move(b));
+        s.push_back({fmt::format("mean over the {} prompts", n), rep.mean_layer_rel_error, true});
+      }
       ChartOptions co;
-      co.title = "residual stream relative error, candidate vs baseline";
-      co.x_label = "layer (0 = embeddings, last = final norm)";
-      co.y_label = "rel. error";
-      write_line_chart_png(o->plot, s, co);
-      std::fprintf(stderr, "latent: wrote %s\n", o->plot.c_str());
+      co.title = fmt::format("{} ({}): residual-stream error per layer", model_name(dir), arch_name(cfg.arch));
+      co.subtitle = fmt::format("candidate: {}   vs   baseline: {}{}", cand_txt, base_txt,
+                                fo.shared.empty() ? std::string()
+                                                  : fmt::format("   (both with --quantize {})", rules_text(fo.shared)));
+      co.x_label = "residual stream after: emb = the embeddings, 1..L-1 = decoder layer, final = the final norm";
+      co.y_label = "relative error ||h_candidate - h_baseline|| / ||h_baseline||";
+      co.y_scale = y_scale;
+      const size_t L1 = rep.mean_layer_rel_error.size();
+      for (size_t l = 0; l < L1; ++l)
+        co.x_tick_labels.push_back(l == 0 ? "emb" : l + 1 == L1 ? "final" : std::to_string(l));
+      const ChartLayout layout = write_line_chart_png(o->plot, s, co, bands);
+      nlohmann::json dump = chart_layout_json(layout);
+      dump["model"] = rep.model_dir;
+      dump["baseline"] = base_txt;
+      dump["candidate"] = cand_txt;
+      dump["quantize"] = rules_text(fo.shared);
+      const std::string side = sidecar_path(o->plot);
+      std::ofstream out(side);
+      out << dump.dump(1) << "\n";
+      if (!out) fail("{}: cannot write the chart data", side);
+      std::fprintf(stderr, "latent: wrote %s and %s\n", o->plot.c_str(), side.c_str());
     }
   });
 }

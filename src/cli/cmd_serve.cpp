@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "core/error.h"
@@ -149,12 +150,9 @@ void run_serve(const ServeOpts& o) {
   ho.reasoning_field = o.reasoning_field == "both" ? server::ReasoningField::Both
                        : o.reasoning_field == "reasoning" ? server::ReasoningField::Reasoning
                                                           : server::ReasoningField::ReasoningContent;
-  ho.version = LATENT_VERSION;
-#ifdef NDEBUG
-  ho.build_type = "Release";
-#else
-  ho.build_type = "Debug";
-#endif
+  ho.version = build_version();
+  ho.git_sha = build_commit();
+  ho.build_type = build_type();
   server::HttpServer http(ho, metrics);
   const int port = http.bind();
   log::info("listening on http://{}:{} (model loading){}", o.host, port, ho.api_keys.empty() ? "" : ", API key required");

@@ -5,13 +5,14 @@
 #include <cstdio>
 #include <exception>
 
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"latent: inference engine and OpenAI-compatible server for MLA + MoE models"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("latent ") + LATENT_VERSION);
+  app.set_version_flag("--version", latent::cli::version_line());
   latent::cli::register_all(app);
   try {
     app.parse(argc, argv);

@@ -1,6 +1,9 @@
 #include "cli/model_flags.h"
 
+#include <cmath>
+
 #include "cli/commands.h"
+#include "core/error.h"
 
 namespace latent::cli {
 
@@ -12,11 +15,13 @@ void ModelFlags::add_to(CLI::App* cmd, bool model_required) {
                   "fp8_e4m3_block128, bf16; PATTERN a module glob such as '*.kv_b_proj'");
   cmd->add_option("--max-quant-error", max_quant_error,
                   "Refuse any --quantize transform whose relative Frobenius error exceeds this (default 0.05)");
-  cmd->add_flag("--allow-lossy", allow_lossy, "Lift the --max-quant-error guard (the plan says so)");
+  cmd->add_flag("--allow-lossy", allow_lossy, "Lift the --max-quant-error guard on --quantize (the plan says so)");
   cmd->add_option("--threads", threads, "Worker threads (0 = all cores)");
 }
 
 PlanOptions ModelFlags::plan_options() const {
+  if (!(max_quant_error >= 0.0) || !std::isfinite(max_quant_error))
+    fail("--max-quant-error must be a finite number >= 0 (got {})", max_quant_error);
   PlanOptions o;
   for (const auto& q : quantize) o.quantize.push_back(QuantizeRule::parse(q));
   o.max_quant_error = max_quant_error;

@@ -1,5 +1,9 @@
-// Flags shared by every command that loads a model: --model, --quantize (repeatable), --max-quant-error,
-// --allow-lossy, --threads.
+// Flags shared by every command that loads a model (plan, run, logits, serve, fidelity), with one meaning:
+//   --model DIR            the Hugging Face checkpoint (default: the bundled demo model)
+//   --quantize PAT=FMT     opt-in lossy transform applied at load (repeatable; nothing is transformed without it)
+//   --max-quant-error E    refuse a --quantize transform whose relative weight error exceeds E (default 0.05)
+//   --allow-lossy          lift that guard (the plan says so)
+//   --threads N            worker threads (0 = all cores)
 #pragma once
 #include <CLI/CLI.hpp>
 

@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "loader/quant_config.h"
 #include "model/generate.h"
 #include "model/model.h"
 
@@ -44,26 +45,77 @@ double kl_divergence(const float* lp, const float* lq, int64_t n) {
 
 namespace {
 
-std::vector<TensorError> transforms_of(const PrecisionPlan& plan) {
-  std::vector<TensorError> out;
-  for (const auto& e : plan.entries())
-    if (e.transform != "none") out.push_back({e.name, e.transform, e.rel_error});
-  return out;
+// Index of the rule that decides entry e (the last matching one, as apply_quantize_rules does), -1 when none.
+int winning_rule(const std::vector<QuantizeRule>& rules, const std::string& module, const std::string& name) {
+  int w = -1;
+  for (size_t i = 0; i < rules.size(); ++i)
+    if (glob_match(rules[i].pattern, module) || glob_match(rules[i].pattern, name)) w = static_cast<int>(i);
+  return w;
+}
+
+struct LinearName {
+  std::string module, name;
+};
+
+std::vector<LinearName> linear_names(const std::string& dir) {
+  std::vector<LinearName> v;
+  const ModelFiles f = open_model_files(dir, {});
+  for (const auto& e : f.plan->entries())
+    if (e.is_linear && !e.skipped) v.push_back({e.module, e.name});
+  return v;
 }
 
 struct Side {
   ModelFiles files;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
+  std::vector<TensorError> transforms;
 };
 
-Side open_side(const std::string& dir, const std::vector<QuantizeRule>& rules, int threads) {
+// One plan: the shared rules, then the side's own (which win where both match). A shared rule that every one of
+// its Linear weights overrides is dropped for this side (it has no effect here, and the loader would call it a
+// pattern that matches nothing). The guard applies to the tensors a shared rule decides.
+Side open_side(const std::string& dir, const std::vector<LinearName>& stored, const std::vector<QuantizeRule>& side,
+               const char* side_flag, const FidelityOptions& opt) {
   PlanOptions po;
-  po.quantize = rules;
-  po.allow_lossy = true;
+  size_t n_shared = 0;
+  for (size_t i = 0; i < opt.shared.size(); ++i) {
+    std::vector<QuantizeRule> probe(opt.shared.begin() + static_cast<std::ptrdiff_t>(i), opt.shared.end());
+    probe.insert(probe.end(), side.begin(), side.end());
+    bool matches = false, decides = false;
+    for (const LinearName& e : stored) {
+      const int w = winning_rule(probe, e.module, e.name);
+      matches = matches || glob_match(opt.shared[i].pattern, e.module) || glob_match(opt.shared[i].pattern, e.name);
+      decides = decides || w == 0;
+    }
+    if (decides || !matches) po.quantize.push_back(opt.shared[i]), ++n_shared;
+  }
+  po.quantize.insert(po.quantize.end(), side.begin(), side.end());
+  po.max_quant_error = opt.max_quant_error;
+  po.allow_lossy = true;  // the guard below applies to the shared rules only
   Side s;
   s.files = open_model_files(dir, po);
-  s.backend = make_backend("cpu", threads);
+  std::vector<std::string> offenders;
+  for (const auto& e : s.files.plan->entries()) {
+    if (e.transform == "none") continue;
+    const bool over = !(e.rel_error <= opt.max_quant_error);
+    const int w = winning_rule(po.quantize, e.module, e.name);
+    std::string how = e.transform;  // the loader names every rule --quantize: say which flag it came from here
+    const size_t at = how.find("(--quantize ");
+    if (w >= 0 && static_cast<size_t>(w) >= n_shared && at != std::string::npos)
+      how.replace(at + 1, std::string("--quantize").size(), side_flag);
+    s.transforms.push_back({e.name, how, e.rel_error, over});
+    if (over && w >= 0 && static_cast<size_t>(w) < n_shared)
+      offenders.push_back(fmt::format("{} rel_error {:.4f}", e.name, e.rel_error));
+  }
+  if (!offenders.empty() && !opt.allow_lossy) {
+    std::string list;
+    for (size_t i = 0; i < offenders.size(); ++i) list += (i ? ", " : "") + offenders[i];
+    fail("refusing lossy transform: {} tensor(s) exceed --max-quant-error {}: {} (pass --allow-lossy to accept; "
+         "in fidelity, --quantize applies to both plans: to measure a transform, pass it as --candidate)",
+         offenders.size(), opt.max_quant_error, list);
+  }
+  s.backend = make_backend("cpu", opt.threads);
   s.model = std::make_unique<Model>(*s.files.cfg, *s.files.plan, *s.backend);
   return s;
 }
@@ -73,15 +125,18 @@ Side open_side(const std::string& dir, const std::vector<QuantizeRule>& rules, i
 FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std::vector<int32_t>>& prompts,
                             const std::vector<std::string>& labels, const FidelityOptions& opt) {
   if (prompts.empty()) fail("fidelity: no prompts");
-  Side base = open_side(model_dir, opt.baseline, opt.threads);
-  Side cand = open_side(model_dir, opt.candidate, opt.threads);
+  std::vector<LinearName> stored;  // the Linear weights' names, to resolve overlapping rules (only with --quantize)
+  if (!opt.shared.empty()) stored = linear_names(model_dir);
+  Side base = open_side(model_dir, stored, opt.baseline, "--baseline", opt);
+  Side cand = open_side(model_dir, stored, opt.candidate, "--candidate", opt);
   const ModelConfig& cfg = *base.files.cfg;
   const int64_t V = cfg.vocab_size;
 
   FidelityReport rep;
   rep.model_dir = model_dir;
-  rep.baseline_transforms = transforms_of(*base.files.plan);
-  rep.candidate_transforms = transforms_of(*cand.files.plan);
+  rep.max_quant_error = opt.max_quant_error;
+  rep.baseline_transforms = base.transforms;
+  rep.candidate_transforms = cand.transforms;
   rep.mean_layer_rel_error.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), 0.0);
 
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
@@ -166,8 +221,14 @@ std::string fidelity_table(const FidelityReport& r) {
       out += fmt::format("{}  as stored (no transform)\n", what);
       return;
     }
-    out += fmt::format("{}  {} transformed tensor(s):\n", what, v.size());
-    for (const auto& t : v) out += fmt::format("    {:<56} rel_error {:.4f}  {}\n", t.name, t.rel_error, t.transform);
+    const auto over = std::count_if(v.begin(), v.end(), [](const TensorError& t) { return t.over_budget; });
+    out += fmt::format("{}  {} transformed tensor(s){}:\n", what, v.size(),
+                       over ? fmt::format(", {} over --max-quant-error {} (serve would refuse them without "
+                                          "--allow-lossy)", over, r.max_quant_error)
+                            : std::string());
+    for (const auto& t : v)
+      out += fmt::format("    {:<56} rel_error {:.4f}{}  {}\n", t.name, t.rel_error, t.over_budget ? " (over)" : "",
+                         t.transform);
   };
   list("baseline ", r.baseline_transforms);
   list("candidate", r.candidate_transforms);
@@ -187,10 +248,19 @@ std::string fidelity_table(const FidelityReport& r) {
   return out;
 }
 
+std::string rules_text(const std::vector<QuantizeRule>& rules) {
+  if (rules.empty()) return "as stored";
+  std::string s;
+  for (const auto& q : rules) s += fmt::format("{}{}={}", s.empty() ? "" : ", ", q.pattern, weight_format_name(q.format));
+  return s;
+}
+
 nlohmann::json fidelity_json(const FidelityReport& r) {
   auto terr = [](const std::vector<TensorError>& v) {
     nlohmann::json a = nlohmann::json::array();
-    for (const auto& t : v) a.push_back({{"name", t.name}, {"transform", t.transform}, {"rel_error", t.rel_error}});
+    for (const auto& t : v)
+      a.push_back({{"name", t.name}, {"transform", t.transform}, {"rel_error", t.rel_error},
+                   {"over_max_quant_error", t.over_budget}});
     return a;
   };
   auto loop = [](const std::optional<LoopInfo>& l) -> nlohmann::json {
@@ -199,6 +269,7 @@ nlohmann::json fidelity_json(const FidelityReport& r) {
   };
   nlohmann::json j;
   j["model"] = r.model_dir;
+  j["max_quant_error"] = r.max_quant_error;
   j["baseline_transforms"] = terr(r.baseline_transforms);
   j["candidate_transforms"] = terr(r.candidate_transforms);
   j["mean_layer_rel_error"] = r.mean_layer_rel_error;

@@ -16,6 +16,13 @@
 namespace latent {
 
 struct FidelityOptions {
+  // --quantize: transforms applied to BOTH plans, under the same guard as every other command (a transform whose
+  // error exceeds max_quant_error is refused unless allow_lossy).
+  std::vector<QuantizeRule> shared;
+  double max_quant_error = 0.05;
+  bool allow_lossy = false;
+  // The plans compared, on top of `shared` (a side rule wins where both match). Measured on purpose, so not
+  // refused by the guard; tensors over max_quant_error are flagged in the report.
   std::vector<QuantizeRule> baseline;   // empty = as stored
   std::vector<QuantizeRule> candidate;  // empty = as stored
   int64_t max_tokens = 32;              // greedy continuation length
@@ -27,6 +34,7 @@ struct TensorError {
   std::string name;
   std::string transform;
   double rel_error = 0.0;
+  bool over_budget = false;  // rel_error > FidelityOptions::max_quant_error
 };
 
 struct PromptFidelity {
@@ -42,17 +50,20 @@ struct PromptFidelity {
 
 struct FidelityReport {
   std::string model_dir;
+  double max_quant_error = 0.05;
   std::vector<TensorError> baseline_transforms, candidate_transforms;
   std::vector<PromptFidelity> prompts;
   std::vector<double> mean_layer_rel_error;  // over prompts
 };
 
-// Builds both plans (the --max-quant-error guard does not apply: fidelity measures lossy plans on purpose) and
-// runs every prompt through both models.
+// Builds both plans (the guard applies to opt.shared only: fidelity measures lossy side rules on purpose) and runs
+// every prompt through both models.
 FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std::vector<int32_t>>& prompts,
                             const std::vector<std::string>& labels, const FidelityOptions& opt);
 
 std::string fidelity_table(const FidelityReport& r);
+// "PATTERN=FORMAT, …" or "as stored" when empty.
+std::string rules_text(const std::vector<QuantizeRule>& rules);
 nlohmann::json fidelity_json(const FidelityReport& r);
 
 // Numerics shared with tests.
