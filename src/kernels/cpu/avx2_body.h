@@ -454,7 +454,7 @@ struct V2Bf16 {
 #pragma GCC unroll 32
     for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K16; k += 16) {
-      if constexpr (MT == 4 && NT <= 2) {
+      if constexpr (MT >= 4 && NT <= 2) {
         // Activation rows outer: the NT decoded weight vectors stay in registers.
         __m256 e[NT], o[NT];
 #pragma GCC unroll 8
@@ -616,8 +616,8 @@ LT void v2_mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re,
   for (; r < re; ++r) F::template tile<MT, 1>(w, x, r, y + (r - rs), ldy);
 }
 
-// Rows per block when M needs several activation tiles: the block's weights stay in L2 while every tile streams
-// them (a multiple of 24, so that blocks split into whole NT tiles for every NT used).
+// Weight rows per panel when M needs several activation tiles: ~48 KiB, so the panel stays in L1/L2 while every tile
+// of a chunk streams it (a multiple of 24, so that panels split into whole NT tiles for every NT used).
 inline int64_t tile_rows(const QuantWeight& w) {
   const int64_t rb = w.row_bytes() > 0 ? (48 * 1024) / w.row_bytes() : 1;
   return rb < 24 ? 24 : rb / 24 * 24;
@@ -626,23 +626,24 @@ inline int64_t tile_rows(const QuantWeight& w) {
 template <class F>
 LT void v2_mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   const int64_t K = w.cols;
-  // M <= 4: one pass over the rows. Larger M: chunks of kChunkM activation rows (kept in L2) against panels of
-  // weight rows (kept in L1/L2 while every 4-row tile of the chunk streams them); a weight row is read from
+  // M <= 5: one pass over the rows. Larger M: chunks of kChunkM activation rows (kept in L2) against panels of
+  // weight rows (kept in L1/L2 while every 5-row tile of the chunk streams them); a weight row is read from
   // memory once per chunk.
-  constexpr int64_t kChunkM = 16;
-  const int64_t panel = M <= 4 ? r1 - r0 : tile_rows(w);
+  constexpr int64_t kChunkM = 20;
+  const int64_t panel = M <= 5 ? r1 - r0 : tile_rows(w);
   for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
     const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
     for (int64_t rs = r0; rs < r1; rs += panel) {
       const int64_t re = rs + panel < r1 ? rs + panel : r1;
-      for (int64_t m0 = c0; m0 < c1; m0 += 4) {
+      for (int64_t m0 = c0; m0 < c1; m0 += 5) {
         const float* xm = xp + m0 * K;
         float* ym = y + m0 * ldy + (rs - r0);
-        switch (c1 - m0 < 4 ? c1 - m0 : 4) {
+        switch (c1 - m0 < 5 ? c1 - m0 : 5) {
           case 1: v2_mm_rows<F, 1>(w, xm, rs, re, ym, ldy); break;
           case 2: v2_mm_rows<F, 2>(w, xm, rs, re, ym, ldy); break;
           case 3: v2_mm_rows<F, 3>(w, xm, rs, re, ym, ldy); break;
-          default: v2_mm_rows<F, 4>(w, xm, rs, re, ym, ldy); break;
+          case 4: v2_mm_rows<F, 4>(w, xm, rs, re, ym, ldy); break;
+          default: v2_mm_rows<F, 5>(w, xm, rs, re, ym, ldy); break;
         }
       }
     }

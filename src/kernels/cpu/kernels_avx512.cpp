@@ -98,7 +98,7 @@ struct V5Bf16 {
 #pragma GCC unroll 32
     for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K32; k += 32) {
-      if constexpr (MT == 4) {
+      if constexpr (MT >= 4) {  // activation rows outer, the decoded weight vectors in registers
         __m512 e[NT], o[NT];
 #pragma GCC unroll 8
         for (int n = 0; n < NT; ++n) {
@@ -306,17 +306,24 @@ LT void v5_mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re,
 template <class F>
 LT void v5_mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   const int64_t K = w.cols;
-  const int64_t rb = M <= 4 ? r1 - r0 : tile_rows(w);
-  for (int64_t rs = r0; rs < r1; rs += rb) {
-    const int64_t re = rs + rb < r1 ? rs + rb : r1;
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {
-      const float* xm = xp + m0 * K;
-      float* ym = y + m0 * ldy + (rs - r0);
-      switch (M - m0 < 4 ? M - m0 : 4) {
-        case 1: v5_mm_rows<F, 1>(w, xm, rs, re, ym, ldy); break;
-        case 2: v5_mm_rows<F, 2>(w, xm, rs, re, ym, ldy); break;
-        case 3: v5_mm_rows<F, 3>(w, xm, rs, re, ym, ldy); break;
-        default: v5_mm_rows<F, 4>(w, xm, rs, re, ym, ldy); break;
+  // The loop structure of v2_mm_fmt: M <= 5 one pass; larger M in chunks of activation rows against panels of
+  // weight rows.
+  constexpr int64_t kChunkM = 20;
+  const int64_t panel = M <= 5 ? r1 - r0 : tile_rows(w);
+  for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
+    const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
+    for (int64_t rs = r0; rs < r1; rs += panel) {
+      const int64_t re = rs + panel < r1 ? rs + panel : r1;
+      for (int64_t m0 = c0; m0 < c1; m0 += 5) {
+        const float* xm = xp + m0 * K;
+        float* ym = y + m0 * ldy + (rs - r0);
+        switch (c1 - m0 < 5 ? c1 - m0 : 5) {
+          case 1: v5_mm_rows<F, 1>(w, xm, rs, re, ym, ldy); break;
+          case 2: v5_mm_rows<F, 2>(w, xm, rs, re, ym, ldy); break;
+          case 3: v5_mm_rows<F, 3>(w, xm, rs, re, ym, ldy); break;
+          case 4: v5_mm_rows<F, 4>(w, xm, rs, re, ym, ldy); break;
+          default: v5_mm_rows<F, 5>(w, xm, rs, re, ym, ldy); break;
+        }
       }
     }
   }
