@@ -14,7 +14,8 @@
 // Machine probes (same run): the streaming read bandwidth and the FMA peak (independent FMA chains on every
 // thread, 256-bit, or 512-bit where the CPU backend uses AVX-512) per thread count. Every row then gives the
 // roofline fraction: the larger of the two floors (bytes read / bandwidth, FLOPs / FMA peak) over the measured
-// time.
+// time. cpu% = the process's CPU time over (wall time x threads) while measuring: well below 100 % means the
+// machine was shared with other work (spinning pool threads count as busy).
 //
 // --batch B1,B2,..: aggregate decode throughput with B sequences in one step. The model's forward is one sequence
 // at a time on this branch, so the bench drives the backend ops of one batched decode step itself, with the
@@ -31,6 +32,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -273,6 +275,13 @@ double fma_peak_gflops(int threads, bool avx512) {
   return best;
 }
 
+// CPU time of the whole process (all threads), to tell how much of the machine the run actually got.
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 struct Machine {
   double bw_gbs = 0, fma_gflops = 0;
 };
@@ -304,7 +313,7 @@ void print_profile(const CountingBackend& cb, double per, double wall, const cha
 // One batched decode step driven op by op (see the header comment for what it contains).
 // ---------------------------------------------------------------------------------------------------------------
 struct BatchResult {
-  double tps = 0, step_s = 0, weight_mb = 0, kv_mb = 0, gflop = 0;
+  double tps = 0, step_s = 0, weight_mb = 0, kv_mb = 0, gflop = 0, cpu_s = 0;
 };
 
 BatchResult run_batch(const ModelConfig& cfg, const ModelWeights& W, CountingBackend& cb, int64_t B, int64_t ctx,
@@ -409,10 +418,11 @@ BatchResult run_batch(const ModelConfig& cfg, const ModelWeights& W, CountingBac
   };
   step();  // untimed: first touch of the buffers
   cb.reset();
-  const double t0 = now_s();
+  const double t0 = now_s(), c0 = process_cpu_s();
   for (int64_t i = 0; i < steps; ++i) step();
   const double dt = now_s() - t0;
   BatchResult r;
+  r.cpu_s = process_cpu_s() - c0;
   r.step_s = dt / static_cast<double>(steps);
   r.tps = static_cast<double>(B) / r.step_s;
   r.weight_mb = static_cast<double>(cb.weight_bytes_read) / static_cast<double>(steps) / 1e6;
@@ -424,7 +434,7 @@ BatchResult run_batch(const ModelConfig& cfg, const ModelWeights& W, CountingBac
 
 struct Result {
   double prefill_tps = 0, decode_tps = 0, weight_mb_per_tok = 0, kv_mb_per_tok = 0, gbs = 0, gflop_per_tok = 0;
-  double prefill_s = 0, prefill_bytes = 0, prefill_flops = 0;
+  double prefill_s = 0, prefill_bytes = 0, prefill_flops = 0, decode_cpu_s = 0, decode_s = 0;
 };
 
 Result run(Model& model, CountingBackend& cb, const ModelConfig& cfg, int64_t n_prefill, int64_t n_decode,
@@ -449,11 +459,14 @@ Result run(Model& model, CountingBackend& cb, const ModelConfig& cfg, int64_t n_
   next = argmax(logits.data(), cfg.vocab_size);
   cb.reset();
   t0 = now_s();
+  const double c0 = process_cpu_s();
   for (int64_t i = 0; i < n_decode; ++i) {
     model.forward(std::span<const int32_t>(&next, 1), cache, logits.data(), false);
     next = argmax(logits.data(), cfg.vocab_size);
   }
   const double dt = now_s() - t0;
+  r.decode_cpu_s = process_cpu_s() - c0;
+  r.decode_s = dt;
   r.decode_tps = static_cast<double>(n_decode) / dt;
   r.weight_mb_per_tok = static_cast<double>(cb.weight_bytes_read) / static_cast<double>(n_decode) / 1e6;
   r.kv_mb_per_tok = static_cast<double>(cb.kv_bytes_read) / static_cast<double>(n_decode) / 1e6;
@@ -545,8 +558,8 @@ int main(int argc, char** argv) {
       if (!batches.empty()) {
         // Batched decode steps (cpu backend), op by op.
         const ModelWeights W = resolve_weights(*f.cfg, *f.plan);
-        std::printf("\n%-20s %3s %5s %10s %9s %9s %9s %10s %8s %7s\n", "model (batched step)", "thr", "batch",
-                    "tok/s", "step ms", "wMB/step", "kvMB/step", "GFLOP/step", "GB/s", "%roof");
+        std::printf("\n%-20s %3s %5s %10s %9s %9s %9s %10s %8s %7s %11s %6s\n", "model (batched step)", "thr",
+                    "batch", "tok/s", "step ms", "wMB/step", "kvMB/step", "GFLOP/step", "GB/s", "%roof", "", "cpu%");
         for (int t : threads) {
           std::unique_ptr<Backend> be = make_backend("cpu", t);
           CountingBackend cb(*be, profile);
@@ -555,16 +568,17 @@ int main(int argc, char** argv) {
             const char* bound = "";
             const double bytes = (r.weight_mb + r.kv_mb) * 1e6;
             const double fr = roofline_fraction(mach[t], bytes, r.gflop * 1e9, r.step_s, &bound);
-            std::printf("%-20s %3d %5lld %10.1f %9.2f %9.2f %9.3f %10.3f %8.2f %6.1f%% (%s-bound)\n",
+            std::printf("%-20s %3d %5lld %10.1f %9.2f %9.2f %9.3f %10.3f %8.2f %6.1f%% (%s-bound) %5.0f%%\n",
                         short_name.c_str(), t, static_cast<long long>(B), r.tps, r.step_s * 1e3, r.weight_mb, r.kv_mb,
-                        r.gflop, bytes / r.step_s / 1e9, 100.0 * fr, bound);
+                        r.gflop, bytes / r.step_s / 1e9, 100.0 * fr, bound,
+                        100.0 * r.cpu_s / (r.step_s * static_cast<double>(steps) * t));
             std::fflush(stdout);
           }
         }
         continue;
       }
-      std::printf("\n%-22s %-4s %3s %10s %6s %10s %9s %8s %9s %8s %7s %7s\n", "model", "be", "thr", "prefill/s",
-                  "%roof", "decode/s", "wMB/tok", "kvMB/tok", "GFLOP/tok", "GB/s", "%bw", "%roof");
+      std::printf("\n%-22s %-4s %3s %10s %6s %10s %9s %8s %9s %8s %7s %7s %6s\n", "model", "be", "thr", "prefill/s",
+                  "%roof", "decode/s", "wMB/tok", "kvMB/tok", "GFLOP/tok", "GB/s", "%bw", "%roof", "cpu%");
       for (const std::string& bname : backends) {
         for (int t : threads) {
           std::unique_ptr<Backend> be = make_backend(bname, t);
@@ -576,10 +590,10 @@ int main(int argc, char** argv) {
           const double dec_roof = roofline_fraction(mach[t], (r.weight_mb_per_tok + r.kv_mb_per_tok) * 1e6,
                                                     r.gflop_per_tok * 1e9, dec_s, nullptr);
           const double pre_roof = roofline_fraction(mach[t], r.prefill_bytes, r.prefill_flops, r.prefill_s, nullptr);
-          std::printf("%-22s %-4s %3d %10.1f %5.1f%% %10.2f %9.2f %8.3f %9.4f %8.2f %6.1f%% %6.1f%%\n",
+          std::printf("%-22s %-4s %3d %10.1f %5.1f%% %10.2f %9.2f %8.3f %9.4f %8.2f %6.1f%% %6.1f%% %5.0f%%\n",
                       short_name.c_str(), bname.c_str(), t, r.prefill_tps, 100.0 * pre_roof, r.decode_tps,
                       r.weight_mb_per_tok, r.kv_mb_per_tok, r.gflop_per_tok, r.gbs, 100.0 * r.gbs / mach[t].bw_gbs,
-                      100.0 * dec_roof);
+                      100.0 * dec_roof, 100.0 * r.decode_cpu_s / (r.decode_s * t));
           std::fflush(stdout);
         }
       }
