@@ -376,8 +376,8 @@ TEST(CpuOps, MatmulBatchInvariance) {
           const std::string what = std::string(fmt_name(f)) + " " + cpu_isa_name(isa) + " cols " +
                                    std::to_string(cols) + (bf16_act ? " bf16" : " f32");
           for (int64_t M : {1, 3, 4, 7, 16, 64, 130}) {
-            for (int64_t at : {int64_t{0}, kMaxM - M, (kMaxM - M) / 2 + 1}) {
-              if (at + M > kMaxM) continue;
+            for (int64_t at : {int64_t{0}, (kMaxM - M) / 2 + 1}) {  // the batch at the start / in the middle
+              if (at + M > kMaxM || (at > 0 && M == kMaxM)) continue;
               for (Backend* be : {one.get(), three.get()}) {
                 std::vector<float> y(static_cast<size_t>(M * rows), -1.0f);
                 be->matmul(w.q, x.data() + at * cols, M, y.data());
