@@ -316,6 +316,40 @@ struct BatchResult {
   double tps = 0, step_s = 0, weight_mb = 0, kv_mb = 0, gflop = 0, cpu_s = 0;
 };
 
+// Touches every page of every weight once (the checkpoint is memory-mapped: without this the first steps of a
+// batch size would time page faults of experts and embedding rows not used before).
+void touch_weights(const ModelWeights& W) {
+  uint64_t sink = 0;
+  auto touch = [&](const QuantWeight& w) {
+    const uint8_t* d = static_cast<const uint8_t*>(w.data);
+    const uint64_t n = static_cast<uint64_t>(w.rows * w.row_bytes());
+    for (uint64_t i = 0; i < n; i += 4096) sink += d[i];
+    if (w.scale) {
+      const uint8_t* sc = static_cast<const uint8_t*>(w.scale);
+      const uint64_t ns = scale_bytes(w, w.rows);
+      for (uint64_t i = 0; i < ns; i += 4096) sink += sc[i];
+    }
+  };
+  touch(W.embed);
+  touch(W.lm_head);
+  for (const LayerWeights& L : W.layers) {
+    for (const QuantWeight* w : {&L.attn.q_a, &L.attn.q_b, &L.attn.kv_a, &L.attn.kv_b, &L.attn.o}) touch(*w);
+    auto mlp = [&](const MlpWeights& m) {
+      touch(m.gate);
+      touch(m.up);
+      touch(m.down);
+    };
+    if (!L.is_moe) {
+      mlp(L.dense);
+    } else {
+      touch(L.moe.router);
+      for (const MlpWeights& e : L.moe.experts) mlp(e);
+      if (L.moe.has_shared) mlp(L.moe.shared);
+    }
+  }
+  if (sink == 42) std::printf(" ");
+}
+
 BatchResult run_batch(const ModelConfig& cfg, const ModelWeights& W, CountingBackend& cb, int64_t B, int64_t ctx,
                       int64_t steps, bool profile) {
   const int64_t D = cfg.hidden_size, H = cfg.num_attention_heads, dn = cfg.qk_nope_head_dim,
@@ -558,6 +592,7 @@ int main(int argc, char** argv) {
       if (!batches.empty()) {
         // Batched decode steps (cpu backend), op by op.
         const ModelWeights W = resolve_weights(*f.cfg, *f.plan);
+        touch_weights(W);
         std::printf("\n%-20s %3s %5s %10s %9s %9s %9s %10s %8s %7s %11s %6s\n", "model (batched step)", "thr",
                     "batch", "tok/s", "step ms", "wMB/step", "kvMB/step", "GFLOP/step", "GB/s", "%roof", "", "cpu%");
         for (int t : threads) {
