@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "fma_peak.h"
 #include "read_bandwidth.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/generate.h"
@@ -213,66 +214,6 @@ std::vector<std::string> split(const std::string& s) {
     i = j + 1;
   }
   return v;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// FMA peak probe: independent FMA chains on every thread (enough chains to cover the FMA latency on two pipes).
-// ---------------------------------------------------------------------------------------------------------------
-__attribute__((target("avx2,fma"))) float fma_chains_256(int64_t iters) {
-  __m256 a[12];
-  for (int j = 0; j < 12; ++j) a[j] = _mm256_set1_ps(1.0f + 0.01f * static_cast<float>(j));
-  const __m256 m = _mm256_set1_ps(0.9999999f), c = _mm256_set1_ps(1e-8f);
-  for (int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 12
-    for (int j = 0; j < 12; ++j) a[j] = _mm256_fmadd_ps(a[j], m, c);
-  __m256 s = a[0];
-  for (int j = 1; j < 12; ++j) s = _mm256_add_ps(s, a[j]);
-  return _mm256_cvtss_f32(s);
-}
-__attribute__((target("avx512f"))) float fma_chains_512(int64_t iters) {
-  __m512 a[16];
-  for (int j = 0; j < 16; ++j) a[j] = _mm512_set1_ps(1.0f + 0.01f * static_cast<float>(j));
-  const __m512 m = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-8f);
-  for (int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(a[j], m, c);
-  __m512 s = a[0];
-  for (int j = 1; j < 16; ++j) s = _mm512_add_ps(s, a[j]);
-  alignas(64) float t[16];
-  _mm512_store_ps(t, s);
-  float r = 0.0f;
-  for (float v : t) r += v;
-  return r;
-}
-
-// Best-of-3 fp32 GFLOP/s (an FMA = 2 FLOPs) with `threads` threads; 0 without AVX2.
-double fma_peak_gflops(int threads, bool avx512) {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0.0;
-  const int64_t iters = int64_t{1} << 24;
-  const double per_thread = avx512 ? 2.0 * 16 * 16 * static_cast<double>(iters) : 2.0 * 12 * 8 * static_cast<double>(iters);
-  double best = 0.0;
-  std::atomic<float> sink{0};
-  for (int rep = 0; rep < 3; ++rep) {
-    std::atomic<int> ready{0};
-    std::atomic<bool> go{false};
-    std::vector<std::thread> th;
-    for (int t = 0; t < threads; ++t)
-      th.emplace_back([&] {
-        ready.fetch_add(1);
-        while (!go.load(std::memory_order_acquire)) {
-        }
-        const float v = avx512 ? fma_chains_512(iters) : fma_chains_256(iters);
-        sink.store(v, std::memory_order_relaxed);
-      });
-    while (ready.load() < threads) {
-    }
-    const double t0 = now_s();
-    go.store(true, std::memory_order_release);
-    for (auto& x : th) x.join();
-    best = std::max(best, per_thread * threads / (now_s() - t0) / 1e9);
-  }
-  if (sink.load() == 42.0f) std::printf(" ");
-  return best;
 }
 
 // CPU time of the whole process (all threads), to tell how much of the machine the run actually got.
@@ -579,7 +520,7 @@ int main(int argc, char** argv) {
   for (int t : threads) {
     Machine& m = mach[t];
     m.bw_gbs = bench::read_bandwidth_mb(mb, t, 3);
-    m.fma_gflops = fma_peak_gflops(t, isa == CpuIsa::Avx512);
+    m.fma_gflops = bench::fma_peak_gflops(t, isa == CpuIsa::Avx512);
     std::printf("machine, %d thread%s: streaming read bandwidth %.2f GB/s, fp32 FMA peak %.1f GFLOP/s (%s)\n", t,
                 t == 1 ? "" : "s", m.bw_gbs, m.fma_gflops, isa == CpuIsa::Avx512 ? "512-bit" : "256-bit");
   }
