@@ -444,7 +444,8 @@ LTI float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 
 // BF16: per 16-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc) (prepared x order).
 struct V2Bf16 {
-  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : mt == 3 ? 3 : 2; }
+  static constexpr int kMaxMt = 3;  // tiles of up to 3 activation rows (x NT weight rows)
+  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
     const int64_t K = w.cols, K16 = K & ~int64_t(15);
@@ -454,36 +455,17 @@ struct V2Bf16 {
 #pragma GCC unroll 32
     for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K16; k += 16) {
-      if constexpr (MT >= 4 && NT <= 2) {
-        // Activation rows outer: the NT decoded weight vectors stay in registers.
-        __m256 e[NT], o[NT];
+      // Weight rows outer: each weight vector decoded once, activations read from L1 (x as FMA memory operands;
+      // measured faster than keeping the weights in registers with the activation rows outer).
 #pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) {
-          const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + n * 2 * K + 2 * k));
-          e[n] = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
-          o[n] = _mm256_castsi256_ps(_mm256_and_si256(d, hm));
-        }
+      for (int n = 0; n < NT; ++n) {
+        const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + n * 2 * K + 2 * k));
+        const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+        const __m256 o = _mm256_castsi256_ps(_mm256_and_si256(d, hm));
 #pragma GCC unroll 8
         for (int m = 0; m < MT; ++m) {
-          const __m256 xl = _mm256_loadu_ps(x + m * K + k), xh = _mm256_loadu_ps(x + m * K + k + 8);
-#pragma GCC unroll 8
-          for (int n = 0; n < NT; ++n) {
-            acc[m][n] = _mm256_fmadd_ps(e[n], xl, acc[m][n]);
-            acc[m][n] = _mm256_fmadd_ps(o[n], xh, acc[m][n]);
-          }
-        }
-      } else {
-        // Weight rows outer: each weight vector decoded once, activations read from L1.
-#pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) {
-          const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + n * 2 * K + 2 * k));
-          const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
-          const __m256 o = _mm256_castsi256_ps(_mm256_and_si256(d, hm));
-#pragma GCC unroll 8
-          for (int m = 0; m < MT; ++m) {
-            acc[m][n] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x + m * K + k), acc[m][n]);
-            acc[m][n] = _mm256_fmadd_ps(o, _mm256_loadu_ps(x + m * K + k + 8), acc[m][n]);
-          }
+          acc[m][n] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x + m * K + k), acc[m][n]);
+          acc[m][n] = _mm256_fmadd_ps(o, _mm256_loadu_ps(x + m * K + k + 8), acc[m][n]);
         }
       }
     }
@@ -504,7 +486,8 @@ struct V2Bf16 {
 
 // MXFP4: per 32-element block b, t = f0·x0 (+fma f1·x1, f2·x2, f3·x3); acc = fma(t, scale_b, acc).
 struct V2Mxfp4 {
-  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : mt == 3 ? 3 : 2; }
+  static constexpr int kMaxMt = 3;
+  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
     const int64_t K = w.cols, nb = K / 32;
@@ -543,7 +526,8 @@ struct V2Mxfp4 {
 // kernel (per row, so the choice does not depend on the tile).
 template <class Dec>
 struct V2Nat {
-  static constexpr int nt(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : mt == 3 ? 2 : 2; }
+  static constexpr int kMaxMt = 3;
+  static constexpr int nt(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 2; }
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
     const int64_t K = w.cols;
@@ -623,29 +607,35 @@ inline int64_t tile_rows(const QuantWeight& w) {
   return rb < 24 ? 24 : rb / 24 * 24;
 }
 
+template <class F, int MT>
+LT void v2_mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
+                    int64_t ldy) {
+  const int64_t K = w.cols;
+  for (; m0 + MT <= m1; m0 += MT) v2_mm_rows<F, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
+  const float* x = xp + m0 * K;
+  float* ym = y + m0 * ldy;
+  switch (m1 - m0) {  // fewer than MT rows left
+    case 1: v2_mm_rows<F, 1>(w, x, rs, re, ym, ldy); break;
+    case 2: if constexpr (MT > 2) v2_mm_rows<F, 2>(w, x, rs, re, ym, ldy); break;
+    case 3: if constexpr (MT > 3) v2_mm_rows<F, 3>(w, x, rs, re, ym, ldy); break;
+    case 4: if constexpr (MT > 4) v2_mm_rows<F, 4>(w, x, rs, re, ym, ldy); break;
+    default: break;
+  }
+}
+
 template <class F>
 LT void v2_mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols;
-  // M <= 5: one pass over the rows. Larger M: chunks of kChunkM activation rows (kept in L2) against panels of
-  // weight rows (kept in L1/L2 while every 5-row tile of the chunk streams them); a weight row is read from
+  // M <= kMt: one pass over the rows. Larger M: chunks of kChunkM activation rows (kept in L2) against panels of
+  // weight rows (kept in L1/L2 while every kMt-row tile of the chunk streams them); a weight row is read from
   // memory once per chunk.
-  constexpr int64_t kChunkM = 20;
-  const int64_t panel = M <= 5 ? r1 - r0 : tile_rows(w);
+  constexpr int kMt = F::kMaxMt;
+  constexpr int64_t kChunkM = 8 * kMt;
+  const int64_t panel = M <= kMt ? r1 - r0 : tile_rows(w);
   for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
     const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
     for (int64_t rs = r0; rs < r1; rs += panel) {
       const int64_t re = rs + panel < r1 ? rs + panel : r1;
-      for (int64_t m0 = c0; m0 < c1; m0 += 5) {
-        const float* xm = xp + m0 * K;
-        float* ym = y + m0 * ldy + (rs - r0);
-        switch (c1 - m0 < 5 ? c1 - m0 : 5) {
-          case 1: v2_mm_rows<F, 1>(w, xm, rs, re, ym, ldy); break;
-          case 2: v2_mm_rows<F, 2>(w, xm, rs, re, ym, ldy); break;
-          case 3: v2_mm_rows<F, 3>(w, xm, rs, re, ym, ldy); break;
-          case 4: v2_mm_rows<F, 4>(w, xm, rs, re, ym, ldy); break;
-          default: v2_mm_rows<F, 5>(w, xm, rs, re, ym, ldy); break;
-        }
-      }
+      v2_mm_tiles<F, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy);
     }
   }
 }

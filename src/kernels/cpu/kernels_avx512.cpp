@@ -88,6 +88,7 @@ LTI void mx5_decode(const uint8_t* q, const Mx5Const& c, __m512& f0, __m512& f1,
 // BF16: per 32-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc); the columns past the last
 // group in natural order by masked 16-column steps.
 struct V5Bf16 {
+  static constexpr int kMaxMt = 5;
   static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
@@ -147,6 +148,7 @@ struct V5Bf16 {
 // MXFP4: per pair of blocks (64 elements) t = f0·x0 (+fma f1..f3), acc = fma(t, scales, acc); a last odd block
 // by the 256-bit decode: odd = hsum8(t·scale); y = hsum16(acc) + odd.
 struct V5Mxfp4 {
+  static constexpr int kMaxMt = 5;
   static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
@@ -231,6 +233,7 @@ struct Dec5Fp8 {
 
 template <class Dec>
 struct V5Nat {
+  static constexpr int kMaxMt = 5;
   static constexpr int nt(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 3; }
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
@@ -303,28 +306,34 @@ LT void v5_mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re,
   for (; r < re; ++r) F::template tile<MT, 1>(w, x, r, y + (r - rs), ldy);
 }
 
+template <class F, int MT>
+LT void v5_mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
+                    int64_t ldy) {
+  const int64_t K = w.cols;
+  for (; m0 + MT <= m1; m0 += MT) v5_mm_rows<F, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
+  const float* x = xp + m0 * K;
+  float* ym = y + m0 * ldy;
+  switch (m1 - m0) {  // fewer than MT rows left
+    case 1: v5_mm_rows<F, 1>(w, x, rs, re, ym, ldy); break;
+    case 2: if constexpr (MT > 2) v5_mm_rows<F, 2>(w, x, rs, re, ym, ldy); break;
+    case 3: if constexpr (MT > 3) v5_mm_rows<F, 3>(w, x, rs, re, ym, ldy); break;
+    case 4: if constexpr (MT > 4) v5_mm_rows<F, 4>(w, x, rs, re, ym, ldy); break;
+    default: break;
+  }
+}
+
+// The loop structure of v2_mm_fmt (M <= kMaxMt one pass; larger M in chunks of activation rows against panels of
+// weight rows); 32 vector registers allow tiles of up to 5 activation rows.
 template <class F>
 LT void v5_mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols;
-  // The loop structure of v2_mm_fmt: M <= 5 one pass; larger M in chunks of activation rows against panels of
-  // weight rows.
-  constexpr int64_t kChunkM = 20;
-  const int64_t panel = M <= 5 ? r1 - r0 : tile_rows(w);
+  constexpr int kMt = F::kMaxMt;
+  constexpr int64_t kChunkM = 4 * kMt;
+  const int64_t panel = M <= kMt ? r1 - r0 : tile_rows(w);
   for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
     const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
     for (int64_t rs = r0; rs < r1; rs += panel) {
       const int64_t re = rs + panel < r1 ? rs + panel : r1;
-      for (int64_t m0 = c0; m0 < c1; m0 += 5) {
-        const float* xm = xp + m0 * K;
-        float* ym = y + m0 * ldy + (rs - r0);
-        switch (c1 - m0 < 5 ? c1 - m0 : 5) {
-          case 1: v5_mm_rows<F, 1>(w, xm, rs, re, ym, ldy); break;
-          case 2: v5_mm_rows<F, 2>(w, xm, rs, re, ym, ldy); break;
-          case 3: v5_mm_rows<F, 3>(w, xm, rs, re, ym, ldy); break;
-          case 4: v5_mm_rows<F, 4>(w, xm, rs, re, ym, ldy); break;
-          default: v5_mm_rows<F, 5>(w, xm, rs, re, ym, ldy); break;
-        }
-      }
+      v5_mm_tiles<F, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy);
     }
   }
 }
