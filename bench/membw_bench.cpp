@@ -1,8 +1,11 @@
 // membw_bench: this machine's streaming read bandwidth (GB/s) on 1 and 2 threads (sum over a buffer much larger
 // than the caches), and, with --ops, the achieved weight-read GB/s of the CPU backend's decode matmul (M = 1)
-// per weight format — the op-harness "perf mode".
+// per weight format — the op-harness "perf mode"; with --gemm, the batched matmul (M activation rows through one
+// 1024 x 1024 weight, the deepseek_v3 bench shape's o_proj) in GFLOP/s and as a fraction of the FMA peak measured in
+// the same run (best repetition: on a shared machine the best one is the least disturbed).
 //
-//   membw_bench [--mb 1024] [--threads 1,2] [--reps 5] [--ops] [--isa avx512|avx2|scalar]
+//   membw_bench [--mb 1024] [--threads 1,2] [--reps 5] [--ops] [--gemm [--m 1,4,16,64,256,512]]
+//               [--isa avx512|avx2|scalar]
 #include <immintrin.h>
 
 #include <algorithm>
@@ -13,12 +16,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backend/backend.h"
+#include "fma_peak.h"
 #include "read_bandwidth.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "quant/float_formats.h"
@@ -106,12 +111,62 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
   }
 }
 
+double thread_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+void run_gemm(const std::vector<int>& threads, latent::CpuIsa isa, const std::vector<int>& ms) {
+  using latent::WeightFormat;
+  std::mt19937 g(2);
+  const int64_t N = 1024, K = 1024;
+  std::printf("\nbatched matmul [M, %lld] x [%lld, %lld]^T, isa %s: GFLOP/s (best of reps) and %% of the FMA peak\n",
+              static_cast<long long>(K), static_cast<long long>(N), static_cast<long long>(K),
+              latent::cpu_isa_name(isa));
+  std::vector<double> peak;
+  for (int t : threads) {
+    peak.push_back(latent::bench::fma_peak_gflops(t, isa == latent::CpuIsa::Avx512));
+    std::printf("  fp32 FMA peak, threads %d: %.1f GFLOP/s\n", t, peak.back());
+  }
+  const std::pair<WeightFormat, const char*> fmts[] = {
+      {WeightFormat::BF16, "bf16"}, {WeightFormat::FP8_E4M3_BLOCK, "fp8_block128"}, {WeightFormat::MXFP4, "mxfp4"}};
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const auto& [f, name] : fmts) {
+    OwnedWeight w = make_weight(f, N, K, g);
+    for (size_t ti = 0; ti < threads.size(); ++ti) {
+      auto be = latent::make_cpu_backend(threads[ti], isa);
+      for (int M : ms) {
+        std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
+        for (float& v : x) v = nd(g);
+        be->matmul(w.q, x.data(), M, y.data());  // warm
+        const double flops = 2.0 * M * N * K;
+        const int reps = static_cast<int>(std::clamp(4e9 / flops, 5.0, 400.0));
+        double best = 1e30, best_cpu = 1e30;
+        for (int r = 0; r < reps; ++r) {
+          const double t0 = now_s(), c0 = thread_cpu_s();
+          be->matmul(w.q, x.data(), M, y.data());
+          best = std::min(best, now_s() - t0);
+          best_cpu = std::min(best_cpu, thread_cpu_s() - c0);
+        }
+        const double gf = flops / best / 1e9;
+        std::printf("  %-14s threads %d  M %4d: %8.3f ms  %7.1f GFLOP/s  %5.1f%% of peak", name, threads[ti], M,
+                    best * 1e3, gf, peak[ti] > 0 ? 100.0 * gf / peak[ti] : 0.0);
+        // One thread: also per second of this thread's CPU time (not disturbed by preemption on a shared machine).
+        if (threads[ti] == 1) std::printf("  | %7.1f GFLOP/s of thread CPU time", flops / best_cpu / 1e9);
+        std::printf("\n");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   size_t mb = 1024;
   int reps = 5;
-  bool ops = false;
+  bool ops = false, gemm = false;
+  std::vector<int> ms = {1, 4, 16, 64, 256, 512};
   std::vector<int> threads = {1, 2};
   latent::CpuIsa isa = latent::cpu_isa_default();
   for (int i = 1; i < argc; ++i) {
@@ -131,11 +186,15 @@ int main(int argc, char** argv) {
       threads = parse_list(next());
     else if (a == "--ops")
       ops = true;
+    else if (a == "--gemm")
+      gemm = true;
+    else if (a == "--m")
+      ms = parse_list(next());
     else if (a == "--isa") {
       const std::string s = next();
       isa = s == "avx512" ? latent::CpuIsa::Avx512 : s == "avx2" ? latent::CpuIsa::Avx2 : latent::CpuIsa::Scalar;
     } else {
-      std::fprintf(stderr, "usage: membw_bench [--mb N] [--threads 1,2] [--reps N] [--ops] [--isa L]\n");
+      std::fprintf(stderr, "usage: membw_bench [--mb N] [--threads 1,2] [--reps N] [--ops] [--gemm [--m 1,4,..]] [--isa L]\n");
       return 2;
     }
   }
@@ -153,5 +212,6 @@ int main(int argc, char** argv) {
     std::printf("  threads %d: %6.2f GB/s\n", t, latent::bench::read_bandwidth(buf, words, t, reps, avx2));
   std::free(buf);
   if (ops) run_ops(threads, isa);
+  if (gemm) run_gemm(threads, isa, ms);
   return 0;
 }

@@ -2,17 +2,21 @@
 """Random-weight glm_moe_dsa checkpoints for bench/decode_bench (numpy + the safetensors codec of quantize_np.py;
 no torch). Not committed: bench/README.md says how to make them.
 
-  build/venv/bin/python tools/make_bench_model.py [--out build/bench-models] [--seed 0]
+  build/venv/bin/python tools/make_bench_model.py [--out build/bench-models] [--seed 0] [--shape glm5|deepseek_v3|all]
 
-Writes two model directories (the tensor layout of the tiny test models, larger dimensions):
-  glm5-bench-bf16    every tensor bf16 (e_score_correction_bias fp32)
-  glm5-bench-mxfp4   the same weights with the routed experts quantized to Quark MXFP4 by
-                     tools/quantize_np.quantize_dir_mxfp4 (U8 weight [out, in/2] + U8 weight_scale [out, in/32],
-                     quantization_config quant_method quark with its exclude list)
+Writes two model directories per shape (the tensor layout of the tiny test models, larger dimensions):
+  <shape>-bench-bf16    every tensor bf16 (e_score_correction_bias fp32)
+  <shape>-bench-mxfp4   the same weights with the routed experts quantized to Quark MXFP4 by
+                        tools/quantize_np.quantize_dir_mxfp4 (U8 weight [out, in/2] + U8 weight_scale [out, in/32],
+                        quantization_config quant_method quark with its exclude list)
 
-Dimensions (~83 M parameters, ~40 M active per token): hidden 1024, 8 layers (layer 0 dense, intermediate 1024),
-16 routed experts top-4 + 1 shared, moe_intermediate 128, vocab 8192, q_lora 384, kv_lora 256, 8 heads,
-dn 64 dr 32 dv 64, indexer 8 heads x 64, index_topk 256.
+Shapes:
+  glm5 (default; glm5-bench-*, ~83 M parameters, ~40 M active per token): glm_moe_dsa, hidden 1024, 8 layers
+      (layer 0 dense, intermediate 1024), 16 routed experts top-4 + 1 shared, moe_intermediate 128, vocab 8192,
+      q_lora 384, kv_lora 256, 8 heads, dn 64 dr 32 dv 64, indexer 8 heads x 64, index_topk 256.
+  deepseek_v3 (v3-bench-*): the shape of the CPU comparison against the llama.cpp family (issue 17): deepseek_v3,
+      hidden 1024, 8 layers (layer 0 dense, intermediate 1024), 16 heads, q_lora 384, kv_lora 512, dn = dr = dv =
+      64, 32 routed experts top-4 + 1 shared, moe_intermediate 256, vocab 32000, untied lm_head, no indexer.
 """
 import argparse
 import json
@@ -40,12 +44,29 @@ CONFIG = {
 }
 
 
+V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16",
+    "vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 1024, "moe_intermediate_size": 256,
+    "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "q_lora_rank": 384, "kv_lora_rank": 512, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64,
+    "head_dim": 64, "qk_head_dim": 128,
+    "n_routed_experts": 32, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "initializer_range": 0.02,
+    "tie_word_embeddings": False, "num_nextn_predict_layers": 0, "attention_bias": False,
+    "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 1, "rope_interleave": True,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+
+SHAPES = {"glm5": ("glm5-bench", CONFIG), "deepseek_v3": ("v3-bench", V3_CONFIG)}
+
+
 def build_tensors(c, rng):
     D, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
     H, dn, dr, dv = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
     dq, dc = c["q_lora_rank"], c["kv_lora_rank"]
     E, Im, I = c["n_routed_experts"], c["moe_intermediate_size"], c["intermediate_size"]
-    nI, dI = c["index_n_heads"], c["index_head_dim"]
+    nI, dI = c.get("index_n_heads", 0), c.get("index_head_dim", 0)
     std = c["initializer_range"]
     T = {}
 
@@ -75,7 +96,7 @@ def build_tensors(c, rng):
         lin(a + "o_proj.weight", D, H * dv)
         norm(a + "q_a_layernorm.weight", dq)
         norm(a + "kv_a_layernorm.weight", dc)
-        if c["indexer_types"][l] == "full":
+        if c.get("indexer_types", ["none"] * L)[l] == "full":
             ip = a + "indexer."
             lin(ip + "wq_b.weight", nI * dI, dq)
             lin(ip + "wk.weight", dI, D)
@@ -95,24 +116,31 @@ def build_tensors(c, rng):
     return T
 
 
+def write_shape(out, prefix, config, seed):
+    rng = np.random.default_rng(seed)
+    T = build_tensors(config, rng)
+    n_params = sum(int(np.prod(t.shape)) for t in T.values())
+    bf = os.path.join(out, prefix + "-bf16")
+    os.makedirs(bf, exist_ok=True)
+    qn.write_safetensors(os.path.join(bf, "model.safetensors"), T, {"format": "pt"})
+    with open(os.path.join(bf, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    print(f"wrote {bf}: {n_params / 1e6:.1f} M parameters")
+    mx = os.path.join(out, prefix + "-mxfp4")
+    n = qn.quantize_dir_mxfp4(bf, mx)
+    print(f"wrote {mx}: {n} routed-expert tensors quantized to MXFP4")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench-models")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shape", choices=sorted(SHAPES) + ["all"], default="glm5")
     a = ap.parse_args()
-    rng = np.random.default_rng(a.seed)
-    T = build_tensors(CONFIG, rng)
-    n_params = sum(int(np.prod(t.shape)) for t in T.values())
-    bf = os.path.join(a.out, "glm5-bench-bf16")
-    os.makedirs(bf, exist_ok=True)
-    qn.write_safetensors(os.path.join(bf, "model.safetensors"), T, {"format": "pt"})
-    with open(os.path.join(bf, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2, sort_keys=True)
-        f.write("\n")
-    print(f"wrote {bf}: {n_params / 1e6:.1f} M parameters")
-    mx = os.path.join(a.out, "glm5-bench-mxfp4")
-    n = qn.quantize_dir_mxfp4(bf, mx)
-    print(f"wrote {mx}: {n} routed-expert tensors quantized to MXFP4")
+    for name in sorted(SHAPES) if a.shape == "all" else [a.shape]:
+        prefix, config = SHAPES[name]
+        write_shape(a.out, prefix, config, a.seed)
 
 
 if __name__ == "__main__":

@@ -349,6 +349,83 @@ TEST(CpuOps, GroupedMatmul) {
   }
 }
 
+// Batch invariance (the engine's promise that a sequence's logits do not depend on what else is in the step):
+// row m of a matmul computed in a batch of M rows, at any position in the batch, equals the same row computed
+// alone (M = 1) bit for bit, for every weight format and ISA, with fp32 and with bf16-valued activations, and
+// whatever the number of threads.
+bool same_bits(const float* a, const float* b, int64_t n) {
+  return std::memcmp(a, b, sizeof(float) * static_cast<size_t>(n)) == 0;
+}
+
+TEST(CpuOps, MatmulBatchInvariance) {
+  Rng rng(21);
+  constexpr int64_t kMaxM = 130;
+  for (Fmt f : kAllFmts) {
+    const bool fp8 = f != Fmt::F32 && f != Fmt::BF16 && f != Fmt::F16 && f != Fmt::Mxfp4;
+    for (int64_t cols : f == Fmt::Mxfp4 ? std::vector<int64_t>{96, 1088} : std::vector<int64_t>{33, 1031}) {
+      const int64_t rows = 37;
+      const TestWeight w = make_weight(f, rows, cols, rng, /*nan=*/fp8 || f == Fmt::Mxfp4);
+      for (bool bf16_act : {false, true}) {
+        std::vector<float> x = rng.normals(kMaxM * cols);
+        if (bf16_act)
+          for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+        for (CpuIsa isa : cpu_isas_available()) {
+          const std::unique_ptr<Backend> one = make_cpu_backend(1, isa), three = make_cpu_backend(3, isa);
+          std::vector<float> alone(static_cast<size_t>(kMaxM * rows));
+          for (int64_t m = 0; m < kMaxM; ++m) one->matmul(w.q, x.data() + m * cols, 1, alone.data() + m * rows);
+          const std::string what = std::string(fmt_name(f)) + " " + cpu_isa_name(isa) + " cols " +
+                                   std::to_string(cols) + (bf16_act ? " bf16" : " f32");
+          for (int64_t M : {1, 3, 4, 7, 16, 64, 130}) {
+            for (int64_t at : {int64_t{0}, (kMaxM - M) / 2 + 1}) {  // the batch at the start / in the middle
+              if (at + M > kMaxM || (at > 0 && M == kMaxM)) continue;
+              for (Backend* be : {one.get(), three.get()}) {
+                std::vector<float> y(static_cast<size_t>(M * rows), -1.0f);
+                be->matmul(w.q, x.data() + at * cols, M, y.data());
+                for (int64_t m = 0; m < M; ++m)
+                  EXPECT_TRUE(same_bits(y.data() + m * rows, alone.data() + (at + m) * rows, rows))
+                      << what << " M " << M << " row " << m << " at " << at << " threads " << be->num_threads();
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuOps, GroupedMatmulBatchInvariance) {  // a token's expert output does not depend on the group's other rows
+  Rng rng(22);
+  const int64_t rows = 37, cols = 1088;
+  const Fmt fmts[] = {Fmt::Mxfp4, Fmt::BF16, Fmt::Fp8Block, Fmt::Mxfp4, Fmt::F32};
+  const int64_t G = 5;
+  std::vector<TestWeight> ws;
+  ws.reserve(G);
+  for (int64_t g = 0; g < G; ++g) ws.push_back(make_weight(fmts[g], rows, cols, rng));
+  std::vector<const QuantWeight*> wp(G);
+  for (int64_t g = 0; g < G; ++g) wp[static_cast<size_t>(g)] = &ws[static_cast<size_t>(g)].q;
+  for (const std::vector<int64_t>& counts :
+       {std::vector<int64_t>{1, 1, 1, 1, 1}, {3, 0, 7, 16, 1}, {64, 2, 0, 5, 66}}) {
+    std::vector<int64_t> off(G + 1, 0);
+    for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + counts[static_cast<size_t>(g)];
+    const int64_t n = off[G];
+    const std::vector<float> x = rng.normals(n * cols);
+    for (CpuIsa isa : cpu_isas_available()) {
+      const std::unique_ptr<Backend> one = make_cpu_backend(1, isa), three = make_cpu_backend(3, isa);
+      std::vector<float> alone(static_cast<size_t>(n * rows));
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = off[g]; i < off[g + 1]; ++i)
+          one->matmul(*wp[static_cast<size_t>(g)], x.data() + i * cols, 1, alone.data() + i * rows);
+      for (Backend* be : {one.get(), three.get()}) {
+        std::vector<float> y(alone.size(), -1.0f);
+        be->grouped_matmul(wp.data(), G, off.data(), x.data(), y.data());
+        for (int64_t i = 0; i < n; ++i)
+          EXPECT_TRUE(same_bits(y.data() + i * rows, alone.data() + i * rows, rows))
+              << cpu_isa_name(isa) << " token " << i << " of " << n << " threads " << be->num_threads();
+      }
+    }
+  }
+}
+
 TEST(CpuOps, Embedding) {  // dequantization is exact in every format
   Rng rng(5);
   for (Fmt f : kAllFmts) {

@@ -426,227 +426,231 @@ inline void perm_mx_32(const float* x, float* xp) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Matmul kernels (256-bit). MT = activation rows handled together (1..4); each weight row is decoded once per MT.
+// Matmul kernels (256-bit): register tiles of MT activation rows x NT weight rows.
+//
+// Batch invariance (the engine promises a sequence's logits do not depend on what else is in the step): every
+// output y[m, r] is computed by exactly the same sequence of fp32 operations whatever the tile shape, M, the row
+// range a thread got, or the position of row m in the batch:
+//   * one accumulator chain per (m, r) pair — the instruction-level parallelism comes from the MT x NT pairs of a
+//     tile, never from splitting one dot product over several accumulators, so a 1 x 1 tail tile does what a
+//     4 x 2 tile does for each of its pairs;
+//   * the order over k is fixed per format (16-column groups, 32-element blocks, scale blocks), the horizontal
+//     sum is hsum8, the columns past the last full group are added after it with explicit scalar FMAs;
+//   * K is never split across threads.
+// Tiles differ only in which pair's operation is issued when (loop order, registers), which does not change any
+// rounding. The batch-invariance test of the op harness checks this bit for bit.
 // ---------------------------------------------------------------------------------------------------------------
-template <int MT>
-LT void v2_mm_bf16(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols, K16 = K & ~int64_t(15);
-  const __m256i hm = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * 2 * K;
-    __m256 a0[MT], a1[MT];
+LTI float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+// BF16: per 16-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc) (prepared x order).
+struct V2Bf16 {
+  static constexpr int kMaxMt = 3;  // tiles of up to 3 activation rows (x NT weight rows)
+  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    const int64_t K = w.cols, K16 = K & ~int64_t(15);
+    const __m256i hm = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
+    __m256 acc[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K16; k += 16) {
+      // Weight rows outer: each weight vector decoded once, activations read from L1 (x as FMA memory operands;
+      // measured faster than keeping the weights in registers with the activation rows outer).
 #pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
-    int64_t k = 0;
-    if constexpr (MT <= 2) {
-      __m256 b0[MT], b1[MT];
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) b0[m] = b1[m] = _mm256_setzero_ps();
-      for (; k + 32 <= K16; k += 32) {
-        const __m256i d0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
-        const __m256i d1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k + 32));
-        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(d0, 16));
-        const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(d0, hm));
-        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(d1, 16));
-        const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(d1, hm));
+      for (int n = 0; n < NT; ++n) {
+        const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + n * 2 * K + 2 * k));
+        const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+        const __m256 o = _mm256_castsi256_ps(_mm256_and_si256(d, hm));
 #pragma GCC unroll 8
         for (int m = 0; m < MT; ++m) {
-          const float* xm = x + m * K + k;
-          a0[m] = _mm256_fmadd_ps(e0, _mm256_loadu_ps(xm), a0[m]);
-          a1[m] = _mm256_fmadd_ps(o0, _mm256_loadu_ps(xm + 8), a1[m]);
-          b0[m] = _mm256_fmadd_ps(e1, _mm256_loadu_ps(xm + 16), b0[m]);
-          b1[m] = _mm256_fmadd_ps(o1, _mm256_loadu_ps(xm + 24), b1[m]);
+          acc[m][n] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x + m * K + k), acc[m][n]);
+          acc[m][n] = _mm256_fmadd_ps(o, _mm256_loadu_ps(x + m * K + k + 8), acc[m][n]);
         }
       }
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        a0[m] = _mm256_add_ps(a0[m], b0[m]);
-        a1[m] = _mm256_add_ps(a1[m], b1[m]);
-      }
     }
-    for (; k < K16; k += 16) {
-      const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
-      const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
-      const __m256 o = _mm256_castsi256_ps(_mm256_and_si256(d, hm));
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        const float* xm = x + m * K + k;
-        a0[m] = _mm256_fmadd_ps(e, _mm256_loadu_ps(xm), a0[m]);
-        a1[m] = _mm256_fmadd_ps(o, _mm256_loadu_ps(xm + 8), a1[m]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) {
-      float s = hsum8(_mm256_add_ps(a0[m], a1[m]));
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) {
+      const int m = i / NT, n = i % NT;
+      const uint8_t* row = base + n * 2 * K;
+      float s = hsum8(acc[m][n]);
       for (int64_t c = K16; c < K; ++c) {
         uint16_t h;
         std::memcpy(&h, row + 2 * c, 2);
-        s += bf16_to_f32(h) * x[m * K + c];
+        s = fma1(bf16_to_f32(h), x[m * K + c], s);
       }
-      y[m * ldy + (r - r0)] = s;
+      y[m * ldy + n] = s;
     }
   }
-}
+};
 
-template <int MT>
-LT void v2_mm_mxfp4(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols, nb = K / 32;
-  const Mx2Const c = mx2_const();
-  const float* e8 = kE8M0ToF32.data();
-  for (int64_t r = r0; r < r1; ++r) {
+// MXFP4: per 32-element block b, t = f0·x0 (+fma f1·x1, f2·x2, f3·x3); acc = fma(t, scale_b, acc).
+struct V2Mxfp4 {
+  static constexpr int kMaxMt = 3;
+  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    const int64_t K = w.cols, nb = K / 32;
+    const Mx2Const c = mx2_const();
+    const float* e8 = kE8M0ToF32.data();
     const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (K / 2);
     const uint8_t* sc = static_cast<const uint8_t*>(w.scale) + r * nb;
-    __m256 acc[MT][2];
+    __m256 acc[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
 #pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-#pragma GCC unroll 2
-      for (int u = 0; u < 2; ++u) {
+      for (int n = 0; n < NT; ++n) {
         __m256 f0, f1, f2, f3;
-        mx2_decode(q + (b + u) * 16, c, f0, f1, f2, f3);
-        const __m256 s = _mm256_broadcast_ss(e8 + sc[b + u]);
+        mx2_decode(q + n * (K / 2) + b * 16, c, f0, f1, f2, f3);
+        const __m256 s = _mm256_broadcast_ss(e8 + sc[n * nb + b]);
 #pragma GCC unroll 8
         for (int m = 0; m < MT; ++m) {
-          const float* xb = x + m * K + (b + u) * 32;
+          const float* xb = x + m * K + b * 32;
           __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
           t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
           t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
           t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
-          acc[m][u] = _mm256_fmadd_ps(t, s, acc[m][u]);
+          acc[m][n] = _mm256_fmadd_ps(t, s, acc[m][n]);
         }
       }
     }
-    if (b < nb) {
-      __m256 f0, f1, f2, f3;
-      mx2_decode(q + b * 16, c, f0, f1, f2, f3);
-      const __m256 s = _mm256_broadcast_ss(e8 + sc[b]);
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        const float* xb = x + m * K + b * 32;
-        __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
-        t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
-        t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
-        t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
-        acc[m][0] = _mm256_fmadd_ps(t, s, acc[m][0]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) y[m * ldy + (r - r0)] = hsum8(_mm256_add_ps(acc[m][0], acc[m][1]));
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = hsum8(acc[i / NT][i % NT]);
   }
-}
+};
 
-// F32 / F16 / FP8 (block, tensor, channel): natural order, column blocks with one scale each.
-template <class Dec, int MT>
-LT void v2_mm_nat(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols;
-  const bool fnuz = w.fnuz;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * K * Dec::kBytes;
-    const RowScales rs = row_scales(w, r);
-    __m256 tot[MT];
-    float tail[MT];
+// F32 / F16 / FP8 (block, tensor, channel): natural order. Per scale block j: a = Σ fma over 16-column groups
+// (low 8 then high 8), tot = fma(a, scale_j·mult, tot); the block's columns past its last 16-group go to a scalar
+// chain (fma(w·scale_j, x, tail)); y = hsum8(tot) + tail. A row holding a NaN fp8 code takes the exact scalar
+// kernel (per row, so the choice does not depend on the tile).
+template <class Dec>
+struct V2Nat {
+  static constexpr int kMaxMt = 3;
+  static constexpr int nt(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 2; }
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    const int64_t K = w.cols;
+    const bool fnuz = w.fnuz;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * K * Dec::kBytes;
+    RowScales rs[NT];
 #pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) {
-      tot[m] = _mm256_setzero_ps();
-      tail[m] = 0.0f;
+    for (int n = 0; n < NT; ++n) rs[n] = row_scales(w, r + n);
+    const int64_t bc = rs[0].bc;
+    __m256 tot[MT][NT];
+    float tail[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) {
+      tot[i / NT][i % NT] = _mm256_setzero_ps();
+      tail[i / NT][i % NT] = 0.0f;
     }
     __m128i nan = _mm_setzero_si128();
-    for (int64_t c0 = 0, j = 0; c0 < K; c0 += rs.bc, ++j) {
-      const int64_t c1 = c0 + rs.bc < K ? c0 + rs.bc : K;
-      const float s = rs.at(j);
-      __m256 a0[MT], a1[MT];
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
+    for (int64_t c0 = 0, j = 0; c0 < K; c0 += bc, ++j) {
+      const int64_t c1 = c0 + bc < K ? c0 + bc : K;
+      __m256 a[MT][NT];
+#pragma GCC unroll 32
+      for (int i = 0; i < MT * NT; ++i) a[i / NT][i % NT] = _mm256_setzero_ps();
       int64_t c = c0;
-      if constexpr (MT <= 2) {
-        __m256 b0[MT], b1[MT];
+      for (; c + 16 <= c1; c += 16) {
 #pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) b0[m] = b1[m] = _mm256_setzero_ps();
-        for (; c + 32 <= c1; c += 32) {
-          __m256 lo, hi, lo2, hi2;
-          Dec::load16(row + c * Dec::kBytes, fnuz, lo, hi, nan);
-          Dec::load16(row + (c + 16) * Dec::kBytes, fnuz, lo2, hi2, nan);
+        for (int n = 0; n < NT; ++n) {
+          __m256 lo, hi;
+          Dec::load16(base + (n * K + c) * Dec::kBytes, fnuz, lo, hi, nan);
 #pragma GCC unroll 8
           for (int m = 0; m < MT; ++m) {
-            const float* xm = x + m * K + c;
-            a0[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xm), a0[m]);
-            a1[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xm + 8), a1[m]);
-            b0[m] = _mm256_fmadd_ps(lo2, _mm256_loadu_ps(xm + 16), b0[m]);
-            b1[m] = _mm256_fmadd_ps(hi2, _mm256_loadu_ps(xm + 24), b1[m]);
+            a[m][n] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + m * K + c), a[m][n]);
+            a[m][n] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + c + 8), a[m][n]);
           }
         }
+      }
 #pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          a0[m] = _mm256_add_ps(a0[m], b0[m]);
-          a1[m] = _mm256_add_ps(a1[m], b1[m]);
+      for (int n = 0; n < NT; ++n) {
+        const float s = rs[n].at(j);
+        const __m256 sv = _mm256_set1_ps(s * rs[n].mult);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) tot[m][n] = _mm256_fmadd_ps(a[m][n], sv, tot[m][n]);
+        for (int64_t cc = c; cc < c1; ++cc) {
+          const float wv = Dec::one(base + (n * K + cc) * Dec::kBytes, fnuz) * s;
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) tail[m][n] = fma1(wv, x[m * K + cc], tail[m][n]);
         }
       }
-      for (; c + 16 <= c1; c += 16) {
-        __m256 lo, hi;
-        Dec::load16(row + c * Dec::kBytes, fnuz, lo, hi, nan);
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          const float* xm = x + m * K + c;
-          a0[m] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xm), a0[m]);
-          a1[m] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xm + 8), a1[m]);
-        }
-      }
-      const __m256 sv = _mm256_set1_ps(s * rs.mult);
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) tot[m] = _mm256_fmadd_ps(_mm256_add_ps(a0[m], a1[m]), sv, tot[m]);
-      for (; c < c1; ++c) {
-        const float wv = Dec::one(row + c * Dec::kBytes, fnuz) * s;
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) tail[m] += wv * x[m * K + c];
-      }
     }
-    if (!_mm_testz_si128(nan, nan)) {  // NaN code in the row: exact scalar path
-      kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y + (r - r0), ldy);
-      continue;
-    }
+    if (!_mm_testz_si128(nan, nan)) {  // a NaN code in one of the rows: redo row by row
 #pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) y[m * ldy + (r - r0)] = hsum8(tot[m]) + tail[m];
+      for (int n = 0; n < NT; ++n) {
+        if constexpr (NT > 1)
+          tile<MT, 1>(w, x, r + n, y + n, ldy);
+        else
+          kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y, ldy);
+      }
+      return;
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = hsum8(tot[i / NT][i % NT]) + tail[i / NT][i % NT];
   }
+};
+
+// Rows [rs, re) for MT activation rows: full NT tiles, then 1-row tiles.
+template <class F, int MT>
+LT void v2_mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re, float* y, int64_t ldy) {
+  constexpr int NT = F::nt(MT);
+  int64_t r = rs;
+  for (; r + NT <= re; r += NT) F::template tile<MT, NT>(w, x, r, y + (r - rs), ldy);
+  for (; r < re; ++r) F::template tile<MT, 1>(w, x, r, y + (r - rs), ldy);
 }
 
-template <int MT>
-LT void v2_mm_tile(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  switch (w.format) {
-    case WeightFormat::BF16: return v2_mm_bf16<MT>(w, x, r0, r1, y, ldy);
-    case WeightFormat::MXFP4: return v2_mm_mxfp4<MT>(w, x, r0, r1, y, ldy);
-    case WeightFormat::F32: return v2_mm_nat<DecF32, MT>(w, x, r0, r1, y, ldy);
-    case WeightFormat::F16: return v2_mm_nat<DecF16, MT>(w, x, r0, r1, y, ldy);
-    case WeightFormat::FP8_E4M3_BLOCK:
-    case WeightFormat::FP8_E4M3_TENSOR:
-    case WeightFormat::FP8_E4M3_CHANNEL: return v2_mm_nat<DecFp8, MT>(w, x, r0, r1, y, ldy);
-  }
-}
-
-// Rows per block when M needs several tiles: the block's weights stay in L2 while every tile streams them.
+// Weight rows per panel when M needs several activation tiles: ~48 KiB, so the panel stays in L1/L2 while every tile
+// of a chunk streams it (a multiple of 24, so that panels split into whole NT tiles for every NT used).
 inline int64_t tile_rows(const QuantWeight& w) {
-  const int64_t rb = w.row_bytes() > 0 ? (256 * 1024) / w.row_bytes() : 1;
-  return rb < 1 ? 1 : rb;
+  const int64_t rb = w.row_bytes() > 0 ? (48 * 1024) / w.row_bytes() : 1;
+  return rb < 24 ? 24 : rb / 24 * 24;
+}
+
+template <class F, int MT>
+LT void v2_mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
+                    int64_t ldy) {
+  const int64_t K = w.cols;
+  for (; m0 + MT <= m1; m0 += MT) v2_mm_rows<F, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
+  const float* x = xp + m0 * K;
+  float* ym = y + m0 * ldy;
+  switch (m1 - m0) {  // fewer than MT rows left
+    case 1: v2_mm_rows<F, 1>(w, x, rs, re, ym, ldy); break;
+    case 2: if constexpr (MT > 2) v2_mm_rows<F, 2>(w, x, rs, re, ym, ldy); break;
+    case 3: if constexpr (MT > 3) v2_mm_rows<F, 3>(w, x, rs, re, ym, ldy); break;
+    case 4: if constexpr (MT > 4) v2_mm_rows<F, 4>(w, x, rs, re, ym, ldy); break;
+    default: break;
+  }
+}
+
+template <class F>
+LT void v2_mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  // M <= kMt: one pass over the rows. Larger M: chunks of kChunkM activation rows (kept in L2) against panels of
+  // weight rows (kept in L1/L2 while every kMt-row tile of the chunk streams them); a weight row is read from
+  // memory once per chunk.
+  constexpr int kMt = F::kMaxMt;
+  constexpr int64_t kChunkM = 8 * kMt;
+  const int64_t panel = M <= kMt ? r1 - r0 : tile_rows(w);
+  for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
+    const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
+    for (int64_t rs = r0; rs < r1; rs += panel) {
+      const int64_t re = rs + panel < r1 ? rs + panel : r1;
+      v2_mm_tiles<F, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy);
+    }
+  }
 }
 
 LT void v2_matmul_rows(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y,
                        int64_t ldy) {
-  const int64_t K = w.cols;
   if (M <= 0 || r1 <= r0) return;
-  const int64_t rb = M <= 4 ? r1 - r0 : tile_rows(w);
-  for (int64_t rs = r0; rs < r1; rs += rb) {
-    const int64_t re = rs + rb < r1 ? rs + rb : r1;
-    for (int64_t m0 = 0; m0 < M; m0 += 4) {
-      const int64_t mt = M - m0 < 4 ? M - m0 : 4;
-      const float* xm = xp + m0 * K;
-      float* ym = y + m0 * ldy + (rs - r0);
-      switch (mt) {
-        case 1: v2_mm_tile<1>(w, xm, rs, re, ym, ldy); break;
-        case 2: v2_mm_tile<2>(w, xm, rs, re, ym, ldy); break;
-        case 3: v2_mm_tile<3>(w, xm, rs, re, ym, ldy); break;
-        default: v2_mm_tile<4>(w, xm, rs, re, ym, ldy); break;
-      }
-    }
+  switch (w.format) {
+    case WeightFormat::BF16: return v2_mm_fmt<V2Bf16>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::MXFP4: return v2_mm_fmt<V2Mxfp4>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::F32: return v2_mm_fmt<V2Nat<DecF32>>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::F16: return v2_mm_fmt<V2Nat<DecF16>>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::FP8_E4M3_BLOCK:
+    case WeightFormat::FP8_E4M3_TENSOR:
+    case WeightFormat::FP8_E4M3_CHANNEL: return v2_mm_fmt<V2Nat<DecFp8>>(w, xp, M, r0, r1, y, ldy);
   }
 }
 

@@ -128,7 +128,9 @@ class CpuBackend final : public Backend {
       float* y;
       int64_t M;
     };
-    std::vector<Item> items;
+    thread_local std::vector<Item> tl_items;  // reused: no allocation per call once grown
+    std::vector<Item>& items = tl_items;     // (a reference: the workers must see this thread's vector)
+    items.clear();
     int64_t N = 0, K = 0, prep_rows = 0;
     for (int64_t g = 0; g < n_groups; ++g) {
       const int64_t rows = offsets[g + 1] - offsets[g];
@@ -152,17 +154,40 @@ class CpuBackend final : public Backend {
         buf += it.M * K;
       }
     }
-    int64_t max_m = 1;
-    for (const Item& it : items) max_m = std::max(max_m, it.M);
-    const int64_t total = static_cast<int64_t>(items.size()) * N;
-    pool_.parallel_for(total, row_grain(*items[0].w, max_m), [&](int64_t a, int64_t b) {
+    // Weight rows of all groups in one flat index space, split into one range per thread by cost (a weight row
+    // of a group with M activation rows costs its read plus M dot products: M + 2 units), so groups with many
+    // tokens do not leave the other threads idle. Any split gives the same bits (rows are independent).
+    const int64_t n_items = static_cast<int64_t>(items.size());
+    int64_t max_m = 1, cost = 0;
+    for (const Item& it : items) {
+      max_m = std::max(max_m, it.M);
+      cost += N * (it.M + 2);
+    }
+    const int64_t parts = pool_.parts_for(n_items * N, row_grain(*items[0].w, max_m));
+    auto flat_at = [&](int64_t p) {  // first flat row of part p
+      if (p >= parts) return n_items * N;
+      const int64_t target = cost * p / parts;
+      int64_t c = 0;
+      for (int64_t i = 0; i < n_items; ++i) {
+        const int64_t per = items[static_cast<size_t>(i)].M + 2, item_cost = N * per;
+        if (target < c + item_cost) return i * N + (target - c + per - 1) / per;
+        c += item_cost;
+      }
+      return n_items * N;
+    };
+    auto run_flat = [&](int64_t a, int64_t b) {
       while (a < b) {
         const Item& it = items[static_cast<size_t>(a / N)];
         const int64_t r0 = a % N, r1 = std::min<int64_t>(N, r0 + (b - a));
         k_.matmul_rows(*it.w, it.xp, it.M, r0, r1, it.y + r0, N);
         a += r1 - r0;
       }
-    });
+    };
+    if (parts <= 1) {
+      run_flat(0, n_items * N);
+      return;
+    }
+    pool_.parallel_for(parts, 1, [&](int64_t p0, int64_t p1) { run_flat(flat_at(p0), flat_at(p1)); });
   }
 
   void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) override {

@@ -53,69 +53,6 @@ void v5_prep_x(WeightFormat f, const float* x, int64_t M, int64_t K, float* xp) 
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// BF16
-// ---------------------------------------------------------------------------------------------------------------
-template <int MT>
-LT void v5_mm_bf16(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols, K32 = K & ~int64_t(31);
-  const __m512i hm = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * 2 * K;
-    __m512 a0[MT], a1[MT];
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) a0[m] = a1[m] = _mm512_setzero_ps();
-    int64_t k = 0;
-    if constexpr (MT <= 2) {
-      __m512 b0[MT], b1[MT];
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) b0[m] = b1[m] = _mm512_setzero_ps();
-      for (; k + 64 <= K32; k += 64) {
-        const __m512i d0 = _mm512_loadu_si512(row + 2 * k);
-        const __m512i d1 = _mm512_loadu_si512(row + 2 * k + 64);
-        const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(d0, 16));
-        const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(d0, hm));
-        const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(d1, 16));
-        const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(d1, hm));
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          const float* xm = x + m * K + k;
-          a0[m] = _mm512_fmadd_ps(e0, _mm512_loadu_ps(xm), a0[m]);
-          a1[m] = _mm512_fmadd_ps(o0, _mm512_loadu_ps(xm + 16), a1[m]);
-          b0[m] = _mm512_fmadd_ps(e1, _mm512_loadu_ps(xm + 32), b0[m]);
-          b1[m] = _mm512_fmadd_ps(o1, _mm512_loadu_ps(xm + 48), b1[m]);
-        }
-      }
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        a0[m] = _mm512_add_ps(a0[m], b0[m]);
-        a1[m] = _mm512_add_ps(a1[m], b1[m]);
-      }
-    }
-    for (; k < K32; k += 32) {
-      const __m512i d = _mm512_loadu_si512(row + 2 * k);
-      const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
-      const __m512 o = _mm512_castsi512_ps(_mm512_and_si512(d, hm));
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        const float* xm = x + m * K + k;
-        a0[m] = _mm512_fmadd_ps(e, _mm512_loadu_ps(xm), a0[m]);
-        a1[m] = _mm512_fmadd_ps(o, _mm512_loadu_ps(xm + 16), a1[m]);
-      }
-    }
-    // Natural-order tail (< 32 columns): masked loads.
-    for (; k < K; k += 16) {
-      const __mmask16 mk = tail_mask(K - k < 16 ? K - k : 16);
-      const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, row + 2 * k));
-      const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) a0[m] = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(mk, x + m * K + k), a0[m]);
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) y[m * ldy + (r - r0)] = hsum16(_mm512_add_ps(a0[m], a1[m]));
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 // MXFP4
 // ---------------------------------------------------------------------------------------------------------------
 struct Mx5Const {
@@ -142,78 +79,136 @@ LTI void mx5_decode(const uint8_t* q, const Mx5Const& c, __m512& f0, __m512& f1,
   f3 = _mm512_castsi512_ps(_mm512_and_si512(wb, c.hm));
 }
 
-template <int MT>
-LT void v5_mm_mxfp4(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols, nb = K / 32;
-  const Mx5Const c = mx5_const();
-  const float* e8 = kE8M0ToF32.data();
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (K / 2);
-    const uint8_t* sc = static_cast<const uint8_t*>(w.scale) + r * nb;
-    __m512 acc[MT][2];
+// ---------------------------------------------------------------------------------------------------------------
+// Matmul kernels (512-bit): the register tiles of avx2_body.h (MT activation rows x NT weight rows, one
+// accumulator chain per (m, r) pair, fixed order over k per format) with 512-bit vectors, so batch invariance holds
+// the same way (see the comment there).
+// ---------------------------------------------------------------------------------------------------------------
+
+// BF16: per 32-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc); the columns past the last
+// group in natural order by masked 16-column steps.
+struct V5Bf16 {
+  static constexpr int kMaxMt = 5;
+  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    const int64_t K = w.cols, K32 = K & ~int64_t(31);
+    const __m512i hm = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
+    __m512 acc[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K32; k += 32) {
+      if constexpr (MT >= 4) {  // activation rows outer, the decoded weight vectors in registers
+        __m512 e[NT], o[NT];
 #pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
-    int64_t b = 0;
-    if constexpr (MT <= 2) {
-      for (; b + 4 <= nb; b += 4) {
-#pragma GCC unroll 2
-        for (int u = 0; u < 2; ++u) {
-          __m512 f0, f1, f2, f3;
-          mx5_decode(q + (b + 2 * u) * 16, c, f0, f1, f2, f3);
-          const __m512 s =
-              _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(e8[sc[b + 2 * u]]), _mm512_set1_ps(e8[sc[b + 2 * u + 1]]));
+        for (int n = 0; n < NT; ++n) {
+          const __m512i d = _mm512_loadu_si512(base + n * 2 * K + 2 * k);
+          e[n] = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
+          o[n] = _mm512_castsi512_ps(_mm512_and_si512(d, hm));
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const __m512 xl = _mm512_loadu_ps(x + m * K + k), xh = _mm512_loadu_ps(x + m * K + k + 16);
+#pragma GCC unroll 8
+          for (int n = 0; n < NT; ++n) {
+            acc[m][n] = _mm512_fmadd_ps(e[n], xl, acc[m][n]);
+            acc[m][n] = _mm512_fmadd_ps(o[n], xh, acc[m][n]);
+          }
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int n = 0; n < NT; ++n) {
+          const __m512i d = _mm512_loadu_si512(base + n * 2 * K + 2 * k);
+          const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
+          const __m512 o = _mm512_castsi512_ps(_mm512_and_si512(d, hm));
 #pragma GCC unroll 8
           for (int m = 0; m < MT; ++m) {
-            const float* xb = x + m * K + (b + 2 * u) * 32;
-            __m512 t = _mm512_mul_ps(f0, _mm512_loadu_ps(xb));
-            t = _mm512_fmadd_ps(f1, _mm512_loadu_ps(xb + 16), t);
-            t = _mm512_fmadd_ps(f2, _mm512_loadu_ps(xb + 32), t);
-            t = _mm512_fmadd_ps(f3, _mm512_loadu_ps(xb + 48), t);
-            acc[m][u] = _mm512_fmadd_ps(t, s, acc[m][u]);
+            acc[m][n] = _mm512_fmadd_ps(e, _mm512_loadu_ps(x + m * K + k), acc[m][n]);
+            acc[m][n] = _mm512_fmadd_ps(o, _mm512_loadu_ps(x + m * K + k + 16), acc[m][n]);
           }
         }
       }
     }
-    for (; b + 2 <= nb; b += 2) {
-      __m512 f0, f1, f2, f3;
-      mx5_decode(q + b * 16, c, f0, f1, f2, f3);
-      const __m512 s = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(e8[sc[b]]), _mm512_set1_ps(e8[sc[b + 1]]));
+    for (int64_t k = K32; k < K; k += 16) {  // natural-order tail (< 32 columns): masked loads
+      const __mmask16 mk = tail_mask(K - k < 16 ? K - k : 16);
 #pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        const float* xb = x + m * K + b * 32;
-        __m512 t = _mm512_mul_ps(f0, _mm512_loadu_ps(xb));
-        t = _mm512_fmadd_ps(f1, _mm512_loadu_ps(xb + 16), t);
-        t = _mm512_fmadd_ps(f2, _mm512_loadu_ps(xb + 32), t);
-        t = _mm512_fmadd_ps(f3, _mm512_loadu_ps(xb + 48), t);
-        acc[m][0] = _mm512_fmadd_ps(t, s, acc[m][0]);
+      for (int n = 0; n < NT; ++n) {
+        const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, base + n * 2 * K + 2 * k));
+        const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) acc[m][n] = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(mk, x + m * K + k), acc[m][n]);
       }
     }
-    float odd[MT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = hsum16(acc[i / NT][i % NT]);
+  }
+};
+
+// MXFP4: per pair of blocks (64 elements) t = f0·x0 (+fma f1..f3), acc = fma(t, scales, acc); a last odd block
+// by the 256-bit decode: odd = hsum8(t·scale); y = hsum16(acc) + odd.
+struct V5Mxfp4 {
+  static constexpr int kMaxMt = 5;
+  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    const int64_t K = w.cols, nb = K / 32;
+    const Mx5Const c = mx5_const();
+    const float* e8 = kE8M0ToF32.data();
+    const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (K / 2);
+    const uint8_t* sc = static_cast<const uint8_t*>(w.scale) + r * nb;
+    __m512 acc[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
 #pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) odd[m] = 0.0f;
+      for (int n = 0; n < NT; ++n) {
+        __m512 f0, f1, f2, f3;
+        mx5_decode(q + n * (K / 2) + b * 16, c, f0, f1, f2, f3);
+        const uint8_t* sn = sc + n * nb + b;
+        const __m512 s = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(e8[sn[0]]), _mm512_set1_ps(e8[sn[1]]));
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const float* xb = x + m * K + b * 32;
+          __m512 t = _mm512_mul_ps(f0, _mm512_loadu_ps(xb));
+          t = _mm512_fmadd_ps(f1, _mm512_loadu_ps(xb + 16), t);
+          t = _mm512_fmadd_ps(f2, _mm512_loadu_ps(xb + 32), t);
+          t = _mm512_fmadd_ps(f3, _mm512_loadu_ps(xb + 48), t);
+          acc[m][n] = _mm512_fmadd_ps(t, s, acc[m][n]);
+        }
+      }
+    }
+    float odd[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) odd[i / NT][i % NT] = 0.0f;
     if (b < nb) {  // last odd block: 256-bit decode and layout
       const Mx2Const c2 = mx2_const();
-      __m256 f0, f1, f2, f3;
-      mx2_decode(q + b * 16, c2, f0, f1, f2, f3);
-      const __m256 s = _mm256_set1_ps(e8[sc[b]]);
 #pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        const float* xb = x + m * K + b * 32;
-        __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
-        t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
-        t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
-        t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
-        odd[m] = hsum8(_mm256_mul_ps(t, s));
+      for (int n = 0; n < NT; ++n) {
+        __m256 f0, f1, f2, f3;
+        mx2_decode(q + n * (K / 2) + b * 16, c2, f0, f1, f2, f3);
+        const __m256 s = _mm256_set1_ps(e8[sc[n * nb + b]]);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const float* xb = x + m * K + b * 32;
+          __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
+          t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
+          t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
+          t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
+          odd[m][n] = hsum8(_mm256_mul_ps(t, s));
+        }
       }
     }
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) y[m * ldy + (r - r0)] = hsum16(_mm512_add_ps(acc[m][0], acc[m][1])) + odd[m];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i)
+      y[(i / NT) * ldy + (i % NT)] = hsum16(acc[i / NT][i % NT]) + odd[i / NT][i % NT];
   }
-}
+};
 
-// ---------------------------------------------------------------------------------------------------------------
-// F32 / F16 / FP8: natural order, 16 columns per decode, masked tails.
-// ---------------------------------------------------------------------------------------------------------------
+// F32 / F16 / FP8: natural order. Per scale block j: a = Σ fma over 32-column steps (low 16 then high 16), then
+// masked 16-column steps; tot = fma(a, scale_j·mult, tot); y = hsum16(tot). NaN fp8 code in a row: exact scalar
+// kernel for that row.
 struct Dec5F32 {
   static constexpr int kBytes = 4;
   LTI static __m512 load(const uint8_t* p, __mmask16 mk, bool, __mmask16&) { return _mm512_maskz_loadu_ps(mk, p); }
@@ -236,88 +231,124 @@ struct Dec5Fp8 {
   }
 };
 
-template <class Dec, int MT>
-LT void v5_mm_nat(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  const int64_t K = w.cols;
-  const bool fnuz = w.fnuz;
-  const __mmask16 full = 0xFFFF;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * K * Dec::kBytes;
-    const RowScales rs = row_scales(w, r);
-    __m512 tot[MT];
+template <class Dec>
+struct V5Nat {
+  static constexpr int kMaxMt = 5;
+  static constexpr int nt(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 3; }
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    const int64_t K = w.cols;
+    const bool fnuz = w.fnuz;
+    const __mmask16 full = 0xFFFF;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * K * Dec::kBytes;
+    RowScales rs[NT];
 #pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) tot[m] = _mm512_setzero_ps();
+    for (int n = 0; n < NT; ++n) rs[n] = row_scales(w, r + n);
+    const int64_t bc = rs[0].bc;
+    __m512 tot[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) tot[i / NT][i % NT] = _mm512_setzero_ps();
     __mmask16 nan = 0;
-    for (int64_t c0 = 0, j = 0; c0 < K; c0 += rs.bc, ++j) {
-      const int64_t c1 = c0 + rs.bc < K ? c0 + rs.bc : K;
-      __m512 a0[MT], a1[MT];
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) a0[m] = a1[m] = _mm512_setzero_ps();
+    for (int64_t c0 = 0, j = 0; c0 < K; c0 += bc, ++j) {
+      const int64_t c1 = c0 + bc < K ? c0 + bc : K;
+      __m512 a[MT][NT];
+#pragma GCC unroll 32
+      for (int i = 0; i < MT * NT; ++i) a[i / NT][i % NT] = _mm512_setzero_ps();
       int64_t c = c0;
       for (; c + 32 <= c1; c += 32) {
-        const __m512 lo = Dec::load(row + c * Dec::kBytes, full, fnuz, nan);
-        const __m512 hi = Dec::load(row + (c + 16) * Dec::kBytes, full, fnuz, nan);
 #pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          const float* xm = x + m * K + c;
-          a0[m] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xm), a0[m]);
-          a1[m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xm + 16), a1[m]);
+        for (int n = 0; n < NT; ++n) {
+          const __m512 lo = Dec::load(base + (n * K + c) * Dec::kBytes, full, fnuz, nan);
+          const __m512 hi = Dec::load(base + (n * K + c + 16) * Dec::kBytes, full, fnuz, nan);
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) {
+            a[m][n] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + m * K + c), a[m][n]);
+            a[m][n] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + m * K + c + 16), a[m][n]);
+          }
         }
       }
       for (; c < c1; c += 16) {
         const __mmask16 mk = tail_mask(c1 - c < 16 ? c1 - c : 16);
-        const __m512 f = Dec::load(row + c * Dec::kBytes, mk, fnuz, nan);
 #pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) a0[m] = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(mk, x + m * K + c), a0[m]);
+        for (int n = 0; n < NT; ++n) {
+          const __m512 f = Dec::load(base + (n * K + c) * Dec::kBytes, mk, fnuz, nan);
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) a[m][n] = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(mk, x + m * K + c), a[m][n]);
+        }
       }
-      const __m512 sv = _mm512_set1_ps(rs.at(j) * rs.mult);
 #pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) tot[m] = _mm512_fmadd_ps(_mm512_add_ps(a0[m], a1[m]), sv, tot[m]);
-    }
-    if (nan) {  // NaN code in the row: exact scalar path
-      kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y + (r - r0), ldy);
-      continue;
-    }
+      for (int n = 0; n < NT; ++n) {
+        const __m512 sv = _mm512_set1_ps(rs[n].at(j) * rs[n].mult);
 #pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) y[m * ldy + (r - r0)] = hsum16(tot[m]);
+        for (int m = 0; m < MT; ++m) tot[m][n] = _mm512_fmadd_ps(a[m][n], sv, tot[m][n]);
+      }
+    }
+    if (nan) {  // a NaN code in one of the rows: redo row by row
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n) {
+        if constexpr (NT > 1)
+          tile<MT, 1>(w, x, r + n, y + n, ldy);
+        else
+          kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y, ldy);
+      }
+      return;
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = hsum16(tot[i / NT][i % NT]);
+  }
+};
+
+template <class F, int MT>
+LT void v5_mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re, float* y, int64_t ldy) {
+  constexpr int NT = F::nt(MT);
+  int64_t r = rs;
+  for (; r + NT <= re; r += NT) F::template tile<MT, NT>(w, x, r, y + (r - rs), ldy);
+  for (; r < re; ++r) F::template tile<MT, 1>(w, x, r, y + (r - rs), ldy);
+}
+
+template <class F, int MT>
+LT void v5_mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
+                    int64_t ldy) {
+  const int64_t K = w.cols;
+  for (; m0 + MT <= m1; m0 += MT) v5_mm_rows<F, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
+  const float* x = xp + m0 * K;
+  float* ym = y + m0 * ldy;
+  switch (m1 - m0) {  // fewer than MT rows left
+    case 1: v5_mm_rows<F, 1>(w, x, rs, re, ym, ldy); break;
+    case 2: if constexpr (MT > 2) v5_mm_rows<F, 2>(w, x, rs, re, ym, ldy); break;
+    case 3: if constexpr (MT > 3) v5_mm_rows<F, 3>(w, x, rs, re, ym, ldy); break;
+    case 4: if constexpr (MT > 4) v5_mm_rows<F, 4>(w, x, rs, re, ym, ldy); break;
+    default: break;
   }
 }
 
-template <int MT>
-LT void v5_mm_tile(const QuantWeight& w, const float* x, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  switch (w.format) {
-    case WeightFormat::BF16: return v5_mm_bf16<MT>(w, x, r0, r1, y, ldy);
-    case WeightFormat::MXFP4: return v5_mm_mxfp4<MT>(w, x, r0, r1, y, ldy);
-    case WeightFormat::F32: return v5_mm_nat<Dec5F32, MT>(w, x, r0, r1, y, ldy);
-    case WeightFormat::F16: return v5_mm_nat<Dec5F16, MT>(w, x, r0, r1, y, ldy);
-    case WeightFormat::FP8_E4M3_BLOCK:
-    case WeightFormat::FP8_E4M3_TENSOR:
-    case WeightFormat::FP8_E4M3_CHANNEL: return v5_mm_nat<Dec5Fp8, MT>(w, x, r0, r1, y, ldy);
+// The loop structure of v2_mm_fmt (M <= kMaxMt one pass; larger M in chunks of activation rows against panels of
+// weight rows); 32 vector registers allow tiles of up to 5 activation rows.
+template <class F>
+LT void v5_mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  constexpr int kMt = F::kMaxMt;
+  constexpr int64_t kChunkM = 4 * kMt;
+  const int64_t panel = M <= kMt ? r1 - r0 : tile_rows(w);
+  for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
+    const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
+    for (int64_t rs = r0; rs < r1; rs += panel) {
+      const int64_t re = rs + panel < r1 ? rs + panel : r1;
+      v5_mm_tiles<F, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy);
+    }
   }
 }
 
 LT void v5_matmul_rows(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y,
                        int64_t ldy) {
-  const int64_t K = w.cols;
   if (M <= 0 || r1 <= r0) return;
-  const int64_t rb = M <= 8 ? r1 - r0 : tile_rows(w);
-  for (int64_t rs = r0; rs < r1; rs += rb) {
-    const int64_t re = rs + rb < r1 ? rs + rb : r1;
-    for (int64_t m0 = 0; m0 < M; m0 += 8) {
-      const int64_t mt = M - m0 < 8 ? M - m0 : 8;
-      const float* xm = xp + m0 * K;
-      float* ym = y + m0 * ldy + (rs - r0);
-      switch (mt) {
-        case 1: v5_mm_tile<1>(w, xm, rs, re, ym, ldy); break;
-        case 2: v5_mm_tile<2>(w, xm, rs, re, ym, ldy); break;
-        case 3: v5_mm_tile<3>(w, xm, rs, re, ym, ldy); break;
-        case 4: v5_mm_tile<4>(w, xm, rs, re, ym, ldy); break;
-        case 5: v5_mm_tile<5>(w, xm, rs, re, ym, ldy); break;
-        case 6: v5_mm_tile<6>(w, xm, rs, re, ym, ldy); break;
-        case 7: v5_mm_tile<7>(w, xm, rs, re, ym, ldy); break;
-        default: v5_mm_tile<8>(w, xm, rs, re, ym, ldy); break;
-      }
-    }
+  switch (w.format) {
+    case WeightFormat::BF16: return v5_mm_fmt<V5Bf16>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::MXFP4: return v5_mm_fmt<V5Mxfp4>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::F32: return v5_mm_fmt<V5Nat<Dec5F32>>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::F16: return v5_mm_fmt<V5Nat<Dec5F16>>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::FP8_E4M3_BLOCK:
+    case WeightFormat::FP8_E4M3_TENSOR:
+    case WeightFormat::FP8_E4M3_CHANNEL: return v5_mm_fmt<V5Nat<Dec5Fp8>>(w, xp, M, r0, r1, y, ldy);
   }
 }
 

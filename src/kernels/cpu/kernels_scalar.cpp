@@ -91,7 +91,8 @@ void prep_x(WeightFormat, const float* x, int64_t M, int64_t K, float* xp) {
 
 void matmul_rows(const QuantWeight& w, const float* x, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   const int64_t K = w.cols;
-  std::vector<float> row(static_cast<size_t>(K));
+  thread_local std::vector<float> row;  // reused: no allocation per call once grown
+  if (static_cast<int64_t>(row.size()) < K) row.resize(static_cast<size_t>(K));
   for (int64_t r = r0; r < r1; ++r) {
     dequant_row(w, r, row.data());
     for (int64_t m = 0; m < M; ++m) y[m * ldy + (r - r0)] = dot(row.data(), x + m * K, K);
