@@ -17,6 +17,7 @@ Only 127.0.0.1 is used. Raises its own descriptor limit to the hard limit.
 """
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import random
@@ -58,7 +59,9 @@ class Server:
             if self.proc.poll() is not None:
                 sys.exit(f"latent serve exited with {self.proc.returncode}")
             try:
-                if asyncio.run(request(self.port, "GET", "/health"))[0] == 200:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
                     return
             except OSError:
                 pass
