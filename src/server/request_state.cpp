@@ -56,21 +56,21 @@ void RequestState::on_finish(int choice, FinishReason reason) {
   ChoiceDelta d;
   const std::string why = outputs_.at(static_cast<size_t>(choice)).finish(reason, d);
   {
-  std::lock_guard lk(mu_);
-  if (d.has_output() || !d.logprobs.empty()) {
-    StreamEvent e;
-    e.kind = StreamEvent::Kind::Delta;
-    e.choice = choice;
-    e.delta = std::move(d);
-    events_.push_back(std::move(e));
-  }
-  StreamEvent f;
-  f.kind = StreamEvent::Kind::Finish;
-  f.choice = choice;
-  f.finish_reason = why;
-  events_.push_back(std::move(f));
-  ++finished_;
-  cv_.notify_all();
+    std::lock_guard lk(mu_);
+    if (d.has_output() || !d.logprobs.empty()) {
+      StreamEvent e;
+      e.kind = StreamEvent::Kind::Delta;
+      e.choice = choice;
+      e.delta = std::move(d);
+      events_.push_back(std::move(e));
+    }
+    StreamEvent f;
+    f.kind = StreamEvent::Kind::Finish;
+    f.choice = choice;
+    f.finish_reason = why;
+    events_.push_back(std::move(f));
+    ++finished_;
+    cv_.notify_all();
   }
   notify();
 }
