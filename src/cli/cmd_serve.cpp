@@ -2,9 +2,12 @@
 // Listens at once (answering 503 model_loading), loads the model with a progress bar on a terminal, logs the
 // precision plan, then serves until SIGINT / SIGTERM, which drain gracefully (--shutdown-timeout).
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -32,17 +35,19 @@ struct ServeOpts {
   ModelFlags model;
   std::string host = "127.0.0.1", backend = "cpu", activations = "fp32", chat_template, default_sampling,
               reasoning_parser = "auto", tool_parser = "auto", reasoning_field = "both", allowed_origins,
-              metrics_prefix = "latent:", api_key_file;
-  int port = 8000, http_threads = 256, max_n = 16;
+              metrics_prefix = "latent:", api_key_file, log_level, log_format = "text";
+  int port = 8000, http_threads = 2, http_workers = 4, max_n = 16;
   std::vector<std::string> served_names, api_keys;
   int64_t max_model_len = 0, max_num_seqs = 64, max_queue_len = 1024, max_batch_tokens = 512, prefill_chunk = 256,
           kv_block_tokens = 64, max_output_tokens = 0;
   std::string kv_cache_bytes = "4G";
   double max_queue_wait = 600, request_timeout = 0, read_timeout = 60, sse_ping = 15,
-         shutdown_timeout = 30;
+         shutdown_timeout = 30, keep_alive_timeout = 60, write_timeout = 30;
+  double gpu_memory_fraction = 0.9;  // --gpu-memory-utilization (0, 1]: for the CUDA backend's KV budget
+  bool prefix_cache = true;          // --enable-prefix-caching / --no-enable-prefix-caching
   size_t max_request_bytes = 32u << 20;
   bool trust_template = false, clamp = false, no_metrics = false, metrics_auth = false, stop_on_loop = false,
-       deterministic = false, no_prefault = false, no_prefix_cache = false;
+       deterministic = false, no_prefault = false, allow_long_context = false;
 };
 
 // A one-line progress bar on stderr (only on a terminal).
@@ -105,26 +110,54 @@ std::vector<std::string> collect_keys(const ServeOpts& o) {
     while (std::getline(ss, k, ','))
       if (!k.empty()) keys.push_back(k);
   };
-  for (const auto& k : o.api_keys) add_list(k);
+  for (const auto& k : o.api_keys) {
+    bool any = false;
+    for (char c : k) any |= c != ',' && c != ' ';
+    if (!any) fail("--api-key: the key is empty (an empty key would leave the server open; omit the flag instead)");
+    add_list(k);
+  }
   if (!o.api_key_file.empty()) {
     std::ifstream f(o.api_key_file);
     if (!f) fail("--api-key-file {}: cannot open", o.api_key_file);
     std::string line;
+    const size_t before = keys.size();
     while (std::getline(f, line)) {
       while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
       if (!line.empty() && line[0] != '#') keys.push_back(line);
     }
+    if (keys.size() == before) fail("--api-key-file {}: holds no key", o.api_key_file);
   }
   if (const char* e = std::getenv("LATENT_API_KEY"); e && *e) add_list(e);
   return keys;
 }
 
+// Lets a server hold tens of thousands of connections: the soft descriptor limit goes up to the hard one.
+void raise_fd_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 void run_serve(const ServeOpts& o) {
-  if (o.activations != "fp32" && o.activations != "bf16") fail("--activations must be fp32 or bf16 (got '{}')", o.activations);
-  if (o.reasoning_field != "both" && o.reasoning_field != "reasoning_content" && o.reasoning_field != "reasoning")
-    fail("--reasoning-field must be reasoning_content, reasoning or both (got '{}')", o.reasoning_field);
-  if (o.kv_block_tokens < 1) fail("--kv-block-tokens must be >= 1");
-  if (o.max_n < 1) fail("--max-n must be >= 1");
+  if (!o.log_level.empty()) log::set_level(*log::parse_level(o.log_level));
+  log::set_format(o.log_format == "json" ? log::Format::Json : log::Format::Text);
+  // Flags whose check needs more than a range: before anything is loaded.
+  for (const auto& n : o.served_names)
+    if (n.empty()) fail("--served-model-name: the name is empty");
+  if (o.host.empty()) fail("--host: the address is empty (e.g. 127.0.0.1, 0.0.0.0, ::)");
+  if (!o.metrics_prefix.empty()) {
+    bool ok = !std::isdigit(static_cast<unsigned char>(o.metrics_prefix[0]));
+    for (char c : o.metrics_prefix) ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':';
+    if (!ok) fail("--metrics-prefix '{}': allowed are letters, digits, '_' and ':' (not starting with a digit)", o.metrics_prefix);
+  }
+  const double kv_budget = parse_bytes(o.kv_cache_bytes);
+  server::SamplingDefaults default_sampling;
+  if (!o.default_sampling.empty())
+    default_sampling = server::SamplingDefaults::from_flag(o.default_sampling, "--default-sampling-params");
+  const std::vector<std::string> api_keys = collect_keys(o);
+  log::debug("prefix caching {}, gpu memory fraction {}", o.prefix_cache ? "on" : "off", o.gpu_memory_fraction);
+  raise_fd_limit();
   const std::string dir = o.model.model_dir();
 
   // Signals go to one thread (sigwait), so every other thread must have them blocked.
@@ -139,9 +172,12 @@ void run_serve(const ServeOpts& o) {
   ho.host = o.host;
   ho.port = o.port;
   ho.threads = o.http_threads;
+  ho.workers = o.http_workers;
   ho.max_request_bytes = o.max_request_bytes;
   ho.read_timeout_s = o.read_timeout;
-  ho.api_keys = collect_keys(o);
+  ho.keep_alive_timeout_s = o.keep_alive_timeout;
+  ho.write_timeout_s = o.write_timeout;
+  ho.api_keys = api_keys;
   ho.metrics_enabled = !o.no_metrics;
   ho.metrics_require_auth = o.metrics_auth;
   ho.metrics_prefix = o.metrics_prefix;
@@ -184,6 +220,7 @@ void run_serve(const ServeOpts& o) {
     mo.bf16_activations = o.activations == "bf16";
     mo.served_names = o.served_names;
     mo.max_model_len = o.max_model_len;
+    mo.allow_long_context = o.allow_long_context;
     mo.chat_template_file = o.chat_template;
     mo.deterministic = o.deterministic;
     mo.prefault = !o.no_prefault;
@@ -202,13 +239,13 @@ void run_serve(const ServeOpts& o) {
     so.request_timeout_s = o.request_timeout;
     so.kv_block_tokens = o.kv_block_tokens;
     so.stop_on_loop = o.stop_on_loop;
-    so.prefix_cache = !o.no_prefix_cache;
+    so.prefix_cache = o.prefix_cache;
     // What decides a cached block's contents besides its tokens: the checkpoint, the plan (transforms included)
     // and the activation / cache dtype.
     so.prefix_cache_salt = std::hash<std::string>{}(dir + "\n" + m->plan_text + "\n" + o.activations + "\n" +
                                                     std::to_string(m->files.cfg->vocab_size));
     so.banned = &m->banned;
-    const double budget = parse_bytes(o.kv_cache_bytes);
+    const double budget = kv_budget;
     so.max_context = m->info.max_model_len;
     so.kv_total_blocks = m->engine->configure(static_cast<int64_t>(budget), o.kv_block_tokens, so.max_batch_tokens,
                                               so.max_num_seqs, so.max_context);
@@ -235,15 +272,7 @@ void run_serve(const ServeOpts& o) {
     svo.trust_request_chat_template = o.trust_template;
     svo.reasoning_parser = o.reasoning_parser;
     svo.tool_parser = o.tool_parser;
-    if (!o.default_sampling.empty()) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(o.default_sampling);
-      } catch (const nlohmann::json::exception& e) {
-        fail("--default-sampling-params: not valid JSON ({})", e.what());
-      }
-      svo.default_sampling = server::SamplingDefaults::from_json(j, "--default-sampling-params");
-    }
+    svo.default_sampling = default_sampling;
     svc = std::make_shared<server::Service>(m->info, svo, *m->codec, *sched, metrics);
   } catch (...) {
     http.stop();
@@ -265,52 +294,134 @@ void run_serve(const ServeOpts& o) {
   log::info("stopped");
 }
 
+// Edit distance for the "did you mean" of an unknown flag.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0u : 1u)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// Leftover arguments (allow_extras): an unknown flag names the nearest known one.
+void reject_unknown(const CLI::App* cmd) {
+  for (const std::string& arg : cmd->remaining()) {
+    const std::string flag = arg.substr(0, arg.find('='));
+    if (flag.rfind("-", 0) != 0) fail("unexpected argument '{}' (latent serve takes flags only; see --help)", arg);
+    std::string best;
+    size_t best_d = SIZE_MAX;
+    for (const CLI::Option* opt : cmd->get_options())
+      for (const std::string& n : opt->get_lnames()) {
+        const size_t d = edit_distance(flag, "--" + n);
+        if (d < best_d) {
+          best_d = d;
+          best = "--" + n;
+        }
+      }
+    if (!best.empty() && best_d <= std::max<size_t>(3, flag.size() / 3))
+      fail("unknown flag {} (did you mean {}?)", flag, best);
+    fail("unknown flag {} (see latent serve --help)", flag);
+  }
+}
+
+// CLI11 validator: a number in (0, 1].
+const CLI::Validator kFraction(
+    [](std::string& s) -> std::string {
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      if (end == s.c_str() || *end != '\0' || !(v > 0 && v <= 1)) return "value " + s + " is not in (0, 1]";
+      return "";
+    },
+    "(0,1]");
+
 }  // namespace
 
 void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOpts>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (spec api.md)");
+  cmd->allow_extras();  // unknown flags are answered with the nearest known one (reject_unknown)
+  const CLI::Range kPositive(1.0, 1e18), kNonNegative(0.0, 1e18);
   o->model.add_to(cmd);
+  // Flags that vLLM also has keep vLLM's names (README "latent serve for vLLM users"); the second name of a pair
+  // is the vLLM alias.
   cmd->add_option("--host", o->host, "Listen address (default 127.0.0.1)");
-  cmd->add_option("--port", o->port, "Listen port (default 8000)");
+  cmd->add_option("--port", o->port, "Listen port 1-65535, 0 = any free port (default 8000)")->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", o->served_names, "Model name(s) clients use; first = primary (repeatable)");
-  cmd->add_option("--max-model-len", o->max_model_len, "Context length served (default: config.json)");
-  cmd->add_option("--chat-template", o->chat_template, "Jinja chat template file (overrides the model's)");
+  cmd->add_option("--max-model-len", o->max_model_len, "Context length served (default: config.json)")->check(kPositive);
+  cmd->add_flag("--allow-long-context", o->allow_long_context,
+                "Accept --max-model-len above the model's max_position_embeddings");
+  cmd->add_option("--chat-template", o->chat_template, "Jinja chat template file (overrides the model's)")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--trust-request-chat-template", o->trust_template, "Accept `chat_template` in requests");
   cmd->add_option("--backend", o->backend, "Compute backend: cpu (default) or ref");
-  cmd->add_option("--activations", o->activations, "fp32 (default) or bf16");
+  cmd->add_option("--activations", o->activations, "fp32 (default) or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--api-key", o->api_keys, "Require this Bearer key (repeatable or comma-separated)");
-  cmd->add_option("--api-key-file", o->api_key_file, "File with one API key per line (# comments)");
-  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads; each open stream holds one (default 256)");
-  cmd->add_option("--max-request-bytes", o->max_request_bytes, "Request body limit (default 32 MiB)");
-  cmd->add_option("--read-timeout", o->read_timeout, "Seconds to receive a request (default 60)");
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences in the running batch (default 64)");
-  cmd->add_option("--max-queue-len", o->max_queue_len, "Waiting requests before 503 (default 1024)");
-  cmd->add_option("--max-queue-wait", o->max_queue_wait, "Seconds a request may wait in the queue (default 600, 0 = none)");
-  cmd->add_option("--request-timeout", o->request_timeout, "Seconds per request from arrival (default 0 = off)");
-  cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "Tokens per engine step (default 512)");
-  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt chunk size for chunked prefill (default 256)");
+  cmd->add_option("--api-key-file", o->api_key_file, "File with one API key per line (# comments)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--http-threads", o->http_threads, "io threads serving every connection (default 2)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--http-workers", o->http_workers,
+                  "Threads that parse request bodies, render templates and tokenize (default 4)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--max-request-bytes", o->max_request_bytes, "Request body limit (default 32 MiB)")->check(kPositive);
+  cmd->add_option("--read-timeout", o->read_timeout, "Seconds to receive a request (default 60)")->check(kPositive);
+  cmd->add_option("--keep-alive-timeout", o->keep_alive_timeout, "Seconds an idle connection stays open (default 60)")
+      ->check(kPositive);
+  cmd->add_option("--write-timeout", o->write_timeout,
+                  "Seconds a client may take to accept one write before it is dropped (default 30)")
+      ->check(kPositive);
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences in the running batch (default 64)")->check(kPositive);
+  cmd->add_option("--max-queue-len", o->max_queue_len, "Waiting requests before 503 (default 1024)")->check(kPositive);
+  cmd->add_option("--max-queue-wait", o->max_queue_wait, "Seconds a request may wait in the queue (default 600, 0 = none)")
+      ->check(kNonNegative);
+  cmd->add_option("--request-timeout", o->request_timeout, "Seconds per request from arrival (default 0 = off)")
+      ->check(kNonNegative);
+  cmd->add_option("--max-batch-tokens,--max-num-batched-tokens", o->max_batch_tokens, "Tokens per engine step (default 512)")
+      ->check(kPositive);
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt chunk size for chunked prefill (default 256)")
+      ->check(kPositive);
   cmd->add_option("--kv-cache-bytes", o->kv_cache_bytes, "KV cache budget, e.g. 4G, 512M (default 4G)");
-  cmd->add_option("--kv-block-tokens", o->kv_block_tokens, "Tokens per KV cache block (default 64)");
-  cmd->add_option("--max-n", o->max_n, "Largest `n` accepted (default 16)");
-  cmd->add_option("--max-output-tokens", o->max_output_tokens, "Cap on generated tokens when max_tokens is absent");
+  cmd->add_option("--kv-block-tokens", o->kv_block_tokens, "Tokens per KV cache block (default 64)")->check(kPositive);
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_fraction,
+                  "Fraction of GPU memory (0, 1] the CUDA backend may use (default 0.9)")
+      ->check(kFraction);
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching,!--no-prefix-cache", o->prefix_cache,
+                "Reuse the KV blocks of identical prompt prefixes (automatic prefix caching, default on)");
+  cmd->add_option("--max-n", o->max_n, "Largest `n` accepted (default 16)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--max-output-tokens", o->max_output_tokens, "Cap on generated tokens when max_tokens is absent")
+      ->check(kNonNegative);
   cmd->add_flag("--clamp-max-tokens", o->clamp, "Reduce max_tokens to fit the context instead of answering 400");
-  cmd->add_option("--default-sampling-params", o->default_sampling, "JSON object of sampling defaults");
-  cmd->add_option("--reasoning-parser", o->reasoning_parser, "auto (default), none, glm45, deepseek_r1");
-  cmd->add_option("--tool-parser", o->tool_parser, "auto (default), none, glm47, deepseek");
-  cmd->add_option("--reasoning-field", o->reasoning_field, "reasoning_content, reasoning or both (default)");
-  cmd->add_option("--sse-ping-interval", o->sse_ping, "Seconds between SSE pings when idle (default 15, 0 = off)");
-  cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds to let requests finish on SIGTERM (default 30)");
+  cmd->add_option("--default-sampling-params", o->default_sampling,
+                  "JSON object of sampling defaults (temperature, top_p, top_k, min_p, *_penalty)");
+  cmd->add_option("--reasoning-parser", o->reasoning_parser, "auto (default), none, glm45, deepseek_r1")
+      ->check(CLI::IsMember({"auto", "none", "glm45", "deepseek_r1"}));
+  cmd->add_option("--tool-parser,--tool-call-parser", o->tool_parser, "auto (default), none, glm47, deepseek")
+      ->check(CLI::IsMember({"auto", "none", "glm47", "deepseek"}));
+  cmd->add_option("--reasoning-field", o->reasoning_field, "reasoning_content, reasoning or both (default)")
+      ->check(CLI::IsMember({"both", "reasoning_content", "reasoning"}));
+  cmd->add_option("--sse-ping-interval", o->sse_ping, "Seconds between SSE pings when idle (default 15, 0 = off)")
+      ->check(kNonNegative);
+  cmd->add_option("--shutdown-timeout", o->shutdown_timeout, "Seconds to let requests finish on SIGTERM (default 30)")
+      ->check(kNonNegative);
   cmd->add_option("--allowed-origins", o->allowed_origins, "Enable CORS for these origins (comma list or *)");
   cmd->add_flag("--no-metrics", o->no_metrics, "Disable /metrics");
   cmd->add_flag("--metrics-require-auth", o->metrics_auth, "Protect /metrics with the API key");
   cmd->add_option("--metrics-prefix", o->metrics_prefix, "Prefix of metric names (default 'latent:')");
+  cmd->add_option("--log-level", o->log_level, "debug, info (default), warn, error, off (else LATENT_LOG_LEVEL)")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}));
+  cmd->add_option("--log-format", o->log_format, "text (default) or json (one JSON object per line)")
+      ->check(CLI::IsMember({"text", "json"}));
   cmd->add_flag("--stop-on-loop", o->stop_on_loop, "End a choice that falls into a repetition loop (finish_reason length)");
-  cmd->add_flag("--no-prefix-cache", o->no_prefix_cache,
-                "Do not reuse the KV blocks of identical prompt prefixes (automatic prefix caching is on by default)");
   cmd->add_flag("--deterministic", o->deterministic, "Report deterministic mode (per-sequence compute is batch-invariant)");
   cmd->add_flag("--no-prefault", o->no_prefault, "Do not read the weights in at start");
-  cmd->callback([o]() { run_serve(*o); });
+  cmd->callback([o, cmd]() {
+    reject_unknown(cmd);
+    run_serve(*o);
+  });
 }
 
 }  // namespace latent::cli

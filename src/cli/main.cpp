@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", latent::cli::version_line());
   latent::cli::register_all(app);
+  // One line naming the flag and what it accepts (CLI11's validators say both), e.g.
+  // "latent: error: --port: Value 99999 not in range [1 - 65535]".
+  app.failure_message([](const CLI::App*, const CLI::Error& e) { return std::string("latent: error: ") + e.what() + "\n"; });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

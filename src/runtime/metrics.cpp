@@ -91,8 +91,11 @@ Metrics::Metrics()
       queue_time(latency_buckets()),
       prompt_len(token_buckets()),
       generation_len(token_buckets()) {
-  for (const char* r : {"stop", "length", "tool_calls"}) request_success.declare(r);
-  for (const char* r : {"overloaded", "validation", "auth", "context_length"}) requests_rejected.declare(r);
+  for (const char* r : {"stop", "length", "tool_calls"}) {
+    request_success.declare(r);
+    choice_success.declare(r);
+  }
+  for (const char* r : {"overloaded", "validation", "auth", "context_length", "too_large"}) requests_rejected.declare(r);
   for (const char* r : {"client_disconnect", "timeout", "shutdown"}) requests_aborted.declare(r);
 }
 
@@ -167,7 +170,9 @@ std::string Metrics::render(const std::string& prefix, const std::string& model_
         static_cast<double>(g.prefix_requests));
   counter("spec_decode_num_draft_tokens_total", "Speculative draft tokens.", spec_draft_tokens.value());
   counter("spec_decode_num_accepted_tokens_total", "Accepted speculative tokens.", spec_accepted_tokens.value());
-  labeled("request_success_total", "finished_reason", "Finished requests by finish reason.", request_success);
+  labeled("request_success_total", "finished_reason", "Finished requests by the finish reason of their first choice.",
+          request_success);
+  labeled("choice_success_total", "finished_reason", "Finished choices (sequences) by finish reason.", choice_success);
   labeled("requests_rejected_total", "reason", "Rejected requests by reason.", requests_rejected);
   labeled("requests_aborted_total", "reason", "Aborted requests by reason.", requests_aborted);
   labeled("http_requests_total", "status", "HTTP responses by status code.", http_requests);

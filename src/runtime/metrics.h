@@ -77,7 +77,8 @@ class Metrics {
   Counter preemptions;               // sequences whose cache was dropped to make room (recomputed later)
   Counter prefix_cache_queries, prefix_cache_hits;  // prompt tokens looked up / found in the prefix cache
   Counter spec_draft_tokens, spec_accepted_tokens;
-  LabeledCounter request_success;    // finished_reason
+  LabeledCounter request_success;    // finished_reason: once per request (the first choice's reason)
+  LabeledCounter choice_success;     // finished_reason: once per choice (n > 1 requests count n)
   LabeledCounter requests_rejected;  // reason: overloaded, validation, auth, context_length, ...
   LabeledCounter requests_aborted;   // reason: client_disconnect, timeout, shutdown, error
   LabeledCounter http_requests;      // by status code

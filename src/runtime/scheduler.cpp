@@ -48,6 +48,7 @@ struct Scheduler::Req {
   int remaining = 0;
   bool first_token = false;
   bool ended = false;
+  bool loop_warned = false;  // the repetition-loop warning is logged at most once per request
   int64_t generated = 0;
 };
 
@@ -415,7 +416,10 @@ void Scheduler::sample_and_emit(Seq& s, float* row, Clock::time_point now) {
     if (li && !s.loop_seen) {
       s.loop_seen = true;
       if (metrics_) metrics_->repetition_loops.inc();
-      log::warn("sequence {} fell into a repetition loop (period {}, {} tokens)", s.id, li->period, li->span);
+      if (!r.g.ignore_eos && !r.loop_warned) {
+        r.loop_warned = true;
+        log::warn("sequence {} fell into a repetition loop (period {}, {} tokens)", s.id, li->period, li->span);
+      }
       if (opt_.stop_on_loop) return finish_seq(s, FinishReason::Length);
     }
   }

@@ -61,6 +61,7 @@ struct GenerationRequest {
   SamplingParams sampling;
   int64_t max_tokens = 16;       // per choice, >= 1
   std::vector<int32_t> stop_ids;  // EOS set (unless ignore_eos) + stop_token_ids
+  bool ignore_eos = false;        // runs past EOS on purpose (benchmarks): a repetition loop is not warned about
   std::shared_ptr<GenerationSink> sink;
   Clock::time_point arrival = Clock::now();
 };

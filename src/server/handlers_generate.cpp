@@ -1,27 +1,14 @@
-// POST /v1/chat/completions and /v1/completions: validation (spec api.md §3.4 order), submission, then either the
-// whole JSON response (watching the socket for a disconnect while waiting, §11.4) or an SSE stream (§5.12, §6.5).
+// POST /v1/chat/completions and /v1/completions: validation (spec api.md §3.4 order) and submission on a worker
+// thread, then a GenerationRun that the connection drives without blocking: the whole JSON response when all choices
+// finished, or an SSE stream (§5.12, §6.5) written as the engine produces it.
 #include <chrono>
 #include <ctime>
 
 #include "server/http_internal.h"
-#include "server/socket_watch.h"
 
 namespace latent::server {
 
-using httplib::Request;
-using httplib::Response;
-using namespace std::chrono_literals;
-
 namespace {
-
-struct ActiveGuard {
-  explicit ActiveGuard(std::atomic<int>& c) : c_(&c) { c_->fetch_add(1); }
-  ~ActiveGuard() {
-    if (c_) c_->fetch_sub(1);
-  }
-  void release() { c_ = nullptr; }
-  std::atomic<int>* c_;
-};
 
 const char* abort_code(AbortReason r) {
   switch (r) {
@@ -43,47 +30,6 @@ ApiError abort_error(const StreamEvent& e) {
   return server_error(500, "internal_error", "Internal server error.");
 }
 
-void count_finished(HttpContext& ctx, const RequestState& st) {
-  for (int i = 0; i < st.n_choices(); ++i) {
-    ctx.metrics.request_success.inc(st.output(i).finish_reason());
-    ctx.metrics.reasoning_tokens.inc(static_cast<uint64_t>(st.output(i).reasoning_tokens()));
-  }
-}
-
-// Waits for the whole request. False when the client went away (the job is cancelled).
-bool wait_done(const GenerationJob& job, const Request& req) {
-  PeerWatch watch(req.remote_addr, req.remote_port, req.local_port);
-  std::vector<StreamEvent> ev;
-  while (true) {
-    ev.clear();
-    job.state->wait(ev, 50ms);
-    for (const auto& e : ev)
-      if (e.kind == StreamEvent::Kind::Abort) throw abort_error(e);
-    if (job.state->all_finished()) return true;
-    if (watch.closed()) {
-      job.cancel();
-      return false;
-    }
-  }
-}
-
-struct StreamCtx {
-  HttpContext* ctx = nullptr;
-  std::shared_ptr<Service> svc;  // kept alive while the stream runs
-  GenerationJob job;
-  ResponseHeader h;
-  FormatOptions f;
-  bool chat = true;
-  bool logprobs = false;
-  std::vector<StreamEvent> pending;
-  std::vector<size_t> text_offset;
-  bool started = false, done = false;
-  int finished = 0;
-  std::unique_ptr<PeerWatch> watch;
-  Clock::time_point last_write = Clock::now();
-  double ping_s = 15;
-};
-
 std::string error_event(const char* code, const std::string& message) {
   ojson e = ojson::object();
   e["message"] = message;
@@ -93,113 +39,7 @@ std::string error_event(const char* code, const std::string& message) {
   return sse_data(ojson{{"error", e}}) + "data: [DONE]\n\n";
 }
 
-// One call of the chunked content provider: writes what is available (waiting up to 50 ms). False ends the
-// connection (client gone).
-bool pump(StreamCtx& sc, httplib::DataSink& sink) {
-  std::string out;
-  if (!sc.started) {
-    sc.started = true;
-    if (sc.chat)
-      for (int i = 0; i < sc.job.n_choices; ++i)
-        out += sse_data(chat_chunk(sc.h, i, ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr, sc.f));
-  }
-  if (sc.pending.empty() && out.empty()) sc.job.state->wait(sc.pending, 50ms);
-  for (auto& e : sc.pending) {
-    if (sc.done) break;
-    switch (e.kind) {
-      case StreamEvent::Kind::Delta:
-        if (sc.chat) {
-          ojson delta = chat_delta(e.delta, sc.f);
-          const bool lp = sc.logprobs && !e.delta.logprobs.empty();
-          if (delta.empty() && !lp) break;
-          out += sse_data(chat_chunk(sc.h, e.choice, std::move(delta),
-                                     lp ? chat_logprobs_json(e.delta.logprobs, sc.svc->codec()) : ojson(nullptr),
-                                     nullptr, sc.f));
-        } else {
-          if (e.delta.content.empty() && e.delta.logprobs.empty()) break;
-          ojson lp = nullptr;
-          auto& off = sc.text_offset[static_cast<size_t>(e.choice)];
-          if (sc.logprobs) lp = completion_logprobs_json(e.delta.logprobs, sc.svc->codec(), off);
-          off += e.delta.content.size();
-          out += sse_data(completion_chunk(sc.h, e.choice, e.delta.content, std::move(lp), nullptr, sc.f));
-        }
-        break;
-      case StreamEvent::Kind::Finish:
-        if (sc.chat) out += sse_data(chat_chunk(sc.h, e.choice, ojson::object(), nullptr, e.finish_reason.c_str(), sc.f));
-        else out += sse_data(completion_chunk(sc.h, e.choice, "", nullptr, e.finish_reason.c_str(), sc.f));
-        ++sc.finished;
-        break;
-      case StreamEvent::Kind::Abort:
-        out += error_event(abort_code(e.abort), e.abort == AbortReason::EngineError ? "Internal server error." : e.message);
-        sc.done = true;
-        break;
-    }
-  }
-  sc.pending.clear();
-  if (!sc.done && sc.finished >= sc.job.n_choices) {
-    count_finished(*sc.ctx, *sc.job.state);
-    if (sc.f.include_usage) out += sse_data(usage_chunk(sc.h, sc.chat, usage_of(*sc.job.state, sc.job.prompt_tokens)));
-    out += "data: [DONE]\n\n";
-    sc.done = true;
-  }
-  const auto now = Clock::now();
-  if (out.empty() && sc.ping_s > 0 && std::chrono::duration<double>(now - sc.last_write).count() >= sc.ping_s)
-    out = ": ping\n\n";
-  if (!out.empty()) {
-    if (!sink.write(out.data(), out.size())) {
-      sc.job.cancel();
-      return false;
-    }
-    sc.last_write = now;
-  }
-  if (sc.done) {
-    sink.done();
-    return true;
-  }
-  if (sc.watch && sc.watch->closed()) {
-    sc.job.cancel();
-    return false;
-  }
-  return true;
-}
-
-void start_stream(HttpContext& ctx, const Request& req, Response& res, std::shared_ptr<StreamCtx> sc, ActiveGuard& guard) {
-  sc->ctx = &ctx;
-  sc->ping_s = ctx.opt.sse_ping_interval_s;
-  sc->text_offset.assign(static_cast<size_t>(sc->job.n_choices), 0);
-  sc->watch = std::make_unique<PeerWatch>(req.remote_addr, req.remote_port, req.local_port);
-  // SSE headers go out when the request is scheduled or the first ping is due (§11.3); until then errors keep
-  // their HTTP status.
-  const auto t0 = Clock::now();
-  while (true) {
-    std::vector<StreamEvent> ev;
-    sc->job.state->wait(ev, 50ms, /*wait_scheduled=*/true);
-    for (auto& e : ev) {
-      if (e.kind == StreamEvent::Kind::Abort) throw abort_error(e);
-      sc->pending.push_back(std::move(e));
-    }
-    if (sc->job.state->scheduled()) break;
-    if (sc->ping_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() >= sc->ping_s) break;
-    if (sc->watch->closed()) {
-      sc->job.cancel();
-      res.status = 499;
-      return;
-    }
-  }
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  std::atomic<int>* active = guard.c_;
-  guard.release();
-  res.set_chunked_content_provider(
-      "text/event-stream; charset=utf-8", [sc](size_t, httplib::DataSink& sink) { return pump(*sc, sink); },
-      [sc, active](bool) {
-        if (!sc->done) sc->job.cancel();
-        active->fetch_sub(1);
-      });
-}
-
-ResponseHeader header(const Service& svc, const std::string& prefix, const std::string& model) {
+ResponseHeader make_header(const Service& svc, const std::string& prefix, const std::string& model) {
   ResponseHeader h;
   h.id = prefix + random_hex(32);
   h.created = static_cast<int64_t>(std::time(nullptr));
@@ -210,53 +50,201 @@ ResponseHeader header(const Service& svc, const std::string& prefix, const std::
 
 }  // namespace
 
-void handle_chat(HttpContext& ctx, const Request& req, Response& res) {
-  ActiveGuard guard(ctx.active_generations);
+GenerationRun::GenerationRun(HttpContext& ctx, std::shared_ptr<Service> svc, GenerationJob job, bool stream)
+    : ctx_(ctx), svc_(std::move(svc)), job_(std::move(job)), stream_(stream), t0_(Clock::now()), last_write_(t0_),
+      ping_s_(ctx.opt.sse_ping_interval_s) {
+  ctx_.active_generations.fetch_add(1);
+  text_offset_.assign(static_cast<size_t>(job_.n_choices), 0);
+}
+
+GenerationRun::~GenerationRun() {
+  job_.state->set_notify(nullptr);
+  if (!done_) job_.cancel();
+  ctx_.active_generations.fetch_sub(1);
+}
+
+void GenerationRun::set_notify(std::function<void()> f) { job_.state->set_notify(std::move(f)); }
+
+size_t GenerationRun::backlog() const { return job_.state->backlog(); }
+
+void GenerationRun::cancel() {
+  if (done_ || cancelled_) return;
+  cancelled_ = true;
+  job_.cancel();
+}
+
+Clock::time_point GenerationRun::next_wakeup() const {
+  if (!stream_ || done_ || ping_s_ <= 0) return Clock::time_point::max();
+  const auto ping = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(ping_s_));
+  return (started_ ? last_write_ : t0_) + ping;
+}
+
+void GenerationRun::count_finished() {
+  if (counted_) return;
+  counted_ = true;
+  const RequestState& st = *job_.state;
+  if (st.n_choices() > 0) ctx_.metrics.request_success.inc(st.output(0).finish_reason());
+  for (int i = 0; i < st.n_choices(); ++i) {
+    ctx_.metrics.choice_success.inc(st.output(i).finish_reason());
+    ctx_.metrics.reasoning_tokens.inc(static_cast<uint64_t>(st.output(i).reasoning_tokens()));
+  }
+}
+
+AccessInfo GenerationRun::access() const {
+  AccessInfo a;
+  a.prompt_tokens = job_.prompt_tokens;
+  a.cached_tokens = job_.state->cached_tokens();  // prompt tokens served from the prefix cache
+  const RequestState& st = *job_.state;
+  if (auto t = st.first_token_time()) a.ttft_s = std::chrono::duration<double>(*t - t0_).count();
+  if (st.all_finished()) {
+    int64_t comp = 0;
+    for (int i = 0; i < st.n_choices(); ++i) {
+      comp += st.output(i).completion_tokens();
+      const std::string& why = st.output(i).finish_reason();
+      if (a.finish_reason.find(why) == std::string::npos) a.finish_reason += (a.finish_reason.empty() ? "" : ",") + why;
+    }
+    a.completion_tokens = comp;
+  } else if (auto ab = st.abort_event()) {
+    a.finish_reason = std::string("abort:") + abort_code(ab->abort);
+  } else if (cancelled_) {
+    a.finish_reason = "cancelled";
+  }
+  return a;
+}
+
+void GenerationRun::convert(std::vector<StreamEvent>& ev, std::string& out) {
+  for (auto& e : ev) {
+    if (done_) break;
+    switch (e.kind) {
+      case StreamEvent::Kind::Delta:
+        if (chat) {
+          ojson delta = chat_delta(e.delta, format);
+          const bool lp = logprobs && !e.delta.logprobs.empty();
+          if (delta.empty() && !lp) break;
+          out += sse_data(chat_chunk(header, e.choice, std::move(delta),
+                                     lp ? chat_logprobs_json(e.delta.logprobs, svc_->codec()) : ojson(nullptr), nullptr,
+                                     format));
+        } else {
+          if (e.delta.content.empty() && e.delta.logprobs.empty()) break;
+          ojson lp = nullptr;
+          auto& off = text_offset_[static_cast<size_t>(e.choice)];
+          if (logprobs) lp = completion_logprobs_json(e.delta.logprobs, svc_->codec(), off);
+          off += e.delta.content.size();
+          out += sse_data(completion_chunk(header, e.choice, e.delta.content, std::move(lp), nullptr, format));
+        }
+        break;
+      case StreamEvent::Kind::Finish:
+        if (chat) out += sse_data(chat_chunk(header, e.choice, ojson::object(), nullptr, e.finish_reason.c_str(), format));
+        else out += sse_data(completion_chunk(header, e.choice, "", nullptr, e.finish_reason.c_str(), format));
+        ++finished_;
+        break;
+      case StreamEvent::Kind::Abort:
+        out += error_event(abort_code(e.abort), e.abort == AbortReason::EngineError ? "Internal server error." : e.message);
+        done_ = true;
+        break;
+    }
+  }
+  ev.clear();
+  if (!done_ && finished_ >= job_.n_choices) {
+    count_finished();
+    if (format.include_usage) out += sse_data(usage_chunk(header, chat, usage_of(*job_.state, job_.prompt_tokens)));
+    out += "data: [DONE]\n\n";
+    done_ = true;
+  }
+}
+
+GenerationRun::Poll GenerationRun::poll(HttpResponse& res, std::string& out, Clock::time_point now) {
+  if (done_) return Poll::Pending;
+  std::vector<StreamEvent> ev;
+  job_.state->take(ev);
+  if (!stream_) {
+    for (const auto& e : ev)
+      if (e.kind == StreamEvent::Kind::Abort) {
+        done_ = true;
+        send_error(res, abort_error(e));
+        return Poll::Respond;
+      }
+    if (!job_.state->all_finished()) return Poll::Pending;
+    done_ = true;
+    count_finished();
+    if (chat)
+      send_json(res, chat_response(header, *job_.state, job_.prompt_tokens, logprobs, format, svc_->codec()));
+    else
+      send_json(res, completion_response(header, *job_.state, job_.prompt_tokens, logprobs, svc_->codec()));
+    return Poll::Respond;
+  }
+  if (!started_) {
+    // SSE headers go out when the request is scheduled or the first ping is due (§11.3); until then errors keep
+    // their HTTP status.
+    for (auto& e : ev) {
+      if (e.kind == StreamEvent::Kind::Abort) {
+        done_ = true;
+        send_error(res, abort_error(e));
+        return Poll::Respond;
+      }
+      pending_.push_back(std::move(e));
+    }
+    ev.clear();
+    const bool ping_due = ping_s_ > 0 && now >= next_wakeup();
+    if (!job_.state->scheduled() && !ping_due) return Poll::Pending;
+    started_ = true;
+    res.status = 200;
+    res.content_type = "text/event-stream; charset=utf-8";
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    if (chat)
+      for (int i = 0; i < job_.n_choices; ++i)
+        out += sse_data(chat_chunk(header, i, ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr, format));
+    convert(pending_, out);
+    last_write_ = now;
+    return Poll::Stream;
+  }
+  convert(ev, out);
+  if (out.empty() && ping_s_ > 0 && now >= next_wakeup()) out = ": ping\n\n";
+  if (out.empty()) return Poll::Pending;
+  last_write_ = now;
+  return Poll::Stream;
+}
+
+void handle_chat(HttpContext& ctx, HttpRequest& req, HttpResponse& res) {
   guarded(ctx, res, [&] {
     auto svc = ctx.ready_service();
-    const ojson body = parse_json_body(req.body);
-    ChatRequest r = parse_chat_request(body, svc->validation());
-    if (r.c.unknown_fields) ctx.metrics.unknown_fields.inc(static_cast<uint64_t>(r.c.unknown_fields));
-    auto sc = std::make_shared<StreamCtx>();
-    sc->job = svc->start_chat(r);
-    sc->svc = svc;
-    sc->h = header(*svc, "chatcmpl-", r.c.model);
-    sc->f.include_reasoning = r.include_reasoning;
-    sc->f.reasoning_field = ctx.opt.reasoning_field;
-    sc->f.include_usage = r.c.stream && r.c.include_usage;
-    sc->chat = true;
-    sc->logprobs = r.logprobs;
-    if (r.c.stream) return start_stream(ctx, req, res, sc, guard);
-    if (!wait_done(sc->job, req)) {
-      res.status = 499;
-      return;
+    ChatRequest r;
+    {
+      const ojson body = parse_json_body(req.body);
+      std::string().swap(req.body);  // the parsed JSON replaces the bytes
+      r = parse_chat_request(body, svc->validation());
     }
-    count_finished(ctx, *sc->job.state);
-    send_json(res, chat_response(sc->h, *sc->job.state, sc->job.prompt_tokens, r.logprobs, sc->f, svc->codec()));
+    if (r.c.unknown_fields) ctx.metrics.unknown_fields.inc(static_cast<uint64_t>(r.c.unknown_fields));
+    GenerationJob job = svc->start_chat(r);
+    auto run = std::make_shared<GenerationRun>(ctx, svc, std::move(job), r.c.stream);
+    run->header = make_header(*svc, "chatcmpl-", r.c.model);
+    run->format.include_reasoning = r.include_reasoning;
+    run->format.reasoning_field = ctx.opt.reasoning_field;
+    run->format.include_usage = r.c.stream && r.c.include_usage;
+    run->chat = true;
+    run->logprobs = r.logprobs;
+    res.generation = std::move(run);
   });
 }
 
-void handle_completions(HttpContext& ctx, const Request& req, Response& res) {
-  ActiveGuard guard(ctx.active_generations);
+void handle_completions(HttpContext& ctx, HttpRequest& req, HttpResponse& res) {
   guarded(ctx, res, [&] {
     auto svc = ctx.ready_service();
-    const ojson body = parse_json_body(req.body);
-    CompletionRequest r = parse_completion_request(body, svc->validation());
-    if (r.c.unknown_fields) ctx.metrics.unknown_fields.inc(static_cast<uint64_t>(r.c.unknown_fields));
-    auto sc = std::make_shared<StreamCtx>();
-    sc->job = svc->start_completion(r);
-    sc->svc = svc;
-    sc->h = header(*svc, "cmpl-", r.c.model);
-    sc->f.include_usage = r.c.stream && r.c.include_usage;
-    sc->chat = false;
-    sc->logprobs = r.logprobs.has_value();
-    if (r.c.stream) return start_stream(ctx, req, res, sc, guard);
-    if (!wait_done(sc->job, req)) {
-      res.status = 499;
-      return;
+    CompletionRequest r;
+    {
+      const ojson body = parse_json_body(req.body);
+      std::string().swap(req.body);
+      r = parse_completion_request(body, svc->validation());
     }
-    count_finished(ctx, *sc->job.state);
-    send_json(res, completion_response(sc->h, *sc->job.state, sc->job.prompt_tokens, sc->logprobs, svc->codec()));
+    if (r.c.unknown_fields) ctx.metrics.unknown_fields.inc(static_cast<uint64_t>(r.c.unknown_fields));
+    GenerationJob job = svc->start_completion(r);
+    auto run = std::make_shared<GenerationRun>(ctx, svc, std::move(job), r.c.stream);
+    run->header = make_header(*svc, "cmpl-", r.c.model);
+    run->format.include_usage = r.c.stream && r.c.include_usage;
+    run->chat = false;
+    run->logprobs = r.logprobs.has_value();
+    res.generation = std::move(run);
   });
 }
 

@@ -3,9 +3,6 @@
 
 namespace latent::server {
 
-using httplib::Request;
-using httplib::Response;
-
 namespace {
 
 ojson model_card(const Service& svc, const std::string& name) {
@@ -27,7 +24,7 @@ ojson model_card(const Service& svc, const std::string& name) {
 
 }  // namespace
 
-void handle_models(HttpContext& ctx, const Request&, Response& res) {
+void handle_models(HttpContext& ctx, HttpRequest&, HttpResponse& res) {
   guarded(ctx, res, [&] {
     auto svc = ctx.ready_service();
     ojson data = ojson::array();
@@ -36,29 +33,29 @@ void handle_models(HttpContext& ctx, const Request&, Response& res) {
   });
 }
 
-void handle_model(HttpContext& ctx, const Request& req, Response& res) {
+void handle_model(HttpContext& ctx, HttpRequest& req, HttpResponse& res) {
   guarded(ctx, res, [&] {
     auto svc = ctx.ready_service();
-    const std::string id = req.matches.size() > 1 ? std::string(req.matches[1]) : std::string();
+    const std::string& id = req.path_param;
     for (const auto& n : svc->info().served_names)
       if (n == id) return send_json(res, model_card(*svc, n));
     throw not_found_error("The model '" + id + "' does not exist.", std::string("id"));
   });
 }
 
-void handle_health(HttpContext& ctx, const Request&, Response& res) {
+void handle_health(HttpContext& ctx, HttpRequest&, HttpResponse& res) {
   guarded(ctx, res, [&] {
     ctx.ready_service();
     send_json(res, ojson{{"status", "ok"}});
   });
 }
 
-void handle_version(HttpContext& ctx, const Request&, Response& res) {
+void handle_version(HttpContext& ctx, HttpRequest&, HttpResponse& res) {
   const HttpOptions& o = ctx.opt;
   send_json(res, ojson{{"version", o.version}, {"git_sha", o.git_sha}, {"build_type", o.build_type}, {"cuda", o.cuda}});
 }
 
-void handle_metrics(HttpContext& ctx, const Request&, Response& res) {
+void handle_metrics(HttpContext& ctx, HttpRequest&, HttpResponse& res) {
   if (!ctx.opt.metrics_enabled) return send_error(res, not_found_error("Metrics are disabled (--no-metrics)."));
   std::string model;
   {
@@ -69,11 +66,15 @@ void handle_metrics(HttpContext& ctx, const Request&, Response& res) {
   res.set_content(ctx.metrics.render(ctx.opt.metrics_prefix, model), "text/plain; version=0.0.4; charset=utf-8");
 }
 
-void handle_tokenize(HttpContext& ctx, const Request& req, Response& res) {
+void handle_tokenize(HttpContext& ctx, HttpRequest& req, HttpResponse& res) {
   guarded(ctx, res, [&] {
     auto svc = ctx.ready_service();
-    const ojson body = parse_json_body(req.body);
-    TokenizeRequest r = parse_tokenize_request(body, svc->validation());
+    TokenizeRequest r;
+    {
+      const ojson body = parse_json_body(req.body);
+      std::string().swap(req.body);
+      r = parse_tokenize_request(body, svc->validation());
+    }
     std::vector<int32_t> ids = r.prompt ? svc->codec().encode(*r.prompt, r.add_special_tokens) : svc->chat_prompt_ids(r.chat);
     ojson out = ojson::object();
     out["count"] = ids.size();
@@ -88,7 +89,7 @@ void handle_tokenize(HttpContext& ctx, const Request& req, Response& res) {
   });
 }
 
-void handle_detokenize(HttpContext& ctx, const Request& req, Response& res) {
+void handle_detokenize(HttpContext& ctx, HttpRequest& req, HttpResponse& res) {
   guarded(ctx, res, [&] {
     auto svc = ctx.ready_service();
     const ojson body = parse_json_body(req.body);

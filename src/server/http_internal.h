@@ -1,19 +1,52 @@
-// Internal to the HTTP server: the shared state handlers see, and the handler entry points (one file per group).
+// Internal to the HTTP server: the request / response values handlers see, the shared state, the handler entry
+// points (one file per group) and GenerationRun, the state of a generation that the connection drives after its
+// handler returned (http_server.cpp owns the connections; handlers_generate.cpp the generation side).
 #pragma once
-#include <httplib.h>
-
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/log.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
+#include "server/openai_format.h"
 
 namespace latent::server {
 
 enum class ServeState { Loading, Ready, Draining, Failed };
+
+struct HttpRequest {
+  std::string method;
+  std::string path;        // target without the query
+  std::string path_param;  // the {id} of /v1/models/{id}
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  // Case-insensitive header lookup; "" when absent.
+  std::string header(std::string_view name) const;
+  bool has_header(std::string_view name) const;
+};
+
+class GenerationRun;
+
+struct HttpResponse {
+  int status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string content_type;
+  std::string body;
+  bool close = false;                        // close the connection after this answer
+  std::shared_ptr<GenerationRun> generation;  // set by the generation handlers: the connection drives it
+  void set_header(std::string k, std::string v) { headers.emplace_back(std::move(k), std::move(v)); }
+  void set_content(std::string b, std::string type) {
+    body = std::move(b);
+    content_type = std::move(type);
+  }
+  std::string header(std::string_view name) const;
+};
 
 struct HttpContext {
   HttpContext(HttpOptions o, Metrics& m) : opt(std::move(o)), metrics(m) {}
@@ -32,22 +65,79 @@ struct HttpContext {
   }
 };
 
-void send_json(httplib::Response& res, const nlohmann::ordered_json& j, int status = 200);
-void send_error(httplib::Response& res, const ApiError& e);
+void send_json(HttpResponse& res, const nlohmann::ordered_json& j, int status = 200);
+void send_error(HttpResponse& res, const ApiError& e);
 
-void handle_chat(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_completions(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_models(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_model(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_health(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_version(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_metrics(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_tokenize(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
-void handle_detokenize(HttpContext& ctx, const httplib::Request& req, httplib::Response& res);
+// Cheap handlers run on the io threads; the ones that parse bodies or tokenize run on the worker pool.
+void handle_chat(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+void handle_completions(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+void handle_models(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+void handle_model(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+void handle_health(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+void handle_version(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+void handle_metrics(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+void handle_tokenize(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+void handle_detokenize(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
+
+// Per-request figures for the access log line.
+struct AccessInfo {
+  int64_t prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1;
+  double ttft_s = -1;
+  std::string finish_reason;
+};
+
+// A submitted generation request. The scheduler thread queues events in its RequestState (never blocking) and
+// calls the notify function; the connection then calls poll() on its own strand and writes what it returns.
+class GenerationRun {
+ public:
+  enum class Poll {
+    Pending,  // nothing to send now
+    Respond,  // the whole answer (JSON or error) is in `res`; the generation is over
+    Stream,   // SSE: send the headers in `res` once (headers_sent() false), then the bytes in `out`; done() ends it
+  };
+  GenerationRun(HttpContext& ctx, std::shared_ptr<Service> svc, GenerationJob job, bool stream);
+  ~GenerationRun();
+  GenerationRun(const GenerationRun&) = delete;
+  GenerationRun& operator=(const GenerationRun&) = delete;
+
+  // f runs on the scheduler thread after each event; it must not block.
+  void set_notify(std::function<void()> f);
+  Poll poll(HttpResponse& res, std::string& out, Clock::time_point now);
+  bool done() const { return done_; }
+  bool streaming() const { return stream_; }
+  bool headers_sent() const { return started_; }
+  // When poll() should run again without news (pings; the SSE headers of a request still queued).
+  Clock::time_point next_wakeup() const;
+  // Events queued by the engine and not yet taken (a reader that stopped reading makes this grow).
+  size_t backlog() const;
+  // The client went away or is dropped: the request's sequences are freed within one engine step.
+  void cancel();
+  AccessInfo access() const;
+
+  // Filled by the handler.
+  ResponseHeader header;
+  FormatOptions format;
+  bool chat = true;
+  bool logprobs = false;
+
+ private:
+  void convert(std::vector<StreamEvent>& ev, std::string& out);
+  void count_finished();
+  HttpContext& ctx_;
+  std::shared_ptr<Service> svc_;  // kept alive while the generation runs
+  GenerationJob job_;
+  bool stream_;
+  bool started_ = false, done_ = false, cancelled_ = false, counted_ = false;
+  int finished_ = 0;
+  std::vector<StreamEvent> pending_;
+  std::vector<size_t> text_offset_;
+  Clock::time_point t0_, last_write_;
+  double ping_s_;
+};
 
 // Runs a handler body, turning ApiError / other exceptions into the error JSON (§3).
 template <class F>
-void guarded(HttpContext& ctx, httplib::Response& res, F&& f) {
+void guarded(HttpContext& ctx, HttpResponse& res, F&& f) {
   try {
     f();
   } catch (const ApiError& e) {

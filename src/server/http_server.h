@@ -1,5 +1,6 @@
-// The OpenAI-compatible HTTP server over cpp-httplib (spec api.md §1–§11): routing (404 / 405), auth before the body
-// is read, body size limit, request ids, CORS, OpenAI error JSON for every failure, SSE streaming, /metrics, and
+// The OpenAI-compatible HTTP server (spec api.md §1–§11), event-driven over Boost.Beast / Asio: a few io threads
+// serve every connection (none is tied to one); routing (404 / 405), auth before the body is read, body size limit,
+// request ids, CORS, OpenAI error JSON for every failure, SSE streaming with backpressure, /metrics, access logs and
 // graceful shutdown. The model-facing work is Service's; the server starts before the model is loaded and answers
 // 503 model_loading until set_service() is called.
 #pragma once
@@ -16,9 +17,13 @@ namespace latent::server {
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                      // 0 = any free port (tests)
-  int threads = 256;                    // HTTP worker threads (each open stream holds one)
+  int threads = 2;                      // io threads: they serve every connection
+  int workers = 4;                      // threads that parse request bodies, render templates and tokenize
   size_t max_request_bytes = 32u << 20;
-  double read_timeout_s = 60;
+  double read_timeout_s = 60;           // headers + body of one request
+  double keep_alive_timeout_s = 60;     // an idle keep-alive connection is closed after this
+  double write_timeout_s = 30;          // a client that takes longer to accept one write is dropped (request cancelled)
+  int socket_send_buffer = 0;           // SO_SNDBUF of accepted connections in bytes; 0 = the system's (autotuned)
   std::vector<std::string> api_keys;    // empty = open
   bool metrics_enabled = true;
   bool metrics_require_auth = false;
@@ -49,6 +54,8 @@ class HttpServer {
   // (streams get an error event with code "draining"), then stop listening.
   void shutdown(double timeout_s);
   void stop();
+  // Connections open now (tests, benchmarks).
+  int64_t open_connections() const;
 
   struct Impl;
 

@@ -11,13 +11,33 @@ namespace latent::server {
 
 using namespace fields;
 
+namespace {
+
+// The DOM builder of nlohmann::json, but every rejection (syntax, bad UTF-8, a number that overflows a double)
+// becomes 400 invalid_json naming the byte position instead of an exception type the handlers do not expect.
+class BodySax : public nlohmann::detail::json_sax_dom_parser<ojson> {
+ public:
+  explicit BodySax(ojson& root) : nlohmann::detail::json_sax_dom_parser<ojson>(root, /*allow_exceptions=*/true) {}
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& last_token, const Exception& ex) {
+    std::string what = ex.what();
+    // nlohmann prefixes "[json.exception.parse_error.101] "; keep the human part.
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    if (what.find("line ") == std::string::npos) what = fmt::format("{} at byte {}", what, position);
+    (void)last_token;
+    throw invalid_json_error(what);
+  }
+};
+
+}  // namespace
+
 ojson parse_json_body(std::string_view body) {
   ojson j;
+  BodySax sax(j);
   try {
-    j = ojson::parse(body.begin(), body.end());
-  } catch (const nlohmann::json::parse_error& e) {
+    ojson::sax_parse(body.begin(), body.end(), &sax, nlohmann::json::input_format_t::json, /*strict=*/true);
+  } catch (const nlohmann::json::exception& e) {  // anything the builder itself throws
     std::string what = e.what();
-    // nlohmann prefixes "[json.exception.parse_error.101] "; keep the human part.
     if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
     throw invalid_json_error(what);
   }

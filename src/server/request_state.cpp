@@ -7,57 +7,104 @@ RequestState::RequestState(std::vector<OutputConfig> choices) {
   for (auto& c : choices) outputs_.emplace_back(std::move(c));
 }
 
-void RequestState::on_scheduled() {
+void RequestState::notify() {
+  std::function<void()> f;
+  {
+    std::lock_guard lk(mu_);
+    f = notify_;
+  }
+  if (f) f();
+}
+
+void RequestState::set_notify(std::function<void()> f) {
   std::lock_guard lk(mu_);
-  scheduled_ = true;
-  cv_.notify_all();
+  notify_ = std::move(f);
+}
+
+void RequestState::on_scheduled() {
+  {
+    std::lock_guard lk(mu_);
+    scheduled_ = true;
+    cv_.notify_all();
+  }
+  notify();
 }
 
 bool RequestState::on_token(int choice, const SampleResult& s, bool stop_token) {
   ChoiceDelta d;
   // outputs_ is touched only by the scheduler thread until all choices finished.
   const bool stop = outputs_.at(static_cast<size_t>(choice)).push(s, stop_token, d);
-  if (d.has_output() || !d.logprobs.empty()) {
+  bool news = false;
+  {
     std::lock_guard lk(mu_);
-    StreamEvent e;
-    e.kind = StreamEvent::Kind::Delta;
-    e.choice = choice;
-    e.delta = std::move(d);
-    events_.push_back(std::move(e));
-    cv_.notify_all();
+    if (!first_token_) first_token_ = Clock::now();
+    if (d.has_output() || !d.logprobs.empty()) {
+      StreamEvent e;
+      e.kind = StreamEvent::Kind::Delta;
+      e.choice = choice;
+      e.delta = std::move(d);
+      events_.push_back(std::move(e));
+      cv_.notify_all();
+      news = true;
+    }
   }
+  if (news) notify();
   return stop;
 }
 
 void RequestState::on_finish(int choice, FinishReason reason) {
   ChoiceDelta d;
   const std::string why = outputs_.at(static_cast<size_t>(choice)).finish(reason, d);
-  std::lock_guard lk(mu_);
-  if (d.has_output() || !d.logprobs.empty()) {
-    StreamEvent e;
-    e.kind = StreamEvent::Kind::Delta;
-    e.choice = choice;
-    e.delta = std::move(d);
-    events_.push_back(std::move(e));
+  {
+    std::lock_guard lk(mu_);
+    if (d.has_output() || !d.logprobs.empty()) {
+      StreamEvent e;
+      e.kind = StreamEvent::Kind::Delta;
+      e.choice = choice;
+      e.delta = std::move(d);
+      events_.push_back(std::move(e));
+    }
+    StreamEvent f;
+    f.kind = StreamEvent::Kind::Finish;
+    f.choice = choice;
+    f.finish_reason = why;
+    events_.push_back(std::move(f));
+    ++finished_;
+    cv_.notify_all();
   }
-  StreamEvent f;
-  f.kind = StreamEvent::Kind::Finish;
-  f.choice = choice;
-  f.finish_reason = why;
-  events_.push_back(std::move(f));
-  ++finished_;
-  cv_.notify_all();
+  notify();
 }
 
 void RequestState::on_abort(AbortReason reason, const std::string& message) {
+  {
+    std::lock_guard lk(mu_);
+    StreamEvent e;
+    e.kind = StreamEvent::Kind::Abort;
+    e.abort = reason;
+    e.message = message;
+    abort_ = e;
+    events_.push_back(std::move(e));
+    cv_.notify_all();
+  }
+  notify();
+}
+
+void RequestState::take(std::vector<StreamEvent>& out) {
   std::lock_guard lk(mu_);
-  StreamEvent e;
-  e.kind = StreamEvent::Kind::Abort;
-  e.abort = reason;
-  e.message = message;
-  abort_ = e;
-  events_.push_back(std::move(e));
-  cv_.notify_all();
+  while (!events_.empty()) {
+    out.push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+}
+
+size_t RequestState::backlog() const {
+  std::lock_guard lk(mu_);
+  return events_.size();
+}
+
+std::optional<Clock::time_point> RequestState::first_token_time() const {
+  std::lock_guard lk(mu_);
+  return first_token_;
 }
 
 bool RequestState::wait(std::vector<StreamEvent>& out, std::chrono::milliseconds timeout, bool wait_scheduled) {

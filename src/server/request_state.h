@@ -1,11 +1,11 @@
 // RequestState: the scheduler's sink for one HTTP request. On the scheduler thread it runs each choice's output
-// pipeline (choice_output.h) and queues events; the HTTP thread waits for them (with a timeout, so it can watch
-// the socket and send pings) and turns them into SSE chunks or the final JSON.
+// pipeline (choice_output.h) and queues events; the connection is notified (never blocking the scheduler) and takes them and turns them into SSE chunks or the final JSON.
 #pragma once
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -39,6 +39,13 @@ class RequestState : public GenerationSink {
   // Waits until an event is available, the request was scheduled (when wait_scheduled), or the timeout passes;
   // moves queued events to `out`. Returns true when something happened.
   bool wait(std::vector<StreamEvent>& out, std::chrono::milliseconds timeout, bool wait_scheduled = false);
+  // Non-blocking: moves the queued events to `out`.
+  void take(std::vector<StreamEvent>& out);
+  // Called (on the scheduler thread, outside the lock) after every event; must not block. Replaces the previous.
+  void set_notify(std::function<void()> f);
+  size_t backlog() const;
+  // Time of the first generated token (nullopt before it).
+  std::optional<Clock::time_point> first_token_time() const;
   bool scheduled() const;
   bool all_finished() const;
   std::optional<StreamEvent> abort_event() const;
@@ -58,6 +65,9 @@ class RequestState : public GenerationSink {
   std::atomic<int64_t> cached_tokens_{0};
   int finished_ = 0;
   std::optional<StreamEvent> abort_;
+  std::function<void()> notify_;
+  std::optional<Clock::time_point> first_token_;
+  void notify();
 };
 
 }  // namespace latent::server

@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "server/api_error.h"
+#include "server/request_common.h"
 
 namespace latent::server {
 
@@ -28,6 +32,65 @@ SamplingDefaults SamplingDefaults::from_json(const nlohmann::json& j, const std:
     if (!it->is_number_integer()) fail("{}: \"top_k\" is not an integer", what);
     d.top_k = it->get<int64_t>();
   }
+  return d;
+}
+
+namespace {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+SamplingDefaults SamplingDefaults::from_flag(const std::string& json_text, const std::string& what) {
+  static const char* const kKeys[] = {"temperature",      "top_p",             "top_k",
+                                      "min_p",            "presence_penalty",  "frequency_penalty",
+                                      "repetition_penalty"};
+  ojson b;
+  try {
+    b = parse_json_body(json_text);
+  } catch (const ApiError& e) {
+    fail("{}: {}", what, e.message);
+  }
+  for (auto it = b.begin(); it != b.end(); ++it) {
+    const std::string& k = it.key();
+    const char* best = kKeys[0];
+    size_t best_d = SIZE_MAX, found = 0;
+    for (const char* c : kKeys) {
+      const size_t d = edit_distance(k, c);
+      if (d == 0) found = 1;
+      if (d < best_d) {
+        best_d = d;
+        best = c;
+      }
+    }
+    if (!found)
+      fail("{}: unknown field '{}' (did you mean '{}'? allowed: temperature, top_p, top_k, min_p, presence_penalty, "
+           "frequency_penalty, repetition_penalty)", what, k, best);
+  }
+  CommonParams c;
+  try {
+    detail::parse_sampling_fields(b, c, ValidationContext{});
+  } catch (const ApiError& e) {
+    fail("{}: {}", what, e.message);
+  }
+  SamplingDefaults d;
+  d.temperature = c.temperature;
+  d.top_p = c.top_p;
+  d.top_k = c.top_k;
+  d.min_p = c.min_p;
+  d.presence_penalty = c.presence_penalty;
+  d.frequency_penalty = c.frequency_penalty;
+  d.repetition_penalty = c.repetition_penalty;
   return d;
 }
 
@@ -96,6 +159,41 @@ std::string Service::render_chat(const ChatRequest& r) const {
 
 std::vector<int32_t> Service::chat_prompt_ids(const ChatRequest& r) const {
   return codec_.encode(render_chat(r), /*add_special_tokens=*/false);  // the template writes the specials (§5.3.2)
+}
+
+BudgetedIds encode_with_budget(const TextCodec& codec, std::string_view text, bool add_special, int64_t limit) {
+  BudgetedIds out;
+  // No token covers more than a few hundred bytes; a short text cannot be over the limit by much: encode it whole.
+  size_t cut = static_cast<size_t>(std::max<int64_t>(limit, 1)) * 8;
+  while (cut < text.size()) {
+    // Cut right before a whitespace byte, so every pre-token of the prefix is one of the whole text's: the whole
+    // text has at least as many tokens as the prefix (a few of margin for added-token matching).
+    size_t c = cut;
+    while (c > cut / 2 && !(text[c] == ' ' || text[c] == '\n' || text[c] == '\t' || text[c] == '\r')) --c;
+    if (c <= cut / 2) break;  // no whitespace near the cut: encode the whole text
+    std::vector<int32_t> ids = codec.encode(text.substr(0, c), add_special);
+    if (static_cast<int64_t>(ids.size()) > limit + 8) {
+      out.ids = std::move(ids);
+      out.over = true;
+      return out;
+    }
+    cut *= 4;
+  }
+  out.ids = codec.encode(text, add_special);
+  return out;
+}
+
+std::vector<int32_t> Service::budgeted(std::string_view text, bool add_special, const std::string& param) const {
+  BudgetedIds b = encode_with_budget(codec_, text, add_special, info_.max_model_len);
+  if (b.over) {
+    metrics_.requests_rejected.inc("context_length");
+    const char* what = param == "messages" ? "messages" : "prompt";
+    bad_request("context_length_exceeded", param,
+                fmt::format("This model's maximum context length is {} tokens. However, your {} resulted in more "
+                            "than {} tokens. Please reduce the length of the {}.",
+                            info_.max_model_len, what, b.ids.size(), what));
+  }
+  return std::move(b.ids);
 }
 
 int64_t Service::resolve_max_tokens(const CommonParams& c, int64_t P, const std::string& prompt_param, bool chat) const {
@@ -183,6 +281,7 @@ GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const C
       g.sampling = sp;
       g.max_tokens = max_tokens[i];
       g.stop_ids = ids;
+      g.ignore_eos = c.ignore_eos;
       g.sink = job.state;
       g.arrival = arrival;
       job.handles.push_back(scheduler_.submit(std::move(g)));
@@ -196,7 +295,7 @@ GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const C
 }
 
 GenerationJob Service::start_chat(const ChatRequest& r) {
-  std::vector<int32_t> prompt = chat_prompt_ids(r);
+  std::vector<int32_t> prompt = budgeted(render_chat(r), /*add_special=*/false, "messages");
   const int64_t P = static_cast<int64_t>(prompt.size());
   const int64_t M = resolve_max_tokens(r.c, P, "messages", /*chat=*/true);
   SamplingParams sp = sampling(r.c);
@@ -225,7 +324,9 @@ GenerationJob Service::start_completion(const CompletionRequest& r) {
   if (r.prompt_is_tokens) {
     prompts = r.prompt_tokens;
   } else {
-    for (const auto& t : r.prompt_texts) prompts.push_back(codec_.encode(t, r.add_special_tokens));
+    for (size_t i = 0; i < r.prompt_texts.size(); ++i)
+      prompts.push_back(budgeted(r.prompt_texts[i], r.add_special_tokens,
+                                 r.prompt_texts.size() == 1 ? "prompt" : fmt::format("prompt[{}]", i)));
   }
   std::vector<int64_t> M;
   for (size_t i = 0; i < prompts.size(); ++i) {

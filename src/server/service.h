@@ -26,6 +26,9 @@ struct SamplingDefaults {
   std::optional<double> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
   std::optional<int64_t> top_k;
   static SamplingDefaults from_json(const nlohmann::json& j, const std::string& what);  // throws latent::Error
+  // --default-sampling-params: the request fields' rules (ranges, types); an unknown key is an error naming the
+  // nearest known one. Throws latent::Error "<what>: ...".
+  static SamplingDefaults from_flag(const std::string& json_text, const std::string& what);
 };
 
 struct ModelInfo {
@@ -60,6 +63,14 @@ struct GenerationJob {
   }
 };
 
+// Tokenization that stops as soon as the text is known to exceed `limit` tokens (a 31 MB prompt for a 4k context is
+// not tokenized whole): then `over` is set and `ids` holds the tokens of a prefix (more than limit of them).
+struct BudgetedIds {
+  std::vector<int32_t> ids;
+  bool over = false;
+};
+BudgetedIds encode_with_budget(const TextCodec& codec, std::string_view text, bool add_special, int64_t limit);
+
 class Service {
  public:
   Service(ModelInfo info, ServiceOptions opt, const TextCodec& codec, Scheduler& scheduler, Metrics& metrics);
@@ -82,6 +93,8 @@ class Service {
   GenerationJob start_completion(const CompletionRequest& r);
 
  private:
+  // encode_with_budget against the context; over it -> 400 context_length_exceeded with `param`.
+  std::vector<int32_t> budgeted(std::string_view text, bool add_special, const std::string& param) const;
   int64_t resolve_max_tokens(const CommonParams& c, int64_t P, const std::string& prompt_param, bool chat) const;
   SamplingParams sampling(const CommonParams& c) const;
   std::vector<int32_t> stop_ids(const CommonParams& c) const;

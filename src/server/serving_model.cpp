@@ -92,6 +92,10 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   m->files = open_model_files(opt.model_dir, opt.plan);
   const ModelConfig& cfg = *m->files.cfg;
   for (const auto& w : m->files.plan->warnings()) log::warn("{}", w);
+  if (opt.max_model_len > 0 && cfg.max_position_embeddings > 0 && opt.max_model_len > cfg.max_position_embeddings &&
+      !opt.allow_long_context)
+    fail("--max-model-len {} exceeds the model's max_position_embeddings {} (add --allow-long-context to serve it "
+         "anyway)", opt.max_model_len, cfg.max_position_embeddings);
   if (opt.prefault) prefault(*m->files.ckpt, progress);
   if (progress) progress("model", 0, 0);
   m->backend = make_backend(opt.backend, opt.threads);

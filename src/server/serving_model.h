@@ -25,6 +25,7 @@ struct ServeModelOptions {
   bool bf16_activations = false;
   std::vector<std::string> served_names;  // empty: the directory's name
   int64_t max_model_len = 0;              // 0: config max_position_embeddings
+  bool allow_long_context = false;        // accept max_model_len > max_position_embeddings
   std::string chat_template_file;
   bool deterministic = false;
   bool prefault = true;

@@ -1,7 +1,6 @@
 // An in-process server over the fake codec and the script engine, on a free port, plus small client helpers.
 #pragma once
 #include <arpa/inet.h>
-#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "fake_model.h"
+#include "http_test_client.h"
 #include "server/http_server.h"
 
 namespace latent::testing {
@@ -28,7 +28,7 @@ struct ServerFixture {
   explicit ServerFixture(server::HttpOptions ho = {}, SchedulerOptions so = {}, server::ServiceOptions svo = {},
                          bool ready = true) {
     ho.port = 0;
-    ho.threads = 32;
+    ho.threads = 2;
     so.max_context = 256;
     sched = std::make_unique<Scheduler>(engine, so, &metrics);
     sched->start();
@@ -51,11 +51,7 @@ struct ServerFixture {
     if (th.joinable()) th.join();
     sched->stop();
   }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(20);
-    return c;
-  }
+  HttpClient client() const { return HttpClient(port, 20); }
 };
 
 // A raw connection: sends an HTTP request and lets the test close the socket whenever it wants.

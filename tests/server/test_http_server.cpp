@@ -10,6 +10,8 @@ namespace latent::server {
 namespace {
 
 using namespace std::chrono_literals;
+using latent::testing::Headers;
+using latent::testing::HttpResult;
 using latent::testing::RawConn;
 using latent::testing::ServerFixture;
 using latent::testing::script;
@@ -21,7 +23,7 @@ ojson chat_body(const std::string& user, const std::string& extra = "") {
   return b;
 }
 
-httplib::Result post(ServerFixture& f, const std::string& path, const ojson& body, httplib::Headers h = {}) {
+HttpResult post(ServerFixture& f, const std::string& path, const ojson& body, Headers h = {}) {
   auto c = f.client();
   return c.Post(path.c_str(), h, body.dump(), "application/json");
 }
@@ -40,7 +42,7 @@ std::vector<std::string> sse_events(const std::string& body) {
   return out;
 }
 
-void expect_error(const httplib::Result& r, int status, const std::string& code) {
+void expect_error(const HttpResult& r, int status, const std::string& code) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, status) << r->body;
   const auto j = ojson::parse(r->body);
@@ -76,7 +78,7 @@ TEST(HttpServer, HealthVersionModelsMetrics) {
   EXPECT_EQ(r->status, 200);
   EXPECT_NE(r->body.find("latent:num_requests_running{model_name=\"fake-model\"} 0"), std::string::npos);
   EXPECT_NE(r->body.find("latent:time_to_first_token_seconds_bucket"), std::string::npos);
-  httplib::Headers h = {{"X-Request-Id", "abc-123"}};
+  Headers h = {{"X-Request-Id", "abc-123"}};
   r = c.Get("/health", h);
   EXPECT_EQ(r->get_header_value("X-Request-Id"), "abc-123");
 }
@@ -101,7 +103,7 @@ TEST(HttpServer, CorsPreflightAndMetricsFlags) {
   ho.api_keys = {"k"};
   ServerFixture f(ho);
   auto c = f.client();
-  httplib::Headers h = {{"Origin", "https://b.example"}, {"Access-Control-Request-Method", "POST"}};
+  Headers h = {{"Origin", "https://b.example"}, {"Access-Control-Request-Method", "POST"}};
   auto r = c.Options("/v1/chat/completions", h);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 204);  // no auth for preflight
@@ -138,15 +140,15 @@ TEST(HttpServer, AuthBeforeEverything) {
   expect_error(r, 401, "invalid_api_key");
   EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer");
   expect_error(c.Post("/v1/chat/completions", std::string(5000, 'x'), "application/json"), 401, "invalid_api_key");
-  httplib::Headers wrong = {{"Authorization", "Bearer secret-kez"}};
+  Headers wrong = {{"Authorization", "Bearer secret-kez"}};
   expect_error(c.Post("/tokenize", wrong, "{}", "application/json"), 401, "invalid_api_key");
   expect_error(c.Get("/v1/models"), 401, "invalid_api_key");
   EXPECT_EQ(c.Get("/health")->status, 200);
   EXPECT_EQ(c.Get("/version")->status, 200);
   EXPECT_EQ(c.Get("/metrics")->status, 200);
-  httplib::Headers good = {{"Authorization", "Bearer secret-key"}};
+  Headers good = {{"Authorization", "Bearer secret-key"}};
   EXPECT_EQ(c.Get("/v1/models", good)->status, 200);
-  httplib::Headers xkey = {{"x-api-key", "other"}};
+  Headers xkey = {{"x-api-key", "other"}};
   EXPECT_EQ(c.Get("/v1/models", xkey)->status, 200);
   expect_error(c.Post("/v1/chat/completions", good, "{bad", "application/json"), 400, "invalid_json");
 }
@@ -455,6 +457,163 @@ TEST(HttpServer, ShutdownDrains) {
   t.join();
   s.join();
   EXPECT_FALSE(f.client().Get("/health"));  // no longer listening
+}
+
+// The old front end tied one thread to each connection: with its pool busy on streams, /health hung.
+TEST(HttpServer, HealthAnswersWhileHundredsOfStreamsAreOpen) {
+  SchedulerOptions so;
+  so.max_num_seqs = 4;
+  so.max_queue_len = 1024;
+  ServerFixture f({}, so);
+  f.engine.delay_ms = 5;
+  std::vector<std::unique_ptr<RawConn>> conns;
+  for (int i = 0; i < 300; ++i)
+    conns.push_back(std::make_unique<RawConn>(f.port, "/v1/chat/completions",
+                                              chat_body("s", R"("max_tokens":50,"stream":true)").dump()));
+  for (int i = 0; i < 300 && metric(f, "num_requests_waiting") < 100; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GE(metric(f, "num_requests_waiting"), 100);
+  auto r = f.client().Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_GE(metric(f, "num_requests_waiting") + metric(f, "num_requests_running"), 1);
+  EXPECT_GE(f.http->open_connections(), 300);
+  conns.clear();  // every client goes away: every sequence is freed
+  for (int i = 0; i < 500 && (metric(f, "num_requests_running") != 0 || metric(f, "num_requests_waiting") != 0); ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(metric(f, "num_requests_running"), 0);
+  EXPECT_EQ(metric(f, "num_requests_waiting"), 0);
+  EXPECT_EQ(metric(f, "kv_cache_blocks_used"), 0);
+}
+
+// curl -d sends a form content type: the body is JSON all the same (the old front end gave a false 413 above 8 KB).
+TEST(HttpServer, FormContentTypeWithJsonBody) {
+  ServerFixture f;
+  const std::string body = chat_body(std::string(9000, 'x'), R"("max_tokens":2)").dump();
+  auto r = f.client().Post("/v1/chat/completions", body, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->status, 413) << r->body;
+  expect_error(r, 400, "context_length_exceeded");  // 9000 bytes of prompt do not fit the 256-token fake context
+  r = f.client().Post("/v1/chat/completions", chat_body("hi", R"("max_tokens":2)").dump(), "application/x-www-form-urlencoded");
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST(HttpServer, NumberOverflowIsInvalidJson) {
+  ServerFixture f;
+  auto c = f.client();
+  for (const char* b : {R"({"messages":[{"role":"user","content":"x"}],"metadata":{"a":1e400}})",
+                        R"({"messages":[{"role":"user","content":"x"}],"temperature":-1e400})"}) {
+    auto r = c.Post("/v1/chat/completions", b, "application/json");
+    expect_error(r, 400, "invalid_json");
+    EXPECT_NE(ojson::parse(r->body)["error"]["message"].get<std::string>().find("byte"), std::string::npos) << r->body;
+  }
+}
+
+// Keep-alive is not limited to a few requests per connection; pipelined requests are answered in order.
+TEST(HttpServer, KeepAliveServesManyRequestsOnOneConnection) {
+  ServerFixture f;
+  const int fd = latent::testing::connect_local(f.port, 10);
+  ASSERT_GE(fd, 0);
+  std::string all;
+  const std::string one = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_EQ(::send(fd, one.data(), one.size(), MSG_NOSIGNAL), static_cast<ssize_t>(one.size()));
+    std::string got;
+    char buf[4096];
+    while (got.find("{\"status\":\"ok\"}") == std::string::npos) {
+      const ssize_t n = recv(fd, buf, sizeof buf, 0);
+      ASSERT_GT(n, 0) << "connection closed after " << i << " requests";
+      got.append(buf, static_cast<size_t>(n));
+    }
+    EXPECT_EQ(got.find("Connection: close"), std::string::npos);
+  }
+  const std::string two = one + one;
+  ASSERT_EQ(::send(fd, two.data(), two.size(), MSG_NOSIGNAL), static_cast<ssize_t>(two.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("{\"status\":\"ok\"}", got.find("{\"status\":\"ok\"}") + 1) == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+}
+
+// A chunked body over the limit is refused while it is read; every 413 is counted.
+TEST(HttpServer, ChunkedBodyOverTheLimitIs413AndCounted) {
+  HttpOptions ho;
+  ho.max_request_bytes = 1000;
+  ServerFixture f(ho);
+  std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 3; ++i) req += "200\r\n" + std::string(0x200, 'x') + "\r\n";
+  req += "0\r\n\r\n";
+  expect_error(f.client().raw(req), 413, "request_too_large");
+  expect_error(post(f, "/v1/chat/completions", chat_body(std::string(2000, 'x'))), 413, "request_too_large");
+  EXPECT_NE(f.client().Get("/metrics")->body.find("requests_rejected_total{model_name=\"fake-model\",reason=\"too_large\"} 2"),
+            std::string::npos);
+}
+
+// A stream whose reader stops reading is dropped after the write timeout and its sequence freed; the scheduler and
+// the other clients are not held up meanwhile.
+TEST(HttpServer, StalledReaderIsDroppedAndItsSequenceFreed) {
+  HttpOptions ho;
+  ho.write_timeout_s = 0.3;
+  ho.socket_send_buffer = 4096;  // small kernel buffers on both sides: the stream's bytes cannot all fit
+  ServerFixture f(ho);
+  f.engine.delay_ms = 10;  // 200 steps: ~2 s of generation, far longer than the write timeout
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int small = 2048;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(f.port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const std::string body = chat_body("long", R"("max_tokens":200,"n":16,"stream":true,"logprobs":true,"top_logprobs":20)").dump();
+  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+                          "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  // Never read. Meanwhile another client is served normally.
+  auto r = post(f, "/v1/chat/completions", chat_body("hi", R"("max_tokens":3)"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  // The stalled stream is cut and its request cancelled (counted as a client disconnect), well before it could end.
+  const std::string aborted = "requests_aborted_total{model_name=\"fake-model\",reason=\"client_disconnect\"} 1";
+  for (int i = 0; i < 300 && f.client().Get("/metrics")->body.find(aborted) == std::string::npos; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_NE(f.client().Get("/metrics")->body.find(aborted), std::string::npos);
+  for (int i = 0; i < 100 && (metric(f, "num_requests_running") != 0 || metric(f, "kv_cache_blocks_used") != 0); ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(metric(f, "num_requests_running"), 0);
+  EXPECT_EQ(metric(f, "kv_cache_blocks_used"), 0);
+  std::string got;
+  char buf[65536];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof buf, 0)) > 0) got.append(buf, static_cast<size_t>(n));
+  EXPECT_EQ(got.find("[DONE]"), std::string::npos);  // it was cut short
+  ::close(fd);
+}
+
+// The repetition-loop warning: at most once per request, and never for ignore_eos (benchmarks run past EOS).
+TEST(HttpServer, LoopWarningOncePerRequestAndNotForIgnoreEos) {
+  ServerFixture f;
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "ab";
+  f.engine.set_script("loop", script(text));
+  ::testing::internal::CaptureStderr();
+  auto r = post(f, "/v1/chat/completions", chat_body("[[loop]]", R"("max_tokens":100,"n":3,"temperature":0)"));
+  const std::string log1 = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r->status, 200) << r->body;
+  size_t n = 0;
+  for (size_t p = log1.find("repetition loop"); p != std::string::npos; p = log1.find("repetition loop", p + 1)) ++n;
+  EXPECT_EQ(n, 1u) << log1;
+  ::testing::internal::CaptureStderr();
+  r = post(f, "/v1/chat/completions", chat_body("[[loop]]", R"("max_tokens":100,"n":2,"ignore_eos":true)"));
+  const std::string log2 = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(log2.find("repetition loop"), std::string::npos) << log2;
+  EXPECT_GE(metric(f, "repetition_loops_total"), 3);  // every looping sequence is still counted
 }
 
 }  // namespace

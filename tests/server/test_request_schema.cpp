@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "server/api_error.h"
+#include "core/error.h"
+#include "fake_model.h"
 #include "server/request_schema.h"
+#include "server/service.h"
 
 namespace latent::server {
 namespace {
@@ -354,6 +357,59 @@ TEST(RequestSchema, ContentTypeIsNotRequiredAndNullIsAbsent) {
   EXPECT_FALSE(r.c.temperature.has_value());
   EXPECT_TRUE(r.tools.is_null());
   EXPECT_EQ(r.c.n, 1);
+}
+
+TEST(RequestSchema, EveryJsonRejectionIsInvalidJsonWithAPosition) {
+  for (const char* b : {R"({"a":1e400})", R"({"metadata":{"x":[1,-1e999]}})", R"({"a":})", "{\"a\":\"\xff\"}", "[1]"}) {
+    try {
+      parse_json_body(b);
+      ADD_FAILURE() << "accepted " << b;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << b;
+      EXPECT_EQ(e.code, "invalid_json") << b;
+      if (std::string(b) != "[1]") {
+        EXPECT_TRUE(e.message.find("byte") != std::string::npos || e.message.find("column") != std::string::npos)
+            << e.message;
+      }
+    }
+  }
+  EXPECT_EQ(parse_json_body(R"({"a":1e300})")["a"].get<double>(), 1e300);
+}
+
+TEST(RequestSchema, DefaultSamplingFlagUsesTheRequestRules) {
+  auto d = SamplingDefaults::from_flag(R"({"temperature":0.6,"top_k":20})", "--default-sampling-params");
+  EXPECT_EQ(*d.temperature, 0.6);
+  EXPECT_EQ(*d.top_k, 20);
+  for (const char* bad : {R"({"temperture":0.6})", R"({"temperature":9})", R"({"top_k":1.5})", R"({"top_p":0})", "[1]", "{"}) {
+    try {
+      SamplingDefaults::from_flag(bad, "--default-sampling-params");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const latent::Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("--default-sampling-params: ", 0), 0u) << e.what();
+    }
+  }
+  try {
+    SamplingDefaults::from_flag(R"({"temperture":0.6})", "--default-sampling-params");
+  } catch (const latent::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'temperature'"), std::string::npos) << e.what();
+  }
+}
+
+// The prompt is tokenized only as far as needed to know it exceeds the context.
+TEST(RequestSchema, BudgetedEncodingStopsEarly) {
+  latent::testing::FakeCodec codec;
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "ab ";
+  auto b = encode_with_budget(codec, text, false, 100);
+  EXPECT_TRUE(b.over);
+  EXPECT_GT(b.ids.size(), 100u);
+  EXPECT_LT(b.ids.size(), text.size() / 4);  // far from the whole text
+  auto whole = encode_with_budget(codec, "ab ab", false, 100);
+  EXPECT_FALSE(whole.over);
+  EXPECT_EQ(whole.ids, codec.encode("ab ab", false));
+  auto exact = encode_with_budget(codec, text.substr(0, 600), false, 1000);
+  EXPECT_FALSE(exact.over);
+  EXPECT_EQ(exact.ids, codec.encode(text.substr(0, 600), false));
 }
 
 }  // namespace
