@@ -1,0 +1,239 @@
+// MLA attention on the GPU: the naive (prefill) form over expanded keys/values and the weight-absorbed (decode)
+// form over the latent cache. One block per (query, head). The allowed keys (causal ∩ DSA selection) are a bitmap
+// in shared memory; softmax statistics (running max and sum) come from one pass over the keys, the probabilities and
+// the weighted sum of values from a second pass in tiles of kTile keys. bf16 mode rounds the scores, scaled scores,
+// probabilities and outputs (and, absorbed, q_lat and o_lat) exactly where the ref backend does.
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace latent::cuda {
+
+namespace {
+
+constexpr int kTile = 128;
+constexpr int kMaxPerThread = 4;  // dv (naive, 128 threads) ≤ 512; dc (absorbed, 256 threads) ≤ 1024
+
+// Marks the keys query s may attend to; returns last (keys t ≤ last are causal-allowed).
+__device__ int64_t build_allowed(uint32_t* bits, int64_t s, int64_t T, const int64_t* q_pos, KeySelection sel) {
+  int64_t last = q_pos[s] < T - 1 ? q_pos[s] : T - 1;
+  const int64_t words = (T + 31) / 32;
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) bits[i] = sel.sel ? 0u : 0xFFFFFFFFu;
+  __syncthreads();
+  if (sel.sel) {
+    const int32_t* row = sel.sel + s * sel.stride;
+    const int32_t cnt = sel.count[s];
+    for (int32_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+      const int32_t t = row[j];
+      if (t >= 0 && t <= last) atomicOr(&bits[t >> 5], 1u << (t & 31));
+    }
+  }
+  __syncthreads();
+  return last;
+}
+__device__ __forceinline__ bool allowed(const uint32_t* bits, int64_t t) { return (bits[t >> 5] >> (t & 31)) & 1u; }
+
+__device__ __forceinline__ float scaled(float dot, float scale, bool bf16) {
+  return bf16 ? bf16r(__fmul_rn(bf16r(dot), scale)) : __fmul_rn(dot, scale);
+}
+
+// Combines per-thread (max, sum of exp(score - max)) over the block.
+__device__ void block_softmax_stats(float m, float l, float* shm, float* shl, float& gm, float& gl) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xFFFFFFFFu, m, o), l2 = __shfl_xor_sync(0xFFFFFFFFu, l, o);
+    const float mm = fmaxf(m, m2);
+    l = (m == mm ? l : l * expf(m - mm)) + (m2 == mm ? l2 : l2 * expf(m2 - mm));
+    m = mm;
+  }
+  __syncthreads();
+  if (lane == 0) {
+    shm[warp] = m;
+    shl[warp] = l;
+  }
+  __syncthreads();
+  float M = shm[0];
+  for (int i = 1; i < nw; ++i) M = fmaxf(M, shm[i]);
+  float L = 0.0f;
+  for (int i = 0; i < nw; ++i) L += shm[i] == M ? shl[i] : shl[i] * expf(shm[i] - M);
+  gm = M;
+  gl = L;
+}
+
+__device__ __forceinline__ void online_add(float& m, float& l, float v) {
+  if (v > m) {
+    l = l * expf(m - v) + 1.0f;
+    m = v;
+  } else {
+    l += expf(v - m);
+  }
+}
+
+// ---- naive form: block per (s, h), 128 threads ----
+__global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, const float* q, const float* kvb,
+                                                         const float* k_pe, int64_t T, const int64_t* q_pos,
+                                                         KeySelection sel, float scale, float* o, bool bf16) {
+  extern __shared__ uint32_t smem_u[];
+  const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = dn + dr, dkv = dn + dv;
+  const int64_t s = blockIdx.x / H, h = blockIdx.x % H;
+  uint32_t* bits = smem_u;
+  float* qs = reinterpret_cast<float*>(smem_u + (T + 31) / 32);
+  __shared__ float p_sh[kTile];
+  __shared__ int64_t t_sh[kTile];
+  __shared__ float shm[32], shl[32];
+  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q[(s * H + h) * dqk + i];
+  const int64_t last = build_allowed(bits, s, T, q_pos, sel);
+  auto score = [&](int64_t t) {
+    const float* kn = kvb + (t * H + h) * dkv;
+    const float* kp = k_pe + t * dr;
+    float dot = 0.0f;
+    for (int64_t x = 0; x < dn; ++x) dot = fmaf(qs[x], kn[x], dot);
+    for (int64_t x = 0; x < dr; ++x) dot = fmaf(qs[dn + x], kp[x], dot);
+    return scaled(dot, scale, bf16);
+  };
+  float m = __uint_as_float(0xFF800000u), l = 0.0f;
+  for (int64_t t = threadIdx.x; t <= last; t += blockDim.x)
+    if (allowed(bits, t)) online_add(m, l, score(t));
+  float gm, gl;
+  block_softmax_stats(m, l, shm, shl, gm, gl);
+  float acc[kMaxPerThread];
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) acc[i] = 0.0f;
+  for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
+    const int64_t t = t0 + threadIdx.x;
+    float p = 0.0f;
+    if (threadIdx.x < kTile && t <= last && allowed(bits, t)) {
+      p = expf(score(t) - gm) / gl;
+      if (bf16) p = bf16r(p);
+    }
+    if (threadIdx.x < kTile) {
+      p_sh[threadIdx.x] = p;
+      t_sh[threadIdx.x] = t <= last ? t : last;
+    }
+    __syncthreads();
+    const int64_t nt = last - t0 + 1 < kTile ? last - t0 + 1 : kTile;
+    for (int64_t j = 0; j < nt; ++j) {
+      const float pj = p_sh[j];
+      if (pj == 0.0f) continue;
+      const float* v = kvb + (t_sh[j] * H + h) * dkv + dn;
+#pragma unroll
+      for (int i = 0; i < kMaxPerThread; ++i) {
+        const int64_t x = threadIdx.x + i * blockDim.x;
+        if (x < dv) acc[i] = fmaf(pj, v[x], acc[i]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    const int64_t x = threadIdx.x + i * blockDim.x;
+    if (x < dv) o[(s * H + h) * dv + x] = bf16 ? bf16r(acc[i]) : acc[i];
+  }
+}
+
+// ---- absorbed form: block per (s, h), 256 threads (8 warps) ----
+__global__ void __launch_bounds__(256) mla_absorbed_kernel(MlaDims d, const float* q, WDesc kv_b, const float* c,
+                                                            const float* k_pe, int64_t T, const int64_t* q_pos,
+                                                            KeySelection sel, float scale, float* o, bool bf16) {
+  extern __shared__ uint32_t smem_u[];
+  const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = dn + dr, dkv = dn + dv;
+  const int64_t s = blockIdx.x / H, h = blockIdx.x % H;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  uint32_t* bits = smem_u;
+  float* qs = reinterpret_cast<float*>(smem_u + (T + 31) / 32);  // [dqk]
+  float* qlat = qs + dqk;                                         // [dc]
+  float* olat = qlat + dc;                                        // [dc]
+  __shared__ float p_sh[kTile];
+  __shared__ int64_t t_sh[kTile];
+  __shared__ float shm[32], shl[32];
+  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q[(s * H + h) * dqk + i];
+  __syncthreads();
+  // q_lat = W_UK[h]ᵀ · q_nope
+  for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
+    float a = 0.0f;
+    for (int64_t j = 0; j < dn; ++j) a = fmaf(qs[j], wget(kv_b, h * dkv + j, x), a);
+    qlat[x] = bf16 ? bf16r(a) : a;
+  }
+  const int64_t last = build_allowed(bits, s, T, q_pos, sel);  // (syncs: q_lat visible)
+  // Warp per key: lanes over the latent dims.
+  auto score = [&](int64_t t) {
+    const float* ct = c + t * dc;
+    const float* kp = k_pe + t * dr;
+    float dot = 0.0f;
+    for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], ct[x], dot);
+    for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], kp[x], dot);
+    return scaled(warp_sum(dot), scale, bf16);
+  };
+  float m = __uint_as_float(0xFF800000u), l = 0.0f;
+  for (int64_t t = warp; t <= last; t += nw)
+    if (allowed(bits, t)) {
+      const float v = score(t);
+      if (lane == 0) online_add(m, l, v);
+    }
+  float gm, gl;
+  block_softmax_stats(m, l, shm, shl, gm, gl);
+  float acc[kMaxPerThread];
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) acc[i] = 0.0f;
+  for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
+    for (int64_t j = warp; j < kTile; j += nw) {
+      const int64_t t = t0 + j;
+      float p = 0.0f;
+      if (t <= last && allowed(bits, t)) {
+        p = expf(score(t) - gm) / gl;
+        if (bf16) p = bf16r(p);
+      }
+      if (lane == 0) {
+        p_sh[j] = p;
+        t_sh[j] = t <= last ? t : last;
+      }
+    }
+    __syncthreads();
+    const int64_t nt = last - t0 + 1 < kTile ? last - t0 + 1 : kTile;
+    for (int64_t j = 0; j < nt; ++j) {
+      const float pj = p_sh[j];
+      if (pj == 0.0f) continue;
+      const float* ct = c + t_sh[j] * dc;
+#pragma unroll
+      for (int i = 0; i < kMaxPerThread; ++i) {
+        const int64_t x = threadIdx.x + i * blockDim.x;
+        if (x < dc) acc[i] = fmaf(pj, ct[x], acc[i]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    const int64_t x = threadIdx.x + i * blockDim.x;
+    if (x < dc) olat[x] = bf16 ? bf16r(acc[i]) : acc[i];
+  }
+  __syncthreads();
+  // o = W_UV[h] · o_lat: warp per output dim.
+  for (int64_t j = warp; j < dv; j += nw) {
+    float a = 0.0f;
+    for (int64_t x = lane; x < dc; x += 32) a = fmaf(olat[x], wget(kv_b, h * dkv + dn + j, x), a);
+    a = warp_sum(a);
+    if (lane == 0) o[(s * H + h) * dv + j] = bf16 ? bf16r(a) : a;
+  }
+}
+
+}  // namespace
+
+void launch_mla_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S, int64_t T,
+                      const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16,
+                      cudaStream_t st) {
+  if (S <= 0 || d.n_heads <= 0) return;
+  const size_t smem = static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk()) * 4;
+  mla_naive_kernel<<<static_cast<unsigned>(S * d.n_heads), 128, smem, st>>>(d, q, kvb, k_pe, T, q_pos, sel, scale,
+                                                                             o, bf16);
+}
+
+void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, const float* c, const float* k_pe,
+                         int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
+                         bool bf16, cudaStream_t st) {
+  if (S <= 0 || d.n_heads <= 0) return;
+  const size_t smem =
+      static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk() + 2 * d.latent) * 4;
+  mla_absorbed_kernel<<<static_cast<unsigned>(S * d.n_heads), 256, smem, st>>>(d, q, kv_b, c, k_pe, T, q_pos, sel,
+                                                                                scale, o, bf16);
+}
+
+}  // namespace latent::cuda
