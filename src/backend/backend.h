@@ -22,11 +22,13 @@
 // their own dtype (F32 or BF16: the cache dtype = the activation dtype, lossless since bf16-mode values are
 // already bf16).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "quant/weight_format.h"
 
 namespace latent {
@@ -178,6 +180,46 @@ class Backend {
   // bf16: y = bf16(y + bf16(weight · x)) (HF eager experts, accumulated in ascending expert order).
   virtual void scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
                                     float* y, bool bf16) = 0;
+  // Expert grouping: the M*K (token, slot) pairs of ids [M, K] sorted by expert ascending, then token ascending.
+  // offsets [E+1] (offsets[e] = first pair of expert e, offsets[E] = M*K), token [M*K] = the pair's token,
+  // weight [M*K] = weights[token, slot]. Ids must be in [0, E). All arrays in backend memory.
+  virtual void moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E,
+                         int64_t* offsets, int32_t* token, float* weight);
+
+  // ---------------- data movement / small elementwise ----------------
+  // dst[i, :] = src[rows[i], :] for i < n (row width D floats).
+  virtual void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst);
+  // dst[i, 0..width) = src[i*src_stride + col0 ..) for i < n (a column slice into a contiguous output).
+  virtual void copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst);
+  // x[i] *= s.
+  virtual void scale(float* x, int64_t n, float s);
+  // y[m, :] += b for m < M (y [M, N]). bf16: each sum rounded to bf16.
+  virtual void add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16);
+
+  // ---------------- paged latent cache ----------------
+  // Pool row slots[i], columns col0 .. col0+width  <-  src [n, width] (converted to pool.dtype; BF16 rounds to
+  // nearest even). slots in [0, pool.rows()).
+  virtual void kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
+                        int64_t width);
+  // dst [n_tokens, width] fp32 = columns col0 .. col0+width of token slots 0 .. n_tokens-1 of one sequence whose
+  // block table is `blocks` (slot of token t = blocks[t / block_tokens] * block_tokens + t % block_tokens).
+  virtual void kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
+                         float* dst);
+  // Copies the first n_tokens rows of block src into block dst (copy on write of a shared partial block).
+  virtual void kv_copy_block(const KvPool& pool, int32_t src, int32_t dst, int64_t n_tokens);
+  // Weight-absorbed MLA over the paged latent pool for every token of the step in one call: token i of sequence s
+  // (q [N, H, dn+dr] with rotated q_pe) attends to keys t <= pos[i] of s, t < ctx_len[s] (restricted by `sel` when
+  // sel.sel is set: one row per token, indices are key positions within s). Same math and bf16 points as
+  // mla_attention_absorbed over the sequence's contiguous cache (c = pool columns 0..dc, k_pe = dc..dc+dr).
+  // o [N, H, dv].
+  virtual void mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b,
+                                            const KvPool& pool, const StepSeqs& seqs, const int64_t* pos,
+                                            const KeySelection& sel, float scale, float* o, bool bf16);
+
+ protected:
+  // Grow-only scratch of the host implementations (sized by the first steps, then reused).
+  std::vector<int64_t> group_fill_;
+  std::vector<float> paged_c_, paged_kpe_;
 };
 
 // The scalar reference backend (src/kernels/ref): fp32 math, double accumulation; `threads` = 0 → all cores.
