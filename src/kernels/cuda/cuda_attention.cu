@@ -130,21 +130,41 @@ __global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, const float* 
 }
 
 // ---- absorbed form: block per (s, h), 256 threads (8 warps) ----
-__global__ void __launch_bounds__(256) mla_absorbed_kernel(MlaDims d, const float* q, WDesc kv_b, const float* c,
-                                                            const float* k_pe, int64_t T, const int64_t* q_pos,
-                                                            KeySelection sel, float scale, float* o, bool bf16) {
-  extern __shared__ uint32_t smem_u[];
-  const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = dn + dr, dkv = dn + dv;
-  const int64_t s = blockIdx.x / H, h = blockIdx.x % H;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  uint32_t* bits = smem_u;
-  float* qs = reinterpret_cast<float*>(smem_u + (T + 31) / 32);  // [dqk]
-  float* qlat = qs + dqk;                                         // [dc]
-  float* olat = qlat + dc;                                        // [dc]
+// Keys: c(t) / kpe(t) give the latent row and the rotated key of key t.
+struct ContiguousKeys {
+  const float* c;
+  const float* k_pe;
+  int64_t dc, dr;
+  __device__ float cv(int64_t t, int64_t x) const { return c[t * dc + x]; }
+  __device__ float kv(int64_t t, int64_t x) const { return k_pe[t * dr + x]; }
+};
+struct PagedKeys {
+  KvPool pool;
+  const int32_t* blocks;  // this sequence's block table
+  int64_t dc;
+  __device__ int64_t row(int64_t t) const {
+    return static_cast<int64_t>(blocks[t / pool.block_tokens]) * pool.block_tokens + t % pool.block_tokens;
+  }
+  __device__ float at(int64_t t, int64_t col) const {
+    const int64_t i = row(t) * pool.width + col;
+    return pool.dtype == DType::BF16 ? bf16_bits_to_f(static_cast<const uint16_t*>(pool.data)[i])
+                                     : static_cast<const float*>(pool.data)[i];
+  }
+  __device__ float cv(int64_t t, int64_t x) const { return at(t, x); }
+  __device__ float kv(int64_t t, int64_t x) const { return at(t, dc + x); }
+};
+
+// One (query, head): q_row [dqk] in global memory, keys t ≤ last allowed by `bits` (already built), o_row [dv].
+template <class Keys>
+__device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& kv_b, const Keys& keys, int64_t h,
+                             int64_t last, const uint32_t* bits, float* qs, float* qlat, float* olat, float scale,
+                             float* o_row, bool bf16) {
   __shared__ float p_sh[kTile];
   __shared__ int64_t t_sh[kTile];
   __shared__ float shm[32], shl[32];
-  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q[(s * H + h) * dqk + i];
+  const int64_t dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = dn + dr, dkv = dn + dv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q_row[i];
   __syncthreads();
   // q_lat = W_UK[h]ᵀ · q_nope
   for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
@@ -152,14 +172,12 @@ __global__ void __launch_bounds__(256) mla_absorbed_kernel(MlaDims d, const floa
     for (int64_t j = 0; j < dn; ++j) a = fmaf(qs[j], wget(kv_b, h * dkv + j, x), a);
     qlat[x] = bf16 ? bf16r(a) : a;
   }
-  const int64_t last = build_allowed(bits, s, T, q_pos, sel);  // (syncs: q_lat visible)
+  __syncthreads();
   // Warp per key: lanes over the latent dims.
   auto score = [&](int64_t t) {
-    const float* ct = c + t * dc;
-    const float* kp = k_pe + t * dr;
     float dot = 0.0f;
-    for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], ct[x], dot);
-    for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], kp[x], dot);
+    for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], keys.cv(t, x), dot);
+    for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], keys.kv(t, x), dot);
     return scaled(warp_sum(dot), scale, bf16);
   };
   float m = __uint_as_float(0xFF800000u), l = 0.0f;
@@ -191,11 +209,11 @@ __global__ void __launch_bounds__(256) mla_absorbed_kernel(MlaDims d, const floa
     for (int64_t j = 0; j < nt; ++j) {
       const float pj = p_sh[j];
       if (pj == 0.0f) continue;
-      const float* ct = c + t_sh[j] * dc;
+      const int64_t t = t_sh[j];
 #pragma unroll
       for (int i = 0; i < kMaxPerThread; ++i) {
         const int64_t x = threadIdx.x + i * blockDim.x;
-        if (x < dc) acc[i] = fmaf(pj, ct[x], acc[i]);
+        if (x < dc) acc[i] = fmaf(pj, keys.cv(t, x), acc[i]);
       }
     }
     __syncthreads();
@@ -211,7 +229,63 @@ __global__ void __launch_bounds__(256) mla_absorbed_kernel(MlaDims d, const floa
     float a = 0.0f;
     for (int64_t x = lane; x < dc; x += 32) a = fmaf(olat[x], wget(kv_b, h * dkv + dn + j, x), a);
     a = warp_sum(a);
-    if (lane == 0) o[(s * H + h) * dv + j] = bf16 ? bf16r(a) : a;
+    if (lane == 0) o_row[j] = bf16 ? bf16r(a) : a;
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(256) mla_absorbed_kernel(MlaDims d, const float* q, WDesc kv_b, const float* c,
+                                                            const float* k_pe, int64_t T, const int64_t* q_pos,
+                                                            KeySelection sel, float scale, float* o, bool bf16) {
+  extern __shared__ uint32_t smem_u[];
+  const int64_t H = d.n_heads, dqk = d.nope + d.rope;
+  const int64_t s = blockIdx.x / H, h = blockIdx.x % H;
+  uint32_t* bits = smem_u;
+  float* qs = reinterpret_cast<float*>(smem_u + (T + 31) / 32);  // [dqk]
+  float* qlat = qs + dqk;                                         // [dc]
+  float* olat = qlat + d.latent;                                  // [dc]
+  const int64_t last = build_allowed(bits, s, T, q_pos, sel);
+  const ContiguousKeys keys{c, k_pe, d.latent, d.rope};
+  absorbed_one(d, q + (s * H + h) * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, scale, o + (s * H + h) * d.v,
+               bf16);
+}
+
+// Persistent grid over (token, head) work items of the whole step; bitmap sized by max_ctx.
+__global__ void __launch_bounds__(256) mla_absorbed_paged_kernel(MlaDims d, const float* q, WDesc kv_b, KvPool pool,
+                                                                  StepSeqs seqs, const int64_t* pos, KeySelection sel,
+                                                                  float scale, float* o, bool bf16) {
+  extern __shared__ uint32_t smem_u[];
+  const int64_t H = d.n_heads, dqk = d.nope + d.rope;
+  const int64_t words = (seqs.max_ctx + 31) / 32;
+  uint32_t* bits = smem_u;
+  float* qs = reinterpret_cast<float*>(smem_u + words);
+  float* qlat = qs + dqk;
+  float* olat = qlat + d.latent;
+  const int64_t N = seqs.q_begin[seqs.n_seqs];
+  for (int64_t item = blockIdx.x; item < N * H; item += gridDim.x) {
+    const int64_t i = item / H, h = item % H;
+    // Sequence of token i: the last s with q_begin[s] <= i (binary search).
+    int64_t lo = 0, hi = seqs.n_seqs - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (seqs.q_begin[mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    const int64_t s = lo, T = seqs.ctx_len[s];
+    const int64_t last = pos[i] < T - 1 ? pos[i] : T - 1;
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) bits[w] = sel.sel ? 0u : 0xFFFFFFFFu;
+    __syncthreads();
+    if (sel.sel) {
+      const int32_t* row = sel.sel + i * sel.stride;
+      const int32_t cnt = sel.count[i];
+      for (int32_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+        const int32_t t = row[j];
+        if (t >= 0 && t <= last) atomicOr(&bits[t >> 5], 1u << (t & 31));
+      }
+    }
+    __syncthreads();
+    const PagedKeys keys{pool, seqs.block_table + s * seqs.max_blocks, d.latent};
+    absorbed_one(d, q + i * H * dqk + h * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, scale,
+                 o + i * H * d.v + h * d.v, bf16);
   }
 }
 
@@ -234,6 +308,19 @@ void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, co
       static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk() + 2 * d.latent) * 4;
   mla_absorbed_kernel<<<static_cast<unsigned>(S * d.n_heads), 256, smem, st>>>(d, q, kv_b, c, k_pe, T, q_pos, sel,
                                                                                 scale, o, bf16);
+}
+
+void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv_b, const KvPool& pool,
+                               const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
+                               float* o, bool bf16, cudaStream_t st) {
+  if (seqs.n_seqs <= 0 || d.n_heads <= 0) return;
+  const size_t smem =
+      static_cast<size_t>((seqs.max_ctx + 31) / 32) * 4 + static_cast<size_t>(d.qk() + 2 * d.latent) * 4;
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  mla_absorbed_paged_kernel<<<static_cast<unsigned>(sms * 8), 256, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel,
+                                                                               scale, o, bf16);
 }
 
 }  // namespace latent::cuda

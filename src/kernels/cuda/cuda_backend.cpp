@@ -177,6 +177,55 @@ class CudaBackend final : public Backend {
     check_launch("scatter_add_weighted");
   }
 
+  void moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
+                 int32_t* token, float* weight) override {
+    cuda::launch_moe_group(ids, weights, M, K, E, offsets, token, weight, stream_);
+    check_launch("moe_group");
+  }
+
+  // ---------------- data movement / small elementwise ----------------
+  void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst) override {
+    cuda::launch_gather_rows(src, rows, n, D, dst, stream_);
+    check_launch("gather_rows");
+  }
+  void copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst) override {
+    cuda::launch_copy_cols(src, src_stride, col0, width, n, dst, stream_);
+    check_launch("copy_cols");
+  }
+  void scale(float* x, int64_t n, float s) override {
+    cuda::launch_scale(x, n, s, stream_);
+    check_launch("scale");
+  }
+  void add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16) override {
+    cuda::launch_add_bias(y, b, M, N, bf16, stream_);
+    check_launch("add_bias");
+  }
+
+  // ---------------- paged latent cache ----------------
+  void kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
+                int64_t width) override {
+    cuda::launch_kv_store(pool, slots, n, src, col0, width, stream_);
+    check_launch("kv_store");
+  }
+  void kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
+                 float* dst) override {
+    cuda::launch_kv_gather(pool, blocks, n_tokens, col0, width, dst, stream_);
+    check_launch("kv_gather");
+  }
+  void kv_copy_block(const KvPool& pool, int32_t src, int32_t dst, int64_t n_tokens) override {
+    const size_t row = static_cast<size_t>(pool.width) * (pool.dtype == DType::BF16 ? 2 : 4);
+    const size_t block = static_cast<size_t>(pool.block_tokens) * row;
+    char* base = static_cast<char*>(pool.data);
+    copy(base + static_cast<size_t>(dst) * block, base + static_cast<size_t>(src) * block,
+         static_cast<size_t>(n_tokens) * row);
+  }
+  void mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b, const KvPool& pool,
+                                    const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
+                                    float* o, bool bf16) override {
+    cuda::launch_mla_absorbed_paged(d, q, cuda::make_wdesc(kv_b), pool, seqs, pos, sel, scale, o, bf16, stream_);
+    check_launch("mla_attention_absorbed_paged");
+  }
+
  private:
   void check_launch(const char* op) { check(cudaGetLastError(), op); }
 

@@ -51,6 +51,19 @@ void launch_topk_select(const float* scores, int64_t S, int64_t T, int64_t k, co
 void launch_indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
                            int64_t head_dim, float scale, const int64_t* q_pos, float* scores, cudaStream_t st);
 
+// ---- data movement / paged cache (cuda_data.cu) ----
+void launch_moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
+                      int32_t* token, float* weight, cudaStream_t st);
+void launch_gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst, cudaStream_t st);
+void launch_copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst,
+                      cudaStream_t st);
+void launch_scale(float* x, int64_t n, float s, cudaStream_t st);
+void launch_add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16, cudaStream_t st);
+void launch_kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
+                     int64_t width, cudaStream_t st);
+void launch_kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
+                      float* dst, cudaStream_t st);
+
 // ---- MLA attention (cuda_attention.cu) ----
 void launch_mla_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S, int64_t T,
                       const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16,
@@ -58,5 +71,9 @@ void launch_mla_naive(const MlaDims& d, const float* q, const float* kvb, const 
 void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, const float* c, const float* k_pe,
                          int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
                          bool bf16, cudaStream_t st);
+// Whole step in one launch: token i (of sequence s found from q_begin on the device) attends over the paged pool.
+void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv_b, const KvPool& pool,
+                               const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
+                               float* o, bool bf16, cudaStream_t st);
 
 }  // namespace latent::cuda
