@@ -1,51 +1,100 @@
 // Linear ops on the GPU: matmul / grouped_matmul for every stored weight format, embedding.
-//  * M ≤ kSmallRows (decode, skinny): one warp computes kR output rows for kMC tokens at a time; lanes stride the
-//    row in 16-byte chunks of stored weight bytes, decoded in registers (bf16/f16: 8 values, fp8: 16, mxfp4: 32 with
-//    its one e8m0 scale), fp32 accumulation, warp-shuffle reduction. Rows whose bytes are not 16-byte aligned (odd
-//    sizes) take the element-wise path (same arithmetic, one value at a time).
+//  * M ≤ kSmallRows (decode, skinny): one block computes kR output rows for up to kMC tokens at a time; its threads
+//    split the rows (split-K) in 16-byte chunks of stored weight bytes, decoded in registers (bf16/f16: 8 values,
+//    fp8: 16 through the hardware e4m3→f16 conversion, mxfp4: 32 as fp16 bit patterns), the chunk's scale applied
+//    once to its partial sum, fp32 accumulation, warp-shuffle + shared-memory reduction in a fixed order. Rows whose
+//    bytes are not 16-byte aligned (odd sizes) take the element-wise path (one value at a time).
 //  * larger M (prefill): a 64×64 fp32 tiled kernel; weight tiles are dequantized element-wise into shared memory.
 //  * grouped: the group offsets live on the device, so both kernels are launched over all groups and each block
 //    reads its group's row range; the small kernel takes groups of ≤ kSmallRows rows, the tiled one the others.
+#include <cuda_fp8.h>
+
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace latent::cuda {
 
 namespace {
 
-constexpr int kR = 4;       // output rows per warp
-constexpr int kMC = 4;      // tokens per pass
-constexpr int kWarps = 4;   // warps per block (small kernel)
+constexpr int kR = 4;         // output rows per block
+constexpr int kWarps = 8;     // warps per block; they split the row (K) between them
+constexpr int kThreads = kWarps * 32;
+constexpr int kMC = 4;        // tokens per pass (M > 1)
 constexpr int64_t kSmallRows = 16;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Elements per 16-byte chunk of stored weight bytes.
 template <int FMT>
-struct ChunkInfo {
-  static constexpr int kElems = FMT == kFmtF32 ? 4 : (FMT == kFmtBF16 || FMT == kFmtF16) ? 8 : FMT == kFmtMxfp4 ? 32 : 16;
-};
+__host__ __device__ constexpr int chunk_elems() {
+  return FMT == kFmtF32 ? 4 : (FMT == kFmtBF16 || FMT == kFmtF16) ? 8 : FMT == kFmtMxfp4 ? 32 : 16;
+}
+// Elements decoded per step (one or two float4 of activations).
+template <int FMT>
+__host__ __device__ constexpr int step_elems() {
+  return FMT == kFmtMxfp4 ? 8 : 4;
+}
 
-// Element e (compile-time) of a 16-byte chunk, decoded (unscaled).
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
+  __half2_raw raw;
+  raw.x = static_cast<unsigned short>(bits & 0xFFFFu);
+  raw.y = static_cast<unsigned short>(bits >> 16);
+  return __half22float2(__half2(raw));
+}
+
+// Step st of a chunk decoded into v[0 .. step_elems): v[e] pairs with activation st·step_elems + e. Values are the
+// stored codes' values before the chunk's scale (mxfp4: times 2^-14, undone once per chunk).
 template <int FMT>
-__device__ __forceinline__ float chunk_elem(const uint4& raw, int e, bool fnuz) {
+__device__ __forceinline__ void decode_step(const uint4& raw, int st, bool fnuz, float (&v)[8]) {
   if constexpr (FMT == kFmtF32) {
-    return __uint_as_float(word_of(raw, e));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = __uint_as_float(word_of(raw, e));
   } else if constexpr (FMT == kFmtBF16) {
-    return bf16_bits_to_f(word_of(raw, e >> 1) >> (16 * (e & 1)));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t w = word_of(raw, 2 * st + (e >> 1));
+      v[e] = __uint_as_float((e & 1) ? (w & 0xFFFF0000u) : (w << 16));
+    }
   } else if constexpr (FMT == kFmtF16) {
-    return f16_bits_to_f(word_of(raw, e >> 1) >> (16 * (e & 1)));
+    const float2 a = half2_bits_to_float2(word_of(raw, 2 * st)), b = half2_bits_to_float2(word_of(raw, 2 * st + 1));
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = b.x;
+    v[3] = b.y;
   } else if constexpr (FMT == kFmtMxfp4) {
-    return e2m1_to_f(word_of(raw, e >> 3) >> (4 * (e & 7)));
-  } else {
-    return e4m3_to_f(word_of(raw, e >> 2) >> (8 * (e & 3)), fnuz);
+    // Two nibbles (j, j+4) of the word at once as fp16 bits: magnitude (e1 e0 m) << 9, sign << 12 — an fp16 whose
+    // value is e2m1 · 2^-14 (subnormal for e = 0), converted exactly to fp32.
+    const uint32_t w = word_of(raw, st);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t x = w >> (4 * j);
+      const float2 f = half2_bits_to_float2(((x & 0x00070007u) << 9) | ((x & 0x00080008u) << 12));
+      v[j] = f.x;
+      v[j + 4] = f.y;
+    }
+  } else {  // fp8 e4m3 (fn: hardware conversion; fnuz: bit decode)
+    const uint32_t w = word_of(raw, st);
+    if (!fnuz) {
+      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+      const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+      v[0] = a.x;
+      v[1] = a.y;
+      v[2] = b.x;
+      v[3] = b.y;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = e4m3_to_f(w >> (8 * e), true);
+    }
   }
 }
 
-template <int FMT>
+// acc[i][m] += Σ_c W[r_i][c] · x[m][c] over this thread's chunks (chunk ch = tid, tid + kThreads, ...).
+template <int FMT, int MC>
 __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
-                                             int nm, float (&acc)[kR][kMC], int lane) {
-  constexpr int E = ChunkInfo<FMT>::kElems;
+                                             int nm, float (&acc)[kR][MC], int tid) {
+  constexpr int E = chunk_elems<FMT>(), U = step_elems<FMT>();
   constexpr bool kScaled = FMT == kFmtFp8Block || FMT == kFmtFp8Tensor || FMT == kFmtFp8Channel || FMT == kFmtMxfp4;
   const int64_t nch = K / E;
   const bool fnuz = w.fnuz != 0;
@@ -59,7 +108,7 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
     if constexpr (FMT == kFmtFp8Channel) rs[i] = static_cast<const float*>(w.scale)[r[i]];
   }
 #pragma unroll 2
-  for (int64_t ch = lane; ch < nch; ch += 32) {
+  for (int64_t ch = tid; ch < nch; ch += kThreads) {
     uint4 raw[kR];
 #pragma unroll
     for (int i = 0; i < kR; ++i) raw[i] = __ldcs(rowp[i] + ch);
@@ -69,41 +118,65 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
       sc[i] = rs[i];
       if constexpr (FMT == kFmtFp8Block)
         sc[i] = static_cast<const float*>(w.scale)[(r[i] / w.block_rows) * w.scale_cols + (ch * E) / w.block_cols];
-      if constexpr (FMT == kFmtMxfp4) sc[i] = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r[i] * w.scale_cols + ch]);
+      if constexpr (FMT == kFmtMxfp4)
+        sc[i] = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r[i] * w.scale_cols + ch]);
     }
+    float part[kR][MC];
 #pragma unroll
-    for (int st = 0; st < E / 4; ++st) {
-      float4 xv[kMC];
+    for (int i = 0; i < kR; ++i)
 #pragma unroll
-      for (int m = 0; m < kMC; ++m)
-        xv[m] = m < nm ? __ldg(reinterpret_cast<const float4*>(x + m * K + ch * E + 4 * st)) : make_float4(0, 0, 0, 0);
+      for (int m = 0; m < MC; ++m) part[i][m] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < E / U; ++st) {
+      float xv[MC][8];
+#pragma unroll
+      for (int m = 0; m < MC; ++m) {
+#pragma unroll
+        for (int h = 0; h < U / 4; ++h) {
+          float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (m < nm) q = __ldg(reinterpret_cast<const float4*>(x + m * K + ch * E + st * U + 4 * h));
+          xv[m][4 * h] = q.x;
+          xv[m][4 * h + 1] = q.y;
+          xv[m][4 * h + 2] = q.z;
+          xv[m][4 * h + 3] = q.w;
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kR; ++i) {
-        float wv[4];
+        float v[8];
+        decode_step<FMT>(raw[i], st, fnuz, v);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          wv[j] = chunk_elem<FMT>(raw[i], 4 * st + j, fnuz);
-          if constexpr (kScaled) wv[j] = __fmul_rn(wv[j], sc[i]);
-        }
+        for (int m = 0; m < MC; ++m)
 #pragma unroll
-        for (int m = 0; m < kMC; ++m)
-          acc[i][m] += wv[0] * xv[m].x + wv[1] * xv[m].y + wv[2] * xv[m].z + wv[3] * xv[m].w;
+          for (int e = 0; e < U; ++e) part[i][m] = fmaf(v[e], xv[m][e], part[i][m]);
       }
     }
+#pragma unroll
+    for (int i = 0; i < kR; ++i)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) {
+        if constexpr (FMT == kFmtMxfp4)
+          acc[i][m] = fmaf(part[i][m] * 16384.0f, sc[i], acc[i][m]);
+        else if constexpr (kScaled)
+          acc[i][m] = fmaf(part[i][m], sc[i], acc[i][m]);
+        else
+          acc[i][m] += part[i][m];
+      }
   }
 }
 
+template <int MC>
 __device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
-                                                 int nm, float (&acc)[kR][kMC], int lane) {
-  for (int64_t c = lane; c < K; c += 32) {
-    float xv[kMC];
+                                                 int nm, float (&acc)[kR][MC], int tid) {
+  for (int64_t c = tid; c < K; c += kThreads) {
+    float xv[MC];
 #pragma unroll
-    for (int m = 0; m < kMC; ++m) xv[m] = m < nm ? x[m * K + c] : 0.0f;
+    for (int m = 0; m < MC; ++m) xv[m] = m < nm ? x[m * K + c] : 0.0f;
 #pragma unroll
     for (int i = 0; i < kR; ++i) {
       const float wv = wget(w, r[i], c);
 #pragma unroll
-      for (int m = 0; m < kMC; ++m) acc[i][m] += wv * xv[m];
+      for (int m = 0; m < MC; ++m) acc[i][m] = fmaf(wv, xv[m], acc[i][m]);
     }
   }
 }
@@ -124,9 +197,12 @@ __device__ __forceinline__ bool vec_ok(const WDesc& w, const float* x) {
          (reinterpret_cast<uintptr_t>(x) & 15) == 0;
 }
 
-// Grid (ceil(rows / (kWarps·kR)), n_groups). Single weight: table == null, offsets == null, tokens [0, M).
-__global__ void __launch_bounds__(kWarps * 32) small_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
-                                                             int64_t M, const float* x, float* y) {
+// Grid (ceil(rows / kR), n_groups); kThreads threads split each row. Single weight: table == null, offsets == null,
+// tokens [0, M). MC = tokens per pass (1 for M = 1, else kMC).
+template <int MC>
+__global__ void __launch_bounds__(kThreads) small_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
+                                                          int64_t M, const float* x, float* y) {
+  __shared__ float red[kWarps][kR * MC];
   const int g = blockIdx.y;
   const WDesc w = table ? table[g] : single;
   int64_t m0 = 0, m1 = M;
@@ -136,43 +212,52 @@ __global__ void __launch_bounds__(kWarps * 32) small_kernel(WDesc single, const 
     if (m1 - m0 > kSmallRows) return;  // the tiled kernel takes this group
   }
   if (m1 <= m0 || w.data == nullptr) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t N = w.rows, K = w.cols;
-  const int64_t rbase = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kR;
+  const int64_t rbase = static_cast<int64_t>(blockIdx.x) * kR;
   if (rbase >= N) return;
   int64_t r[kR];
 #pragma unroll
   for (int i = 0; i < kR; ++i) r[i] = rbase + i < N ? rbase + i : N - 1;  // clamped: loads stay in bounds
   const bool vec = vec_ok(w, x + m0 * K);
-  for (int64_t mb = m0; mb < m1; mb += kMC) {
-    const int nm = static_cast<int>(m1 - mb < kMC ? m1 - mb : kMC);
-    float acc[kR][kMC];
+  for (int64_t mb = m0; mb < m1; mb += MC) {
+    const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
+    float acc[kR][MC];
 #pragma unroll
     for (int i = 0; i < kR; ++i)
 #pragma unroll
-      for (int m = 0; m < kMC; ++m) acc[i][m] = 0.0f;
+      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
     const float* xb = x + mb * K;
     if (vec) {
       switch (w.format) {
-        case kFmtF32: rows_dot_vec<kFmtF32>(w, r, xb, K, nm, acc, lane); break;
-        case kFmtBF16: rows_dot_vec<kFmtBF16>(w, r, xb, K, nm, acc, lane); break;
-        case kFmtF16: rows_dot_vec<kFmtF16>(w, r, xb, K, nm, acc, lane); break;
-        case kFmtFp8Block: rows_dot_vec<kFmtFp8Block>(w, r, xb, K, nm, acc, lane); break;
-        case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor>(w, r, xb, K, nm, acc, lane); break;
-        case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel>(w, r, xb, K, nm, acc, lane); break;
-        case kFmtMxfp4: rows_dot_vec<kFmtMxfp4>(w, r, xb, K, nm, acc, lane); break;
+        case kFmtF32: rows_dot_vec<kFmtF32, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtBF16: rows_dot_vec<kFmtBF16, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtF16: rows_dot_vec<kFmtF16, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC>(w, r, xb, K, nm, acc, tid); break;
         default: break;
       }
     } else {
-      rows_dot_generic(w, r, xb, K, nm, acc, lane);
+      rows_dot_generic<MC>(w, r, xb, K, nm, acc, tid);
     }
 #pragma unroll
     for (int i = 0; i < kR; ++i)
 #pragma unroll
-      for (int m = 0; m < kMC; ++m) {
+      for (int m = 0; m < MC; ++m) {
         const float v = warp_sum(acc[i][m]);
-        if (lane == i * kMC + m && rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = v;
+        if (lane == 0) red[warp][i * MC + m] = v;
       }
+    __syncthreads();
+    if (tid < kR * MC) {
+      const int i = tid / MC, m = tid % MC;
+      float v = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kWarps; ++k) v += red[k][tid];
+      if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = v;
+    }
+    __syncthreads();
   }
 }
 
@@ -264,8 +349,11 @@ WDesc make_wdesc(const QuantWeight& w) {
 void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStream_t st) {
   if (M <= 0 || w.rows <= 0) return;
   if (M <= kSmallRows) {
-    const dim3 grid(static_cast<unsigned>((w.rows + kWarps * kR - 1) / (kWarps * kR)), 1);
-    small_kernel<<<grid, kWarps * 32, 0, st>>>(w, nullptr, nullptr, M, x, y);
+    const dim3 grid(static_cast<unsigned>((w.rows + kR - 1) / kR), 1);
+    if (M == 1)
+      small_kernel<1><<<grid, kThreads, 0, st>>>(w, nullptr, nullptr, M, x, y);
+    else
+      small_kernel<kMC><<<grid, kThreads, 0, st>>>(w, nullptr, nullptr, M, x, y);
   } else {
     const int64_t mt = (M + kTM - 1) / kTM;
     const dim3 grid(static_cast<unsigned>((w.rows + kTN - 1) / kTN), static_cast<unsigned>(mt < 65535 ? mt : 65535), 1);
@@ -277,8 +365,8 @@ void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, i
                            const float* x, float* y, cudaStream_t st) {
   if (n_groups <= 0 || rows <= 0) return;
   const WDesc none{};
-  const dim3 g1(static_cast<unsigned>((rows + kWarps * kR - 1) / (kWarps * kR)), static_cast<unsigned>(n_groups));
-  small_kernel<<<g1, kWarps * 32, 0, st>>>(none, table, offsets, 0, x, y);
+  const dim3 g1(static_cast<unsigned>((rows + kR - 1) / kR), static_cast<unsigned>(n_groups));
+  small_kernel<kMC><<<g1, kThreads, 0, st>>>(none, table, offsets, 0, x, y);
   const dim3 g2(static_cast<unsigned>((rows + kTN - 1) / kTN), 8, static_cast<unsigned>(n_groups));
   tiled_kernel<<<g2, 256, 0, st>>>(none, table, offsets, 0, x, y);
 }

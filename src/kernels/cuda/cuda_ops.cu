@@ -207,6 +207,7 @@ __global__ void indexer_kernel(const float* q, const float* w, const float* k, i
 // 8 bits), gather the keys ≥ it (exactly kk), bitonic-sort them descending, write the indices.
 __device__ __forceinline__ uint64_t topk_key(float v, int64_t t) {
   uint32_t b = __float_as_uint(v);
+  if (v == 0.0f) b = 0;  // -0 ties with +0, as in the ref's comparison
   uint32_t o;
   if ((b & 0x7FFFFFFFu) > 0x7F800000u)
     o = 0;  // NaN sorts last
