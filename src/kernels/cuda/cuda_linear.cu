@@ -2,7 +2,7 @@
 //  * M ≤ kSmallRows (decode, skinny): one block computes kR output rows for up to kMC tokens at a time; its threads
 //    split the rows (split-K) in 16-byte chunks of stored weight bytes, decoded in registers (bf16/f16: 8 values,
 //    fp8: 16 through the hardware e4m3→f16 conversion, mxfp4: 32 as fp16 bit patterns), the chunk's scale applied
-//    once to its partial sum, fp32 accumulation, warp-shuffle + shared-memory reduction in a fixed order. Rows whose
+//    once to its partial sum, chunk partials in fp32, accumulated in fp64 across chunks and in the warp-shuffle + shared-memory reduction in a fixed order. Rows whose
 //    bytes are not 16-byte aligned (odd sizes) take the element-wise path (one value at a time).
 //  * larger M (prefill): a 64×64 fp32 tiled kernel; weight tiles are dequantized element-wise into shared memory.
 //  * grouped: the group offsets live on the device, so both kernels are launched over all groups and each block
@@ -15,10 +15,14 @@ namespace latent::cuda {
 
 namespace {
 
-constexpr int kR = 4;         // output rows per block
 constexpr int kWarps = 8;     // warps per block; they split the row (K) between them
 constexpr int kThreads = kWarps * 32;
 constexpr int kMC = 4;        // tokens per pass (M > 1)
+// Output rows per block: 4 at M = 1 (activations reused over 4 rows), 2 for the 4-token passes (registers).
+template <int MC>
+__host__ __device__ constexpr int rows_per_block() {
+  return MC == 1 ? 4 : 2;
+}
 constexpr int64_t kSmallRows = 16;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
@@ -91,9 +95,9 @@ __device__ __forceinline__ void decode_step(const uint4& raw, int st, bool fnuz,
 }
 
 // acc[i][m] += Σ_c W[r_i][c] · x[m][c] over this thread's chunks (chunk ch = tid, tid + kThreads, ...).
-template <int FMT, int MC>
+template <int FMT, int MC, int kR = rows_per_block<MC>()>
 __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
-                                             int nm, float (&acc)[kR][MC], int tid) {
+                                             int nm, double (&acc)[kR][MC], int tid) {
   constexpr int E = chunk_elems<FMT>(), U = step_elems<FMT>();
   constexpr bool kScaled = FMT == kFmtFp8Block || FMT == kFmtFp8Tensor || FMT == kFmtFp8Channel || FMT == kFmtMxfp4;
   const int64_t nch = K / E;
@@ -156,18 +160,18 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
         if constexpr (FMT == kFmtMxfp4)
-          acc[i][m] = fmaf(part[i][m] * 16384.0f, sc[i], acc[i][m]);
+          acc[i][m] = fma(static_cast<double>(part[i][m] * 16384.0f), static_cast<double>(sc[i]), acc[i][m]);
         else if constexpr (kScaled)
-          acc[i][m] = fmaf(part[i][m], sc[i], acc[i][m]);
+          acc[i][m] = fma(static_cast<double>(part[i][m]), static_cast<double>(sc[i]), acc[i][m]);
         else
           acc[i][m] += part[i][m];
       }
   }
 }
 
-template <int MC>
+template <int MC, int kR = rows_per_block<MC>()>
 __device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
-                                                 int nm, float (&acc)[kR][MC], int tid) {
+                                                 int nm, double (&acc)[kR][MC], int tid) {
   for (int64_t c = tid; c < K; c += kThreads) {
     float xv[MC];
 #pragma unroll
@@ -176,7 +180,7 @@ __device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (
     for (int i = 0; i < kR; ++i) {
       const float wv = wget(w, r[i], c);
 #pragma unroll
-      for (int m = 0; m < MC; ++m) acc[i][m] = fmaf(wv, xv[m], acc[i][m]);
+      for (int m = 0; m < MC; ++m) acc[i][m] = fma(static_cast<double>(wv), static_cast<double>(xv[m]), acc[i][m]);
     }
   }
 }
@@ -202,7 +206,8 @@ __device__ __forceinline__ bool vec_ok(const WDesc& w, const float* x) {
 template <int MC>
 __global__ void __launch_bounds__(kThreads) small_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
                                                           int64_t M, const float* x, float* y) {
-  __shared__ float red[kWarps][kR * MC];
+  constexpr int kR = rows_per_block<MC>();
+  __shared__ double red[kWarps][kR * MC];
   const int g = blockIdx.y;
   const WDesc w = table ? table[g] : single;
   int64_t m0 = 0, m1 = M;
@@ -222,11 +227,11 @@ __global__ void __launch_bounds__(kThreads) small_kernel(WDesc single, const WDe
   const bool vec = vec_ok(w, x + m0 * K);
   for (int64_t mb = m0; mb < m1; mb += MC) {
     const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
-    float acc[kR][MC];
+    double acc[kR][MC];
 #pragma unroll
     for (int i = 0; i < kR; ++i)
 #pragma unroll
-      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
+      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0;
     const float* xb = x + mb * K;
     if (vec) {
       switch (w.format) {
@@ -246,16 +251,16 @@ __global__ void __launch_bounds__(kThreads) small_kernel(WDesc single, const WDe
     for (int i = 0; i < kR; ++i)
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
-        const float v = warp_sum(acc[i][m]);
+        const double v = warp_sum_d(acc[i][m]);
         if (lane == 0) red[warp][i * MC + m] = v;
       }
     __syncthreads();
     if (tid < kR * MC) {
       const int i = tid / MC, m = tid % MC;
-      float v = 0.0f;
+      double v = 0.0;
 #pragma unroll
       for (int k = 0; k < kWarps; ++k) v += red[k][tid];
-      if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = v;
+      if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = static_cast<float>(v);
     }
     __syncthreads();
   }
@@ -349,11 +354,11 @@ WDesc make_wdesc(const QuantWeight& w) {
 void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStream_t st) {
   if (M <= 0 || w.rows <= 0) return;
   if (M <= kSmallRows) {
-    const dim3 grid(static_cast<unsigned>((w.rows + kR - 1) / kR), 1);
+    constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
     if (M == 1)
-      small_kernel<1><<<grid, kThreads, 0, st>>>(w, nullptr, nullptr, M, x, y);
+      small_kernel<1><<<static_cast<unsigned>((w.rows + r1 - 1) / r1), kThreads, 0, st>>>(w, nullptr, nullptr, M, x, y);
     else
-      small_kernel<kMC><<<grid, kThreads, 0, st>>>(w, nullptr, nullptr, M, x, y);
+      small_kernel<kMC><<<static_cast<unsigned>((w.rows + r4 - 1) / r4), kThreads, 0, st>>>(w, nullptr, nullptr, M, x, y);
   } else {
     const int64_t mt = (M + kTM - 1) / kTM;
     const dim3 grid(static_cast<unsigned>((w.rows + kTN - 1) / kTN), static_cast<unsigned>(mt < 65535 ? mt : 65535), 1);
@@ -365,7 +370,8 @@ void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, i
                            const float* x, float* y, cudaStream_t st) {
   if (n_groups <= 0 || rows <= 0) return;
   const WDesc none{};
-  const dim3 g1(static_cast<unsigned>((rows + kR - 1) / kR), static_cast<unsigned>(n_groups));
+  constexpr int r4 = rows_per_block<kMC>();
+  const dim3 g1(static_cast<unsigned>((rows + r4 - 1) / r4), static_cast<unsigned>(n_groups));
   small_kernel<kMC><<<g1, kThreads, 0, st>>>(none, table, offsets, 0, x, y);
   const dim3 g2(static_cast<unsigned>((rows + kTN - 1) / kTN), 8, static_cast<unsigned>(n_groups));
   tiled_kernel<<<g2, 256, 0, st>>>(none, table, offsets, 0, x, y);
