@@ -130,28 +130,33 @@ __global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, const float* 
 }
 
 // ---- absorbed form: block per (s, h), 256 threads (8 warps) ----
-// Keys: c(t) / kpe(t) give the latent row and the rotated key of key t.
+// Keys: rows(t) gives key t's latent row (dc values) and rotated key (dr values); T is their element type
+// (float, or uint16_t holding bf16 bits).
+__device__ __forceinline__ float ld(const float* p, int64_t x) { return p[x]; }
+__device__ __forceinline__ float ld(const uint16_t* p, int64_t x) { return bf16_bits_to_f(p[x]); }
+
 struct ContiguousKeys {
+  using Elem = float;
   const float* c;
   const float* k_pe;
   int64_t dc, dr;
-  __device__ float cv(int64_t t, int64_t x) const { return c[t * dc + x]; }
-  __device__ float kv(int64_t t, int64_t x) const { return k_pe[t * dr + x]; }
+  __device__ void rows(int64_t t, const float*& cr, const float*& kr) const {
+    cr = c + t * dc;
+    kr = k_pe + t * dr;
+  }
 };
+template <class T>
 struct PagedKeys {
-  KvPool pool;
+  using Elem = T;
+  const T* data;
+  int64_t width, block_tokens;
   const int32_t* blocks;  // this sequence's block table
   int64_t dc;
-  __device__ int64_t row(int64_t t) const {
-    return static_cast<int64_t>(blocks[t / pool.block_tokens]) * pool.block_tokens + t % pool.block_tokens;
+  __device__ void rows(int64_t t, const T*& cr, const T*& kr) const {
+    const int64_t row = static_cast<int64_t>(blocks[t / block_tokens]) * block_tokens + t % block_tokens;
+    cr = data + row * width;
+    kr = cr + dc;
   }
-  __device__ float at(int64_t t, int64_t col) const {
-    const int64_t i = row(t) * pool.width + col;
-    return pool.dtype == DType::BF16 ? bf16_bits_to_f(static_cast<const uint16_t*>(pool.data)[i])
-                                     : static_cast<const float*>(pool.data)[i];
-  }
-  __device__ float cv(int64_t t, int64_t x) const { return at(t, x); }
-  __device__ float kv(int64_t t, int64_t x) const { return at(t, dc + x); }
 };
 
 // One (query, head): q_row [dqk] in global memory, keys t ≤ last allowed by `bits` (already built), o_row [dv].
@@ -174,10 +179,13 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   }
   __syncthreads();
   // Warp per key: lanes over the latent dims.
+  using Elem = typename Keys::Elem;
   auto score = [&](int64_t t) {
+    const Elem *cr, *kr;
+    keys.rows(t, cr, kr);
     float dot = 0.0f;
-    for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], keys.cv(t, x), dot);
-    for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], keys.kv(t, x), dot);
+    for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], ld(cr, x), dot);
+    for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], ld(kr, x), dot);
     return scaled(warp_sum(dot), scale, bf16);
   };
   float m = __uint_as_float(0xFF800000u), l = 0.0f;
@@ -209,11 +217,12 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
     for (int64_t j = 0; j < nt; ++j) {
       const float pj = p_sh[j];
       if (pj == 0.0f) continue;
-      const int64_t t = t_sh[j];
+      const Elem *cr, *kr;
+      keys.rows(t_sh[j], cr, kr);
 #pragma unroll
       for (int i = 0; i < kMaxPerThread; ++i) {
         const int64_t x = threadIdx.x + i * blockDim.x;
-        if (x < dc) acc[i] = fmaf(pj, keys.cv(t, x), acc[i]);
+        if (x < dc) acc[i] = fmaf(pj, ld(cr, x), acc[i]);
       }
     }
     __syncthreads();
@@ -250,7 +259,8 @@ __global__ void __launch_bounds__(256) mla_absorbed_kernel(MlaDims d, const floa
                bf16);
 }
 
-// Persistent grid over (token, head) work items of the whole step; bitmap sized by max_ctx.
+// Persistent grid over (token, head) work items of the whole step; bitmap sized by max_ctx. Elem: pool element type.
+template <class Elem>
 __global__ void __launch_bounds__(256) mla_absorbed_paged_kernel(MlaDims d, const float* q, WDesc kv_b, KvPool pool,
                                                                   StepSeqs seqs, const int64_t* pos, KeySelection sel,
                                                                   float scale, float* o, bool bf16) {
@@ -283,7 +293,8 @@ __global__ void __launch_bounds__(256) mla_absorbed_paged_kernel(MlaDims d, cons
       }
     }
     __syncthreads();
-    const PagedKeys keys{pool, seqs.block_table + s * seqs.max_blocks, d.latent};
+    const PagedKeys<Elem> keys{static_cast<const Elem*>(pool.data), pool.width, pool.block_tokens,
+                            seqs.block_table + s * seqs.max_blocks, d.latent};
     absorbed_one(d, q + i * H * dqk + h * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, scale,
                  o + i * H * d.v + h * d.v, bf16);
   }
@@ -319,8 +330,11 @@ void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv
   int dev = 0, sms = 132;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  mla_absorbed_paged_kernel<<<static_cast<unsigned>(sms * 8), 256, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel,
-                                                                               scale, o, bf16);
+  const unsigned grid = static_cast<unsigned>(sms * 8);
+  if (pool.dtype == DType::BF16)
+    mla_absorbed_paged_kernel<uint16_t><<<grid, 256, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16);
+  else
+    mla_absorbed_paged_kernel<float><<<grid, 256, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16);
 }
 
 }  // namespace latent::cuda

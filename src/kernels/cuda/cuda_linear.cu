@@ -2,7 +2,7 @@
 //  * M ≤ kSmallRows (decode, skinny): one block computes kR output rows for up to kMC tokens at a time; its threads
 //    split the rows (split-K) in 16-byte chunks of stored weight bytes, decoded in registers (bf16/f16: 8 values,
 //    fp8: 16 through the hardware e4m3→f16 conversion, mxfp4: 32 as fp16 bit patterns), the chunk's scale applied
-//    once to its partial sum, chunk partials in fp32, accumulated in fp64 across chunks and in the warp-shuffle + shared-memory reduction in a fixed order. Rows whose
+//    once to its partial sum, fp32 accumulation per thread, the cross-thread reduction (warp shuffles, then shared memory in a fixed order) in fp64 in a fixed order. Rows whose
 //    bytes are not 16-byte aligned (odd sizes) take the element-wise path (one value at a time).
 //  * larger M (prefill): a 64×64 fp32 tiled kernel; weight tiles are dequantized element-wise into shared memory.
 //  * grouped: the group offsets live on the device, so both kernels are launched over all groups and each block
@@ -97,7 +97,7 @@ __device__ __forceinline__ void decode_step(const uint4& raw, int st, bool fnuz,
 // acc[i][m] += Σ_c W[r_i][c] · x[m][c] over this thread's chunks (chunk ch = tid, tid + kThreads, ...).
 template <int FMT, int MC, int kR = rows_per_block<MC>()>
 __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
-                                             int nm, double (&acc)[kR][MC], int tid) {
+                                             int nm, float (&acc)[kR][MC], int tid) {
   constexpr int E = chunk_elems<FMT>(), U = step_elems<FMT>();
   constexpr bool kScaled = FMT == kFmtFp8Block || FMT == kFmtFp8Tensor || FMT == kFmtFp8Channel || FMT == kFmtMxfp4;
   const int64_t nch = K / E;
@@ -160,9 +160,9 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
         if constexpr (FMT == kFmtMxfp4)
-          acc[i][m] = fma(static_cast<double>(part[i][m] * 16384.0f), static_cast<double>(sc[i]), acc[i][m]);
+          acc[i][m] = fmaf(part[i][m] * 16384.0f, sc[i], acc[i][m]);
         else if constexpr (kScaled)
-          acc[i][m] = fma(static_cast<double>(part[i][m]), static_cast<double>(sc[i]), acc[i][m]);
+          acc[i][m] = fmaf(part[i][m], sc[i], acc[i][m]);
         else
           acc[i][m] += part[i][m];
       }
@@ -171,7 +171,7 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
 
 template <int MC, int kR = rows_per_block<MC>()>
 __device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
-                                                 int nm, double (&acc)[kR][MC], int tid) {
+                                                 int nm, float (&acc)[kR][MC], int tid) {
   for (int64_t c = tid; c < K; c += kThreads) {
     float xv[MC];
 #pragma unroll
@@ -180,7 +180,7 @@ __device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (
     for (int i = 0; i < kR; ++i) {
       const float wv = wget(w, r[i], c);
 #pragma unroll
-      for (int m = 0; m < MC; ++m) acc[i][m] = fma(static_cast<double>(wv), static_cast<double>(xv[m]), acc[i][m]);
+      for (int m = 0; m < MC; ++m) acc[i][m] = fmaf(wv, xv[m], acc[i][m]);
     }
   }
 }
@@ -227,11 +227,11 @@ __global__ void __launch_bounds__(kThreads) small_kernel(WDesc single, const WDe
   const bool vec = vec_ok(w, x + m0 * K);
   for (int64_t mb = m0; mb < m1; mb += MC) {
     const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
-    double acc[kR][MC];
+    float acc[kR][MC];
 #pragma unroll
     for (int i = 0; i < kR; ++i)
 #pragma unroll
-      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0;
+      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
     const float* xb = x + mb * K;
     if (vec) {
       switch (w.format) {
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) small_kernel(WDesc single, const WDe
     for (int i = 0; i < kR; ++i)
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
-        const double v = warp_sum_d(acc[i][m]);
+        const double v = warp_sum_d(static_cast<double>(acc[i][m]));
         if (lane == 0) red[warp][i * MC + m] = v;
       }
     __syncthreads();
