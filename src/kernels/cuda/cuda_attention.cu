@@ -153,7 +153,8 @@ struct PagedKeys {
   const int32_t* blocks;  // this sequence's block table
   int64_t dc;
   __device__ void rows(int64_t t, const T*& cr, const T*& kr) const {
-    const int64_t row = static_cast<int64_t>(blocks[t / block_tokens]) * block_tokens + t % block_tokens;
+    const int32_t tt = static_cast<int32_t>(t), bt = static_cast<int32_t>(block_tokens);  // 32-bit: cheap division
+    const int64_t row = static_cast<int64_t>(blocks[tt / bt]) * bt + tt % bt;
     cr = data + row * width;
     kr = cr + dc;
   }
@@ -164,8 +165,9 @@ template <class Keys>
 __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& kv_b, const Keys& keys, int64_t h,
                              int64_t last, const uint32_t* bits, float* qs, float* qlat, float* olat, float scale,
                              float* o_row, bool bf16) {
+  using Elem = typename Keys::Elem;
   __shared__ float p_sh[kTile];
-  __shared__ int64_t t_sh[kTile];
+  __shared__ const Elem* row_sh[kTile];
   __shared__ float shm[32], shl[32];
   const int64_t dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = dn + dr, dkv = dn + dv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -179,21 +181,32 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   }
   __syncthreads();
   // Warp per key: lanes over the latent dims.
-  using Elem = typename Keys::Elem;
-  auto score = [&](int64_t t) {
-    const Elem *cr, *kr;
-    keys.rows(t, cr, kr);
+  auto dot_of = [&](const Elem* cr, const Elem* kr) {
     float dot = 0.0f;
     for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], ld(cr, x), dot);
     for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], ld(kr, x), dot);
-    return scaled(warp_sum(dot), scale, bf16);
+    return dot;
   };
+  auto score = [&](int64_t t) {
+    const Elem *cr, *kr;
+    keys.rows(t, cr, kr);
+    return scaled(warp_sum(dot_of(cr, kr)), scale, bf16);
+  };
+  // Statistics pass: two keys per warp iteration (independent loads in flight).
   float m = __uint_as_float(0xFF800000u), l = 0.0f;
-  for (int64_t t = warp; t <= last; t += nw)
-    if (allowed(bits, t)) {
-      const float v = score(t);
-      if (lane == 0) online_add(m, l, v);
+  for (int64_t t = warp; t <= last; t += 2 * nw) {
+    const int64_t t2 = t + nw;
+    const bool a1 = allowed(bits, t), a2 = t2 <= last && allowed(bits, t2);
+    const Elem *c1, *k1, *c2, *k2;
+    keys.rows(t, c1, k1);
+    keys.rows(a2 ? t2 : t, c2, k2);
+    const float d1 = a1 ? dot_of(c1, k1) : 0.0f, d2 = a2 ? dot_of(c2, k2) : 0.0f;
+    const float v1 = scaled(warp_sum(d1), scale, bf16), v2 = scaled(warp_sum(d2), scale, bf16);
+    if (lane == 0) {
+      if (a1) online_add(m, l, v1);
+      if (a2) online_add(m, l, v2);
     }
+  }
   float gm, gl;
   block_softmax_stats(m, l, shm, shl, gm, gl);
   float acc[kMaxPerThread];
@@ -209,7 +222,9 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
       }
       if (lane == 0) {
         p_sh[j] = p;
-        t_sh[j] = t <= last ? t : last;
+        const Elem *cr, *kr;
+        keys.rows(t <= last ? t : last, cr, kr);
+        row_sh[j] = cr;
       }
     }
     __syncthreads();
@@ -217,8 +232,7 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
     for (int64_t j = 0; j < nt; ++j) {
       const float pj = p_sh[j];
       if (pj == 0.0f) continue;
-      const Elem *cr, *kr;
-      keys.rows(t_sh[j], cr, kr);
+      const Elem* cr = row_sh[j];
 #pragma unroll
       for (int i = 0; i < kMaxPerThread; ++i) {
         const int64_t x = threadIdx.x + i * blockDim.x;
