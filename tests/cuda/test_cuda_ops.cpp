@@ -633,6 +633,8 @@ const AttnCase kAttnCases[] = {
     {1, 16, 8, 16, 32, 1, 0, false},   {3, 24, 16, 20, 96, 2, 3, false},  {8, 64, 32, 64, 256, 1, 40, false},
     {4, 32, 16, 24, 64, 5, 11, true},  {3, 24, 8, 20, 160, 17, 0, false}, {2, 16, 16, 16, 32, 17, 30, true},
     {5, 40, 8, 33, 96, 1, 200, true},  {4, 192, 64, 256, 512, 2, 700, false}, {2, 48, 16, 40, 128, 3, 1500, true},
+    {2, 16, 6, 16, 40, 3, 50, true},   // rope dim not a multiple of 4: element-wise key loads
+    {1, 16, 8, 16, 32, 1, 60000, false},  // more keys than the shared-memory score cache: scores recomputed
 };
 
 TEST(CudaOps, MlaAttentionNaive) {

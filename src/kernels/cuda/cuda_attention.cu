@@ -10,7 +10,7 @@ namespace latent::cuda {
 namespace {
 
 constexpr int kTile = 128;
-constexpr int kMaxPerThread = 4;  // dv (naive, 128 threads) ≤ 512; dc (absorbed, 256 threads) ≤ 1024
+constexpr int kMaxPerThread = 4;  // naive form: dv ≤ 4 · 128
 
 // Marks the keys query s may attend to; returns last (keys t ≤ last are causal-allowed).
 __device__ int64_t build_allowed(uint32_t* bits, int64_t s, int64_t T, const int64_t* q_pos, KeySelection sel) {
@@ -161,11 +161,49 @@ struct PagedKeys {
 };
 
 // One (query, head): q_row [dqk] in global memory, keys t ≤ last allowed by `bits` (already built), o_row [dv].
+// Vector loads of key rows: 16 bytes (4 fp32 or 8 bf16) into floats.
+template <class Elem>
+struct KeyVec;
+template <>
+struct KeyVec<float> {
+  static constexpr int kN = 4;
+  __device__ static void load(const float* p, float (&v)[8]) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  }
+};
+template <>
+struct KeyVec<uint16_t> {
+  static constexpr int kN = 8;
+  __device__ static void load(const uint16_t* p, float (&v)[8]) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = __uint_as_float(w[k] << 16);
+      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+};
+
+constexpr int kAbsThreads = 512;
+constexpr int kMaxChunksPerThread = 2;
+
+// One (query, head): q_row [dqk] in global memory, keys t ≤ last allowed by `bits` (already built), o_row [dv].
+// Shared memory (caller's): qs [dqk], qlat [dc], olat [dc], part [dc · groups], sc [last + 1] when `sc` is non-null
+// (the scores of the first pass, reused by the second; null: recomputed).
+// Pass 1 (warp per key, two keys per iteration, 16-byte loads when `vec`): scores and the softmax statistics.
+// Pass 2 (tiles of kTile keys): probabilities (one thread per key), then Σ p·c with threads split into column
+// chunks × key groups, the groups summed in a fixed order.
 template <class Keys>
 __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& kv_b, const Keys& keys, int64_t h,
-                             int64_t last, const uint32_t* bits, float* qs, float* qlat, float* olat, float scale,
-                             float* o_row, bool bf16) {
+                             int64_t last, const uint32_t* bits, float* qs, float* qlat, float* olat, float* part,
+                             float* sc, bool vec, float scale, float* o_row, bool bf16) {
   using Elem = typename Keys::Elem;
+  using V = KeyVec<Elem>;
   __shared__ float p_sh[kTile];
   __shared__ const Elem* row_sh[kTile];
   __shared__ float shm[32], shl[32];
@@ -183,16 +221,25 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   // Warp per key: lanes over the latent dims.
   auto dot_of = [&](const Elem* cr, const Elem* kr) {
     float dot = 0.0f;
-    for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], ld(cr, x), dot);
-    for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], ld(kr, x), dot);
+    if (vec) {
+      float v[8];
+      for (int64_t cch = lane; cch < dc / V::kN; cch += 32) {
+        V::load(cr + cch * V::kN, v);
+#pragma unroll
+        for (int e = 0; e < V::kN; ++e) dot = fmaf(qlat[cch * V::kN + e], v[e], dot);
+      }
+      for (int64_t cch = lane; cch < dr / V::kN; cch += 32) {
+        V::load(kr + cch * V::kN, v);
+#pragma unroll
+        for (int e = 0; e < V::kN; ++e) dot = fmaf(qs[dn + cch * V::kN + e], v[e], dot);
+      }
+    } else {
+      for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], ld(cr, x), dot);
+      for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], ld(kr, x), dot);
+    }
     return dot;
   };
-  auto score = [&](int64_t t) {
-    const Elem *cr, *kr;
-    keys.rows(t, cr, kr);
-    return scaled(warp_sum(dot_of(cr, kr)), scale, bf16);
-  };
-  // Statistics pass: two keys per warp iteration (independent loads in flight).
+  // Pass 1.
   float m = __uint_as_float(0xFF800000u), l = 0.0f;
   for (int64_t t = warp; t <= last; t += 2 * nw) {
     const int64_t t2 = t + nw;
@@ -205,46 +252,92 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
     if (lane == 0) {
       if (a1) online_add(m, l, v1);
       if (a2) online_add(m, l, v2);
+      if (sc) {
+        sc[t] = v1;
+        if (t2 <= last) sc[t2] = v2;
+      }
     }
   }
   float gm, gl;
-  block_softmax_stats(m, l, shm, shl, gm, gl);
-  float acc[kMaxPerThread];
+  block_softmax_stats(m, l, shm, shl, gm, gl);  // (syncs: sc visible)
+  // Pass 2 layout: nch column chunks of cw values; groups of threads take interleaved keys.
+  const int cw = vec ? V::kN : 1;
+  const int64_t nch = dc / cw;
+  const int groups = nch >= blockDim.x ? 1 : static_cast<int>(blockDim.x / nch);
+  const int grp = static_cast<int>(threadIdx.x / (nch >= blockDim.x ? blockDim.x : nch));
+  float acc[kMaxChunksPerThread][8];
 #pragma unroll
-  for (int i = 0; i < kMaxPerThread; ++i) acc[i] = 0.0f;
+  for (int u = 0; u < kMaxChunksPerThread; ++u)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
   for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
-    for (int64_t j = warp; j < kTile; j += nw) {
-      const int64_t t = t0 + j;
-      float p = 0.0f;
-      if (t <= last && allowed(bits, t)) {
-        p = expf(score(t) - gm) / gl;
-        if (bf16) p = bf16r(p);
-      }
-      if (lane == 0) {
-        p_sh[j] = p;
+    if (sc) {
+      for (int64_t j = threadIdx.x; j < kTile; j += blockDim.x) {
+        const int64_t t = t0 + j;
+        float p = 0.0f;
+        if (t <= last && allowed(bits, t)) {
+          p = expf(sc[t] - gm) / gl;
+          if (bf16) p = bf16r(p);
+        }
         const Elem *cr, *kr;
         keys.rows(t <= last ? t : last, cr, kr);
+        p_sh[j] = p;
         row_sh[j] = cr;
+      }
+    } else {
+      for (int64_t j = warp; j < kTile; j += nw) {
+        const int64_t t = t0 + j;
+        const Elem *cr, *kr;
+        keys.rows(t <= last ? t : last, cr, kr);
+        float p = 0.0f;
+        if (t <= last && allowed(bits, t)) {
+          p = expf(scaled(warp_sum(dot_of(cr, kr)), scale, bf16) - gm) / gl;
+          if (bf16) p = bf16r(p);
+        }
+        if (lane == 0) {
+          p_sh[j] = p;
+          row_sh[j] = cr;
+        }
       }
     }
     __syncthreads();
     const int64_t nt = last - t0 + 1 < kTile ? last - t0 + 1 : kTile;
-    for (int64_t j = 0; j < nt; ++j) {
-      const float pj = p_sh[j];
-      if (pj == 0.0f) continue;
-      const Elem* cr = row_sh[j];
+    if (grp < groups) {
+      for (int64_t j = grp; j < nt; j += groups) {
+        const float pj = p_sh[j];
+        if (pj == 0.0f) continue;
+        const Elem* cr = row_sh[j];
 #pragma unroll
-      for (int i = 0; i < kMaxPerThread; ++i) {
-        const int64_t x = threadIdx.x + i * blockDim.x;
-        if (x < dc) acc[i] = fmaf(pj, ld(cr, x), acc[i]);
+        for (int u = 0; u < kMaxChunksPerThread; ++u) {
+          const int64_t cch = (threadIdx.x % (nch >= blockDim.x ? blockDim.x : nch)) + u * blockDim.x;
+          if (cch >= nch) break;
+          if (vec) {
+            float v[8];
+            V::load(cr + cch * cw, v);
+#pragma unroll
+            for (int e = 0; e < V::kN; ++e) acc[u][e] = fmaf(pj, v[e], acc[u][e]);
+          } else {
+            acc[u][0] = fmaf(pj, ld(cr, cch), acc[u][0]);
+          }
+        }
       }
     }
     __syncthreads();
   }
+  // Group partials to shared memory, then summed over the groups in order.
+  if (grp < groups) {
 #pragma unroll
-  for (int i = 0; i < kMaxPerThread; ++i) {
-    const int64_t x = threadIdx.x + i * blockDim.x;
-    if (x < dc) olat[x] = bf16 ? bf16r(acc[i]) : acc[i];
+    for (int u = 0; u < kMaxChunksPerThread; ++u) {
+      const int64_t cch = (threadIdx.x % (nch >= blockDim.x ? blockDim.x : nch)) + u * blockDim.x;
+      if (cch >= nch) break;
+      for (int e = 0; e < cw; ++e) part[grp * dc + cch * cw + e] = acc[u][e];
+    }
+  }
+  __syncthreads();
+  for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
+    float a = 0.0f;
+    for (int g = 0; g < groups; ++g) a += part[g * dc + x];
+    olat[x] = bf16 ? bf16r(a) : a;
   }
   __syncthreads();
   // o = W_UV[h] · o_lat: warp per output dim.
@@ -257,34 +350,58 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(256) mla_absorbed_kernel(MlaDims d, const float* q, WDesc kv_b, const float* c,
-                                                            const float* k_pe, int64_t T, const int64_t* q_pos,
-                                                            KeySelection sel, float scale, float* o, bool bf16) {
+// Shared memory of the absorbed kernels: bitmap words, qs, qlat, olat, part (groups · dc), then the score cache.
+struct AbsLayout {
+  int64_t words, groups;
+  size_t fixed_bytes;
+};
+__host__ __device__ inline AbsLayout abs_layout(const MlaDims& d, int64_t max_keys, bool vec, int64_t vec_n) {
+  AbsLayout a;
+  a.words = (max_keys + 31) / 32;
+  const int64_t nch = d.latent / (vec ? vec_n : 1);
+  a.groups = nch >= kAbsThreads ? 1 : kAbsThreads / nch;
+  a.fixed_bytes = static_cast<size_t>(a.words * 4 + (d.nope + d.rope + 2 * d.latent + a.groups * d.latent) * 4);
+  return a;
+}
+constexpr size_t kAbsSmemCap = 200 * 1024;  // opt-in dynamic shared memory per block (H200: up to 227 KB)
+
+__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, const float* q, WDesc kv_b,
+                                                                    const float* c, const float* k_pe, int64_t T,
+                                                                    const int64_t* q_pos, KeySelection sel,
+                                                                    float scale, float* o, bool bf16, bool vec,
+                                                                    bool cache_scores) {
   extern __shared__ uint32_t smem_u[];
-  const int64_t H = d.n_heads, dqk = d.nope + d.rope;
+  const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
   const int64_t s = blockIdx.x / H, h = blockIdx.x % H;
+  const AbsLayout L = abs_layout(d, T, vec, KeyVec<float>::kN);
   uint32_t* bits = smem_u;
-  float* qs = reinterpret_cast<float*>(smem_u + (T + 31) / 32);  // [dqk]
-  float* qlat = qs + dqk;                                         // [dc]
-  float* olat = qlat + d.latent;                                  // [dc]
+  float* qs = reinterpret_cast<float*>(smem_u + L.words);
+  float* qlat = qs + dqk;
+  float* olat = qlat + dc;
+  float* part = olat + dc;
+  float* sc = cache_scores ? part + L.groups * dc : nullptr;
   const int64_t last = build_allowed(bits, s, T, q_pos, sel);
-  const ContiguousKeys keys{c, k_pe, d.latent, d.rope};
-  absorbed_one(d, q + (s * H + h) * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, scale, o + (s * H + h) * d.v,
-               bf16);
+  const ContiguousKeys keys{c, k_pe, dc, d.rope};
+  absorbed_one(d, q + (s * H + h) * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
+               o + (s * H + h) * d.v, bf16);
 }
 
-// Persistent grid over (token, head) work items of the whole step; bitmap sized by max_ctx. Elem: pool element type.
+// Persistent grid over (token, head) work items of the whole step; bitmap and score cache sized by max_ctx.
 template <class Elem>
-__global__ void __launch_bounds__(256) mla_absorbed_paged_kernel(MlaDims d, const float* q, WDesc kv_b, KvPool pool,
-                                                                  StepSeqs seqs, const int64_t* pos, KeySelection sel,
-                                                                  float scale, float* o, bool bf16) {
+__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims d, const float* q, WDesc kv_b,
+                                                                         KvPool pool, StepSeqs seqs,
+                                                                         const int64_t* pos, KeySelection sel,
+                                                                         float scale, float* o, bool bf16, bool vec,
+                                                                         bool cache_scores) {
   extern __shared__ uint32_t smem_u[];
-  const int64_t H = d.n_heads, dqk = d.nope + d.rope;
-  const int64_t words = (seqs.max_ctx + 31) / 32;
+  const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
+  const AbsLayout L = abs_layout(d, seqs.max_ctx, vec, KeyVec<Elem>::kN);
   uint32_t* bits = smem_u;
-  float* qs = reinterpret_cast<float*>(smem_u + words);
+  float* qs = reinterpret_cast<float*>(smem_u + L.words);
   float* qlat = qs + dqk;
-  float* olat = qlat + d.latent;
+  float* olat = qlat + dc;
+  float* part = olat + dc;
+  float* sc = cache_scores ? part + L.groups * dc : nullptr;
   const int64_t N = seqs.q_begin[seqs.n_seqs];
   for (int64_t item = blockIdx.x; item < N * H; item += gridDim.x) {
     const int64_t i = item / H, h = item % H;
@@ -296,7 +413,7 @@ __global__ void __launch_bounds__(256) mla_absorbed_paged_kernel(MlaDims d, cons
     }
     const int64_t s = lo, T = seqs.ctx_len[s];
     const int64_t last = pos[i] < T - 1 ? pos[i] : T - 1;
-    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) bits[w] = sel.sel ? 0u : 0xFFFFFFFFu;
+    for (int64_t w = threadIdx.x; w < L.words; w += blockDim.x) bits[w] = sel.sel ? 0u : 0xFFFFFFFFu;
     __syncthreads();
     if (sel.sel) {
       const int32_t* row = sel.sel + i * sel.stride;
@@ -308,8 +425,8 @@ __global__ void __launch_bounds__(256) mla_absorbed_paged_kernel(MlaDims d, cons
     }
     __syncthreads();
     const PagedKeys<Elem> keys{static_cast<const Elem*>(pool.data), pool.width, pool.block_tokens,
-                            seqs.block_table + s * seqs.max_blocks, d.latent};
-    absorbed_one(d, q + i * H * dqk + h * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, scale,
+                               seqs.block_table + s * seqs.max_blocks, dc};
+    absorbed_one(d, q + i * H * dqk + h * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
                  o + i * H * d.v + h * d.v, bf16);
   }
 }
@@ -329,26 +446,43 @@ void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, co
                          int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
                          bool bf16, cudaStream_t st) {
   if (S <= 0 || d.n_heads <= 0) return;
-  const size_t smem =
-      static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk() + 2 * d.latent) * 4;
-  mla_absorbed_kernel<<<static_cast<unsigned>(S * d.n_heads), 256, smem, st>>>(d, q, kv_b, c, k_pe, T, q_pos, sel,
-                                                                                scale, o, bf16);
+  constexpr int kN = KeyVec<float>::kN;
+  const bool vec = d.latent % kN == 0 && d.rope % kN == 0 && (reinterpret_cast<uintptr_t>(c) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(k_pe) & 15) == 0;
+  const AbsLayout L = abs_layout(d, T, vec, kN);
+  const bool cache = L.fixed_bytes + static_cast<size_t>(T) * 4 <= kAbsSmemCap;
+  const size_t smem = L.fixed_bytes + (cache ? static_cast<size_t>(T) * 4 : 0);
+  cudaFuncSetAttribute(mla_absorbed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kAbsSmemCap));
+  mla_absorbed_kernel<<<static_cast<unsigned>(S * d.n_heads), kAbsThreads, smem, st>>>(d, q, kv_b, c, k_pe, T, q_pos,
+                                                                                       sel, scale, o, bf16, vec, cache);
 }
 
 void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv_b, const KvPool& pool,
                                const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
                                float* o, bool bf16, cudaStream_t st) {
   if (seqs.n_seqs <= 0 || d.n_heads <= 0) return;
-  const size_t smem =
-      static_cast<size_t>((seqs.max_ctx + 31) / 32) * 4 + static_cast<size_t>(d.qk() + 2 * d.latent) * 4;
+  const bool b16 = pool.dtype == DType::BF16;
+  const int64_t kN = b16 ? KeyVec<uint16_t>::kN : KeyVec<float>::kN;
+  const bool vec = d.latent % kN == 0 && d.rope % kN == 0 && pool.width % kN == 0 &&
+                   (reinterpret_cast<uintptr_t>(pool.data) & 15) == 0;
+  const AbsLayout L = abs_layout(d, seqs.max_ctx, vec, kN);
+  const bool cache = L.fixed_bytes + static_cast<size_t>(seqs.max_ctx) * 4 <= kAbsSmemCap;
+  const size_t smem = L.fixed_bytes + (cache ? static_cast<size_t>(seqs.max_ctx) * 4 : 0);
   int dev = 0, sms = 132;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const unsigned grid = static_cast<unsigned>(sms * 8);
-  if (pool.dtype == DType::BF16)
-    mla_absorbed_paged_kernel<uint16_t><<<grid, 256, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16);
-  else
-    mla_absorbed_paged_kernel<float><<<grid, 256, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16);
+  const unsigned grid = static_cast<unsigned>(sms * 4);
+  if (b16) {
+    cudaFuncSetAttribute(mla_absorbed_paged_kernel<uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kAbsSmemCap));
+    mla_absorbed_paged_kernel<uint16_t><<<grid, kAbsThreads, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel, scale, o,
+                                                                         bf16, vec, cache);
+  } else {
+    cudaFuncSetAttribute(mla_absorbed_paged_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kAbsSmemCap));
+    mla_absorbed_paged_kernel<float><<<grid, kAbsThreads, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
+                                                                      vec, cache);
+  }
 }
 
 }  // namespace latent::cuda
