@@ -123,6 +123,42 @@ void bench_copy(Backend& be) {
   be.dealloc(b);
 }
 
+// One MoE layer's routed experts at decode: E experts of [rows, cols], `active` of them with one token each
+// (a different set every call, so that the selected weights come from HBM).
+void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64_t rows, int64_t cols) {
+  const HostWeight h = make(f, rows, cols);
+  std::vector<QuantWeight> ws;
+  for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
+  std::vector<const QuantWeight*> wp(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) wp[static_cast<size_t>(e)] = &ws[static_cast<size_t>(e)];
+  const int sets = static_cast<int>(E / active);
+  std::vector<int64_t*> offs;
+  for (int k = 0; k < sets; ++k) {
+    std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
+    for (int64_t e = 0; e < E; ++e) off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? 1 : 0);
+    auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
+    be.upload(d, off.data(), off.size() * 8);
+    offs.push_back(d);
+  }
+  std::vector<float> x(static_cast<size_t>(active * cols));
+  for (float& v : x) v = next_normalish();
+  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
+  be.upload(xd, x.data(), x.size() * 4);
+  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(active * rows) * 4, "y"));
+  for (int i = 0; i < 3; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
+  be.sync();
+  const int iters = 64;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
+  be.sync();
+  const double t = seconds_since(t0) / iters;
+  const double bytes = static_cast<double>(active) * static_cast<double>(h.bytes());
+  std::printf("grouped_matmul %s %lld experts, %lld active x 1 token, [%lld x %lld]: %.2f us, %.0f GB/s (%.1f%%)\n",
+              std::string(weight_format_name(f)).c_str(), static_cast<long long>(E), static_cast<long long>(active),
+              static_cast<long long>(rows), static_cast<long long>(cols), t * 1e6, bytes / t / 1e9,
+              100.0 * bytes / t / 1e9 / 4310.0);
+}
+
 void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
   const int64_t H = 64, dn = 192, dr = 64, dv = 256, dc = 512, bt = 64;
   const int64_t blocks_per_seq = (ctx + bt - 1) / bt, nb = blocks_per_seq * batch;
@@ -182,6 +218,8 @@ int main() {
   bench_matmul(*be, "mxfp4 30 MB", WeightFormat::MXFP4, 8192, 7168);
   bench_matmul(*be, "mxfp4 expert GLM-5", WeightFormat::MXFP4, 2048, 6144);
   bench_matmul(*be, "fp8 block 30 MB", WeightFormat::FP8_E4M3_BLOCK, 7168, 4096);
+  bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144);
+  bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048);
   bench_paged_attention(*be, 1, 4096);
   bench_paged_attention(*be, 32, 4096);
   return 0;

@@ -377,6 +377,36 @@ TEST(CudaOps, GroupedMatmul) {
   }
 }
 
+TEST(CudaOps, GroupedMatmulManyExperts) {  // 300 groups (more than one classification pass), few of them active
+  Rng rng(20);
+  const int64_t G = 300, rows = 37, cols = 160;
+  std::vector<TestWeight> ws;
+  ws.reserve(G);
+  for (int64_t g = 0; g < G; ++g) ws.push_back(make_weight(g % 3 ? Fmt::Mxfp4 : Fmt::BF16, rows, cols, rng));
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<const QuantWeight*> wr(G, nullptr), wd(G, nullptr);
+    std::vector<int64_t> off(G + 1, 0);
+    for (int64_t g = 0; g < G; ++g) {
+      int64_t c = 0;
+      if (rng.integer(0, 9) == 0) c = pass == 0 ? 1 : pass == 1 ? rng.integer(1, 16) : rng.integer(1, 70);
+      // Weights are passed for every group, as the model does; empty groups must be skipped.
+      wr[static_cast<size_t>(g)] = &ws[static_cast<size_t>(g)].q;
+      wd[static_cast<size_t>(g)] = &ws[static_cast<size_t>(g)].d;
+      off[g + 1] = off[g] + c;
+    }
+    const int64_t n = off[G];
+    const std::vector<float> x = rng.normals(n * cols);
+    std::vector<float> yr(static_cast<size_t>(n * rows));
+    ref().grouped_matmul(wr.data(), G, off.data(), x.data(), yr.data());
+    Dev dv;
+    float* yd = dv.out<float>(yr.size());
+    gpu().grouped_matmul(wd.data(), G, dv.up(off), dv.up(x), yd);
+    const double e = norm_err(Dev::down(yd, yr.size()), yr);
+    record("grouped_matmul/300_groups", e);
+    EXPECT_LE(e, kTolF32) << "pass " << pass;
+  }
+}
+
 TEST(CudaOps, Embedding) {  // dequantization is exact in every format
   Rng rng(5);
   for (Fmt f : kAllFmts) {

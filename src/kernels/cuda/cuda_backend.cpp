@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     for (void* p : owned_) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
+    if (group_scratch_) cudaFree(group_scratch_);
     cudaStreamDestroy(stream_);
   }
 
@@ -103,7 +104,8 @@ class CudaBackend final : public Backend {
     int64_t rows = 0, cols = 0;
     const cuda::WDesc* table = group_table(w, n_groups, rows, cols);
     if (!table) return;  // every group empty
-    cuda::launch_grouped_matmul(table, n_groups, rows, cols, offsets, x, y, stream_);
+    void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
+    cuda::launch_grouped_matmul(table, n_groups, rows, cols, offsets, x, y, scratch, stream_);
     check_launch("grouped_matmul");
   }
   void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) override {
@@ -249,6 +251,18 @@ class CudaBackend final : public Backend {
     return scratch_;
   }
 
+  // Device scratch of the grouped matmul's group lists (grown on demand; growing waits for the stream).
+  void* group_scratch_for(size_t bytes) {
+    if (bytes > group_scratch_bytes_) {
+      sync();
+      if (group_scratch_) check(cudaFree(group_scratch_), "cudaFree");
+      group_scratch_ = nullptr;
+      group_scratch_ = alloc(bytes, "grouped matmul scratch");
+      group_scratch_bytes_ = bytes;
+    }
+    return group_scratch_;
+  }
+
   // The device table of a grouped matmul's weights (cached per distinct list of weights).
   const cuda::WDesc* group_table(const QuantWeight* const* w, int64_t n_groups, int64_t& rows, int64_t& cols) {
     std::vector<const void*> key(static_cast<size_t>(n_groups));
@@ -275,6 +289,8 @@ class CudaBackend final : public Backend {
   std::vector<void*> owned_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  void* group_scratch_ = nullptr;
+  size_t group_scratch_bytes_ = 0;
   std::map<std::vector<const void*>, const cuda::WDesc*> tables_;
 };
 

@@ -201,127 +201,161 @@ __device__ __forceinline__ bool vec_ok(const WDesc& w, const float* x) {
          (reinterpret_cast<uintptr_t>(x) & 15) == 0;
 }
 
-// Grid (ceil(rows / kR), n_groups); kThreads threads split each row. Single weight: table == null, offsets == null,
-// tokens [0, M). MC = tokens per pass (1 for M = 1, else kMC).
+// Grouped matmuls classify their groups on the device by row count — class 0: one row, 1: 2 .. kSmallRows rows,
+// 2: more — into ordered lists (lists[c * n_groups + i], counts[c]); the kernels below then run persistent grids
+// over (listed group, row tile) items, so that empty groups cost nothing. One block.
+__global__ void __launch_bounds__(256) classify_groups_kernel(const int64_t* offsets, const WDesc* table,
+                                                              int64_t n_groups, int32_t* lists, int32_t* counts) {
+  __shared__ unsigned int wc[3][8];
+  __shared__ int base[3];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x < 3) base[threadIdx.x] = 0;
+  __syncthreads();
+  for (int64_t c0 = 0; c0 < n_groups; c0 += blockDim.x) {
+    const int64_t g = c0 + threadIdx.x;
+    int cls = -1;
+    if (g < n_groups && table[g].data != nullptr) {
+      const int64_t cnt = offsets[g + 1] - offsets[g];
+      cls = cnt <= 0 ? -1 : cnt == 1 ? 0 : cnt <= kSmallRows ? 1 : 2;
+    }
+    unsigned int ball[3];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      ball[c] = __ballot_sync(0xFFFFFFFFu, cls == c);
+      if (lane == 0) wc[c][warp] = __popc(ball[c]);
+    }
+    __syncthreads();
+    if (cls >= 0) {
+      int pos = base[cls] + __popc(ball[cls] & ((1u << lane) - 1u));
+      for (int w = 0; w < warp; ++w) pos += static_cast<int>(wc[cls][w]);
+      lists[cls * n_groups + pos] = static_cast<int32_t>(g);
+    }
+    __syncthreads();
+    if (threadIdx.x < 3)
+      for (int w = 0; w < 8; ++w) base[threadIdx.x] += static_cast<int>(wc[threadIdx.x][w]);
+    __syncthreads();
+  }
+  if (threadIdx.x < 3) counts[threadIdx.x] = base[threadIdx.x];
+}
+
+// kThreads threads split each of kR rows. Single weight (list == null): grid = row tiles, tokens [0, M). Grouped:
+// a persistent grid over (group of `list`, row tile) items, tokens offsets[g] .. offsets[g+1]. MC = tokens per pass.
 template <int MC>
 __global__ void __launch_bounds__(kThreads) small_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
-                                                          int64_t M, const float* x, float* y) {
+                                                          const int32_t* list, const int32_t* list_count,
+                                                          int64_t tiles, int64_t M, const float* x, float* y) {
   constexpr int kR = rows_per_block<MC>();
   __shared__ double red[kWarps][kR * MC];
-  const int g = blockIdx.y;
-  const WDesc w = table ? table[g] : single;
-  int64_t m0 = 0, m1 = M;
-  if (offsets) {
-    m0 = offsets[g];
-    m1 = offsets[g + 1];
-    if (m1 - m0 > kSmallRows) return;  // the tiled kernel takes this group
-  }
-  if (m1 <= m0 || w.data == nullptr) return;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t N = w.rows, K = w.cols;
-  const int64_t rbase = static_cast<int64_t>(blockIdx.x) * kR;
-  if (rbase >= N) return;
-  int64_t r[kR];
+  const int64_t n_items = list ? static_cast<int64_t>(*list_count) * tiles : tiles;
+  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const int64_t g = list ? list[item / tiles] : 0;
+    const WDesc w = list ? table[g] : single;
+    const int64_t m0 = list ? offsets[g] : 0, m1 = list ? offsets[g + 1] : M;
+    const int64_t N = w.rows, K = w.cols;
+    const int64_t rbase = (item % tiles) * kR;
+    int64_t r[kR];
 #pragma unroll
-  for (int i = 0; i < kR; ++i) r[i] = rbase + i < N ? rbase + i : N - 1;  // clamped: loads stay in bounds
-  const bool vec = vec_ok(w, x + m0 * K);
-  for (int64_t mb = m0; mb < m1; mb += MC) {
-    const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
-    float acc[kR][MC];
+    for (int i = 0; i < kR; ++i) r[i] = rbase + i < N ? rbase + i : N - 1;  // clamped: loads stay in bounds
+    const bool vec = vec_ok(w, x + m0 * K);
+    for (int64_t mb = m0; mb < m1; mb += MC) {
+      const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
+      float acc[kR][MC];
 #pragma unroll
-    for (int i = 0; i < kR; ++i)
+      for (int i = 0; i < kR; ++i)
 #pragma unroll
-      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
-    const float* xb = x + mb * K;
-    if (vec) {
-      switch (w.format) {
-        case kFmtF32: rows_dot_vec<kFmtF32, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtBF16: rows_dot_vec<kFmtBF16, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtF16: rows_dot_vec<kFmtF16, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC>(w, r, xb, K, nm, acc, tid); break;
-        default: break;
+        for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
+      const float* xb = x + mb * K;
+      if (vec) {
+        switch (w.format) {
+          case kFmtF32: rows_dot_vec<kFmtF32, MC>(w, r, xb, K, nm, acc, tid); break;
+          case kFmtBF16: rows_dot_vec<kFmtBF16, MC>(w, r, xb, K, nm, acc, tid); break;
+          case kFmtF16: rows_dot_vec<kFmtF16, MC>(w, r, xb, K, nm, acc, tid); break;
+          case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC>(w, r, xb, K, nm, acc, tid); break;
+          case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC>(w, r, xb, K, nm, acc, tid); break;
+          case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC>(w, r, xb, K, nm, acc, tid); break;
+          case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC>(w, r, xb, K, nm, acc, tid); break;
+          default: break;
+        }
+      } else {
+        rows_dot_generic<MC>(w, r, xb, K, nm, acc, tid);
       }
-    } else {
-      rows_dot_generic<MC>(w, r, xb, K, nm, acc, tid);
-    }
 #pragma unroll
-    for (int i = 0; i < kR; ++i)
+      for (int i = 0; i < kR; ++i)
 #pragma unroll
-      for (int m = 0; m < MC; ++m) {
-        const double v = warp_sum_d(static_cast<double>(acc[i][m]));
-        if (lane == 0) red[warp][i * MC + m] = v;
+        for (int m = 0; m < MC; ++m) {
+          const double v = warp_sum_d(static_cast<double>(acc[i][m]));
+          if (lane == 0) red[warp][i * MC + m] = v;
+        }
+      __syncthreads();
+      if (tid < kR * MC) {
+        const int i = tid / MC, m = tid % MC;
+        double v = 0.0;
+#pragma unroll
+        for (int k = 0; k < kWarps; ++k) v += red[k][tid];
+        if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = static_cast<float>(v);
       }
-    __syncthreads();
-    if (tid < kR * MC) {
-      const int i = tid / MC, m = tid % MC;
-      double v = 0.0;
-#pragma unroll
-      for (int k = 0; k < kWarps; ++k) v += red[k][tid];
-      if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = static_cast<float>(v);
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
 constexpr int kTM = 64, kTN = 64, kTK = 16;
 
-// Grid (ceil(rows / kTN), m-tile strides, n_groups). Each block loops over the m tiles of its group.
+// Single weight (list == null): grid (row tiles, m-tile strides). Grouped: a persistent grid over (group of `list`,
+// row tile) items, each looping over all m tiles of its group.
 __global__ void __launch_bounds__(256) tiled_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
+                                                     const int32_t* list, const int32_t* list_count, int64_t ntiles,
                                                      int64_t M, const float* x, float* y) {
-  const int g = blockIdx.z;
-  const WDesc w = table ? table[g] : single;
-  int64_t m0 = 0, m1 = M;
-  if (offsets) {
-    m0 = offsets[g];
-    m1 = offsets[g + 1];
-    if (m1 - m0 <= kSmallRows) return;  // the small kernel takes this group
-  }
-  if (m1 <= m0 || w.data == nullptr) return;
-  const int64_t N = w.rows, K = w.cols;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTN;
-  if (n0 >= N) return;
   __shared__ float xs[kTK][kTM + 4];
   __shared__ float ws[kTK][kTN + 4];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  for (int64_t mt = m0 + static_cast<int64_t>(blockIdx.y) * kTM; mt < m1; mt += static_cast<int64_t>(gridDim.y) * kTM) {
-    float acc[4][4];
+  const int64_t n_items = list ? static_cast<int64_t>(*list_count) * ntiles : ntiles;
+  for (int64_t item = blockIdx.x; item < n_items; item += list ? gridDim.x : n_items) {
+    const int64_t g = list ? list[item / ntiles] : 0;
+    const WDesc w = list ? table[g] : single;
+    const int64_t m0 = list ? offsets[g] : 0, m1 = list ? offsets[g + 1] : M;
+    const int64_t N = w.rows, K = w.cols;
+    const int64_t n0 = (item % ntiles) * kTN;
+    const int64_t mstart = m0 + (list ? 0 : static_cast<int64_t>(blockIdx.y) * kTM);
+    const int64_t mstep = (list ? 1 : static_cast<int64_t>(gridDim.y)) * kTM;
+    for (int64_t mt = mstart; mt < m1; mt += mstep) {
+      float acc[4][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    for (int64_t k0 = 0; k0 < K; k0 += kTK) {
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+      for (int64_t k0 = 0; k0 < K; k0 += kTK) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int idx = tid + 256 * q, a = idx / kTK, kk = idx % kTK;
-        const int64_t m = mt + a, n = n0 + a, k = k0 + kk;
-        xs[kk][a] = (m < m1 && k < K) ? x[m * K + k] : 0.0f;
-        ws[kk][a] = (n < N && k < K) ? wget(w, n, k) : 0.0f;
+        for (int q = 0; q < 4; ++q) {
+          const int idx = tid + 256 * q, a = idx / kTK, kk = idx % kTK;
+          const int64_t m = mt + a, n = n0 + a, k = k0 + kk;
+          xs[kk][a] = (m < m1 && k < K) ? x[m * K + k] : 0.0f;
+          ws[kk][a] = (n < N && k < K) ? wget(w, n, k) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kTK; ++kk) {
+          float av[4], bv[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) av[i] = xs[kk][ty + 16 * i];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) bv[j] = ws[kk][tx + 16 * j];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+        }
+        __syncthreads();
       }
-      __syncthreads();
 #pragma unroll
-      for (int kk = 0; kk < kTK; ++kk) {
-        float av[4], bv[4];
+      for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) av[i] = xs[kk][ty + 16 * i];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) bv[j] = ws[kk][tx + 16 * j];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
-      }
-      __syncthreads();
+        for (int j = 0; j < 4; ++j) {
+          const int64_t m = mt + ty + 16 * i, n = n0 + tx + 16 * j;
+          if (m < m1 && n < N) y[m * N + n] = acc[i][j];
+        }
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t m = mt + ty + 16 * i, n = n0 + tx + 16 * j;
-        if (m < m1 && n < N) y[m * N + n] = acc[i][j];
-      }
   }
 }
 
@@ -355,26 +389,41 @@ void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStre
   if (M <= 0 || w.rows <= 0) return;
   if (M <= kSmallRows) {
     constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
-    if (M == 1)
-      small_kernel<1><<<static_cast<unsigned>((w.rows + r1 - 1) / r1), kThreads, 0, st>>>(w, nullptr, nullptr, M, x, y);
-    else
-      small_kernel<kMC><<<static_cast<unsigned>((w.rows + r4 - 1) / r4), kThreads, 0, st>>>(w, nullptr, nullptr, M, x, y);
+    if (M == 1) {
+      const int64_t tiles = (w.rows + r1 - 1) / r1;
+      small_kernel<1><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr, tiles,
+                                                                         M, x, y);
+    } else {
+      const int64_t tiles = (w.rows + r4 - 1) / r4;
+      small_kernel<kMC><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr,
+                                                                           tiles, M, x, y);
+    }
   } else {
-    const int64_t mt = (M + kTM - 1) / kTM;
-    const dim3 grid(static_cast<unsigned>((w.rows + kTN - 1) / kTN), static_cast<unsigned>(mt < 65535 ? mt : 65535), 1);
-    tiled_kernel<<<grid, 256, 0, st>>>(w, nullptr, nullptr, M, x, y);
+    const int64_t mt = (M + kTM - 1) / kTM, ntiles = (w.rows + kTN - 1) / kTN;
+    const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(mt < 65535 ? mt : 65535), 1);
+    tiled_kernel<<<grid, 256, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr, ntiles, M, x, y);
   }
 }
 
+size_t grouped_scratch_bytes(int64_t n_groups) { return static_cast<size_t>(3 * n_groups + 3) * sizeof(int32_t); }
+
 void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
-                           const float* x, float* y, cudaStream_t st) {
+                           const float* x, float* y, void* scratch, cudaStream_t st) {
   if (n_groups <= 0 || rows <= 0) return;
+  int32_t* lists = static_cast<int32_t*>(scratch);
+  int32_t* counts = lists + 3 * n_groups;
+  classify_groups_kernel<<<1, 256, 0, st>>>(offsets, table, n_groups, lists, counts);
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const WDesc none{};
-  constexpr int r4 = rows_per_block<kMC>();
-  const dim3 g1(static_cast<unsigned>((rows + r4 - 1) / r4), static_cast<unsigned>(n_groups));
-  small_kernel<kMC><<<g1, kThreads, 0, st>>>(none, table, offsets, 0, x, y);
-  const dim3 g2(static_cast<unsigned>((rows + kTN - 1) / kTN), 8, static_cast<unsigned>(n_groups));
-  tiled_kernel<<<g2, 256, 0, st>>>(none, table, offsets, 0, x, y);
+  constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
+  small_kernel<1><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(none, table, offsets, lists, counts,
+                                                                       (rows + r1 - 1) / r1, 0, x, y);
+  small_kernel<kMC><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(none, table, offsets, lists + n_groups,
+                                                                         counts + 1, (rows + r4 - 1) / r4, 0, x, y);
+  tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups, counts + 2,
+                                                               (rows + kTN - 1) / kTN, 0, x, y);
 }
 
 void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, float* out, cudaStream_t st) {

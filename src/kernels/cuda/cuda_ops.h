@@ -25,9 +25,10 @@ WDesc make_wdesc(const QuantWeight& w);
 // y = x·Wᵀ, x [M, cols], y [M, rows].
 void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStream_t st);
 // Grouped: table [n_groups] on the device (entries with data == null are skipped), offsets [n_groups + 1] on the
-// device. rows/cols are the common shape; vec_ok: every non-null weight allows the vectorized row path.
+// device, rows/cols the common shape, scratch ≥ grouped_scratch_bytes(n_groups) of device memory.
+size_t grouped_scratch_bytes(int64_t n_groups);
 void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
-                           const float* x, float* y, cudaStream_t st);
+                           const float* x, float* y, void* scratch, cudaStream_t st);
 void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, float* out, cudaStream_t st);
 
 // ---- norms / elementwise / MoE / top-k (cuda_ops.cu) ----
