@@ -238,65 +238,75 @@ __global__ void __launch_bounds__(256) classify_groups_kernel(const int64_t* off
   if (threadIdx.x < 3) counts[threadIdx.x] = base[threadIdx.x];
 }
 
-// kThreads threads split each of kR rows. Single weight (list == null): grid = row tiles, tokens [0, M). Grouped:
-// a persistent grid over (group of `list`, row tile) items, tokens offsets[g] .. offsets[g+1]. MC = tokens per pass.
+// Rows rbase .. rbase+kR of W times tokens m0 .. m1 of x (kThreads threads split each row).
 template <int MC>
-__global__ void __launch_bounds__(kThreads) small_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
-                                                          const int32_t* list, const int32_t* list_count,
-                                                          int64_t tiles, int64_t M, const float* x, float* y) {
+__device__ __forceinline__ void small_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const float* x,
+                                           float* y, double (&red)[kWarps][rows_per_block<MC>() * MC]) {
   constexpr int kR = rows_per_block<MC>();
-  __shared__ double red[kWarps][kR * MC];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t n_items = list ? static_cast<int64_t>(*list_count) * tiles : tiles;
-  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
-    const int64_t g = list ? list[item / tiles] : 0;
-    const WDesc w = list ? table[g] : single;
-    const int64_t m0 = list ? offsets[g] : 0, m1 = list ? offsets[g + 1] : M;
-    const int64_t N = w.rows, K = w.cols;
-    const int64_t rbase = (item % tiles) * kR;
-    int64_t r[kR];
+  const int64_t N = w.rows, K = w.cols;
+  int64_t r[kR];
 #pragma unroll
-    for (int i = 0; i < kR; ++i) r[i] = rbase + i < N ? rbase + i : N - 1;  // clamped: loads stay in bounds
-    const bool vec = vec_ok(w, x + m0 * K);
-    for (int64_t mb = m0; mb < m1; mb += MC) {
-      const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
-      float acc[kR][MC];
+  for (int i = 0; i < kR; ++i) r[i] = rbase + i < N ? rbase + i : N - 1;  // clamped: loads stay in bounds
+  const bool vec = vec_ok(w, x + m0 * K);
+  for (int64_t mb = m0; mb < m1; mb += MC) {
+    const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
+    float acc[kR][MC];
 #pragma unroll
-      for (int i = 0; i < kR; ++i)
+    for (int i = 0; i < kR; ++i)
 #pragma unroll
-        for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
-      const float* xb = x + mb * K;
-      if (vec) {
-        switch (w.format) {
-          case kFmtF32: rows_dot_vec<kFmtF32, MC>(w, r, xb, K, nm, acc, tid); break;
-          case kFmtBF16: rows_dot_vec<kFmtBF16, MC>(w, r, xb, K, nm, acc, tid); break;
-          case kFmtF16: rows_dot_vec<kFmtF16, MC>(w, r, xb, K, nm, acc, tid); break;
-          case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC>(w, r, xb, K, nm, acc, tid); break;
-          case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC>(w, r, xb, K, nm, acc, tid); break;
-          case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC>(w, r, xb, K, nm, acc, tid); break;
-          case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC>(w, r, xb, K, nm, acc, tid); break;
-          default: break;
-        }
-      } else {
-        rows_dot_generic<MC>(w, r, xb, K, nm, acc, tid);
+      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
+    const float* xb = x + mb * K;
+    if (vec) {
+      switch (w.format) {
+        case kFmtF32: rows_dot_vec<kFmtF32, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtBF16: rows_dot_vec<kFmtBF16, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtF16: rows_dot_vec<kFmtF16, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC>(w, r, xb, K, nm, acc, tid); break;
+        default: break;
       }
-#pragma unroll
-      for (int i = 0; i < kR; ++i)
-#pragma unroll
-        for (int m = 0; m < MC; ++m) {
-          const double v = warp_sum_d(static_cast<double>(acc[i][m]));
-          if (lane == 0) red[warp][i * MC + m] = v;
-        }
-      __syncthreads();
-      if (tid < kR * MC) {
-        const int i = tid / MC, m = tid % MC;
-        double v = 0.0;
-#pragma unroll
-        for (int k = 0; k < kWarps; ++k) v += red[k][tid];
-        if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = static_cast<float>(v);
-      }
-      __syncthreads();
+    } else {
+      rows_dot_generic<MC>(w, r, xb, K, nm, acc, tid);
     }
+#pragma unroll
+    for (int i = 0; i < kR; ++i)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) {
+        const double v = warp_sum_d(static_cast<double>(acc[i][m]));
+        if (lane == 0) red[warp][i * MC + m] = v;
+      }
+    __syncthreads();
+    if (tid < kR * MC) {
+      const int i = tid / MC, m = tid % MC;
+      double v = 0.0;
+#pragma unroll
+      for (int k = 0; k < kWarps; ++k) v += red[k][tid];
+      if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = static_cast<float>(v);
+    }
+    __syncthreads();
+  }
+}
+
+// Single weight: grid = row tiles, tokens [0, M). MC = tokens per pass (1 for M = 1, else kMC).
+template <int MC>
+__global__ void __launch_bounds__(kThreads) small_kernel(WDesc w, int64_t M, const float* x, float* y) {
+  __shared__ double red[kWarps][rows_per_block<MC>() * MC];
+  small_rows<MC>(w, 0, M, static_cast<int64_t>(blockIdx.x) * rows_per_block<MC>(), x, y, red);
+}
+
+// Grouped: a persistent grid over (group of `list`, row tile) items; tokens offsets[g] .. offsets[g+1].
+template <int MC>
+__global__ void __launch_bounds__(kThreads) small_grouped_kernel(const WDesc* table, const int64_t* offsets,
+                                                                  const int32_t* list, const int32_t* list_count,
+                                                                  int64_t tiles, const float* x, float* y) {
+  __shared__ double red[kWarps][rows_per_block<MC>() * MC];
+  const int64_t n_items = static_cast<int64_t>(*list_count) * tiles;
+  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const int64_t g = list[item / tiles];
+    small_rows<MC>(table[g], offsets[g], offsets[g + 1], (item % tiles) * rows_per_block<MC>(), x, y, red);
   }
 }
 
@@ -391,12 +401,10 @@ void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStre
     constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
     if (M == 1) {
       const int64_t tiles = (w.rows + r1 - 1) / r1;
-      small_kernel<1><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr, tiles,
-                                                                         M, x, y);
+      small_kernel<1><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, M, x, y);
     } else {
       const int64_t tiles = (w.rows + r4 - 1) / r4;
-      small_kernel<kMC><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr,
-                                                                           tiles, M, x, y);
+      small_kernel<kMC><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, M, x, y);
     }
   } else {
     const int64_t mt = (M + kTM - 1) / kTM, ntiles = (w.rows + kTN - 1) / kTN;
@@ -418,10 +426,10 @@ void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, i
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const WDesc none{};
   constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
-  small_kernel<1><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(none, table, offsets, lists, counts,
-                                                                       (rows + r1 - 1) / r1, 0, x, y);
-  small_kernel<kMC><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(none, table, offsets, lists + n_groups,
-                                                                         counts + 1, (rows + r4 - 1) / r4, 0, x, y);
+  small_grouped_kernel<1><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(table, offsets, lists, counts,
+                                                                               (rows + r1 - 1) / r1, x, y);
+  small_grouped_kernel<kMC><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(
+      table, offsets, lists + n_groups, counts + 1, (rows + r4 - 1) / r4, x, y);
   tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups, counts + 2,
                                                                (rows + kTN - 1) / kTN, 0, x, y);
 }
