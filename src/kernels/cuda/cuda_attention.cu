@@ -3,6 +3,8 @@
 // in shared memory; softmax statistics (running max and sum) come from one pass over the keys, the probabilities and
 // the weighted sum of values from a second pass in tiles of kTile keys. bf16 mode rounds the scores, scaled scores,
 // probabilities and outputs (and, absorbed, q_lat and o_lat) exactly where the ref backend does.
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace latent::cuda {
@@ -190,6 +192,7 @@ struct KeyVec<uint16_t> {
 };
 
 constexpr int kAbsThreads = 512;
+constexpr int kAbsCluster = 4;  // blocks (one per SM) sharing one (token, head)
 constexpr int kMaxChunksPerThread = 2;
 
 // One (query, head): q_row [dqk] in global memory, keys t ≤ last allowed by `bits` (already built), o_row [dv].
@@ -198,10 +201,16 @@ constexpr int kMaxChunksPerThread = 2;
 // Pass 1 (warp per key, two keys per iteration, 16-byte loads when `vec`): scores and the softmax statistics.
 // Pass 2 (tiles of kTile keys): probabilities (one thread per key), then Σ p·c with threads split into column
 // chunks × key groups, the groups summed in a fixed order.
+// With n_ranks > 1 the blocks of a thread-block cluster share the work item: rank r takes the r-th contiguous slice
+// of the keys; the softmax statistics and the o_lat partials are combined over distributed shared memory in rank
+// order (deterministic), and the ranks split the W_UV projection.
 template <class Keys>
 __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& kv_b, const Keys& keys, int64_t h,
                              int64_t last, const uint32_t* bits, float* qs, float* qlat, float* olat, float* part,
-                             float* sc, bool vec, float scale, float* o_row, bool bf16) {
+                             float* sc, bool vec, float scale, float* o_row, bool bf16, int rank, int n_ranks) {
+  __shared__ float stat_sh[2];
+  const int64_t per = (last + n_ranks) / n_ranks;  // ceil((last + 1) / n_ranks)
+  const int64_t lo_t = rank * per, hi_t = lo_t + per - 1 < last ? lo_t + per - 1 : last;
   using Elem = typename Keys::Elem;
   using V = KeyVec<Elem>;
   __shared__ float p_sh[kTile];
@@ -241,9 +250,9 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   };
   // Pass 1.
   float m = __uint_as_float(0xFF800000u), l = 0.0f;
-  for (int64_t t = warp; t <= last; t += 2 * nw) {
+  for (int64_t t = lo_t + warp; t <= hi_t; t += 2 * nw) {
     const int64_t t2 = t + nw;
-    const bool a1 = allowed(bits, t), a2 = t2 <= last && allowed(bits, t2);
+    const bool a1 = allowed(bits, t), a2 = t2 <= hi_t && allowed(bits, t2);
     const Elem *c1, *k1, *c2, *k2;
     keys.rows(t, c1, k1);
     keys.rows(a2 ? t2 : t, c2, k2);
@@ -254,12 +263,29 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
       if (a2) online_add(m, l, v2);
       if (sc) {
         sc[t] = v1;
-        if (t2 <= last) sc[t2] = v2;
+        if (t2 <= hi_t) sc[t2] = v2;
       }
     }
   }
   float gm, gl;
   block_softmax_stats(m, l, shm, shl, gm, gl);  // (syncs: sc visible)
+  if (n_ranks > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) {
+      stat_sh[0] = gm;
+      stat_sh[1] = gl;
+    }
+    cluster.sync();
+    float M = __uint_as_float(0xFF800000u), L = 0.0f;
+    for (int r = 0; r < n_ranks; ++r) M = fmaxf(M, cluster.map_shared_rank(stat_sh, r)[0]);
+    for (int r = 0; r < n_ranks; ++r) {
+      const float* st = cluster.map_shared_rank(stat_sh, r);
+      L += st[0] == M ? st[1] : st[1] * expf(st[0] - M);
+    }
+    gm = M;
+    gl = L;
+  }
   // Pass 2 layout: nch column chunks of cw values; groups of threads take interleaved keys.
   const int cw = vec ? V::kN : 1;
   const int64_t nch = dc / cw;
@@ -270,17 +296,17 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   for (int u = 0; u < kMaxChunksPerThread; ++u)
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
-  for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
+  for (int64_t t0 = lo_t; t0 <= hi_t; t0 += kTile) {
     if (sc) {
       for (int64_t j = threadIdx.x; j < kTile; j += blockDim.x) {
         const int64_t t = t0 + j;
         float p = 0.0f;
-        if (t <= last && allowed(bits, t)) {
+        if (t <= hi_t && allowed(bits, t)) {
           p = expf(sc[t] - gm) / gl;
           if (bf16) p = bf16r(p);
         }
         const Elem *cr, *kr;
-        keys.rows(t <= last ? t : last, cr, kr);
+        keys.rows(t <= hi_t ? t : hi_t, cr, kr);
         p_sh[j] = p;
         row_sh[j] = cr;
       }
@@ -288,9 +314,9 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
       for (int64_t j = warp; j < kTile; j += nw) {
         const int64_t t = t0 + j;
         const Elem *cr, *kr;
-        keys.rows(t <= last ? t : last, cr, kr);
+        keys.rows(t <= hi_t ? t : hi_t, cr, kr);
         float p = 0.0f;
-        if (t <= last && allowed(bits, t)) {
+        if (t <= hi_t && allowed(bits, t)) {
           p = expf(scaled(warp_sum(dot_of(cr, kr)), scale, bf16) - gm) / gl;
           if (bf16) p = bf16r(p);
         }
@@ -301,7 +327,7 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
       }
     }
     __syncthreads();
-    const int64_t nt = last - t0 + 1 < kTile ? last - t0 + 1 : kTile;
+    const int64_t nt = hi_t - t0 + 1 < kTile ? hi_t - t0 + 1 : kTile;
     if (grp < groups) {
       for (int64_t j = grp; j < nt; j += groups) {
         const float pj = p_sh[j];
@@ -337,13 +363,26 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
     float a = 0.0f;
     for (int g = 0; g < groups; ++g) a += part[g * dc + x];
-    olat[x] = bf16 ? bf16r(a) : a;
+    olat[x] = n_ranks == 1 && bf16 ? bf16r(a) : a;
+  }
+  const float* fin = olat;  // the final o_lat
+  if (n_ranks > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every rank's partial is complete
+    for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
+      float a = 0.0f;
+      for (int r = 0; r < n_ranks; ++r) a += cluster.map_shared_rank(olat, r)[x];
+      part[x] = bf16 ? bf16r(a) : a;
+    }
+    cluster.sync();  // nobody reads the partials any more
+    fin = part;
   }
   __syncthreads();
-  // o = W_UV[h] · o_lat: warp per output dim.
-  for (int64_t j = warp; j < dv; j += nw) {
+  // o = W_UV[h] · o_lat: warp per output dim (the ranks take interleaved dims).
+  for (int64_t j = rank * nw + warp; j < dv; j += nw * n_ranks) {
     float a = 0.0f;
-    for (int64_t x = lane; x < dc; x += 32) a = fmaf(olat[x], wget(kv_b, h * dkv + dn + j, x), a);
+    for (int64_t x = lane; x < dc; x += 32) a = fmaf(fin[x], wget(kv_b, h * dkv + dn + j, x), a);
     a = warp_sum(a);
     if (lane == 0) o_row[j] = bf16 ? bf16r(a) : a;
   }
@@ -372,7 +411,8 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, co
                                                                     bool cache_scores) {
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
-  const int64_t s = blockIdx.x / H, h = blockIdx.x % H;
+  const int64_t item = blockIdx.x / kAbsCluster;
+  const int64_t s = item / H, h = item % H;
   const AbsLayout L = abs_layout(d, T, vec, KeyVec<float>::kN);
   uint32_t* bits = smem_u;
   float* qs = reinterpret_cast<float*>(smem_u + L.words);
@@ -383,7 +423,8 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, co
   const int64_t last = build_allowed(bits, s, T, q_pos, sel);
   const ContiguousKeys keys{c, k_pe, dc, d.rope};
   absorbed_one(d, q + (s * H + h) * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
-               o + (s * H + h) * d.v, bf16);
+               o + (s * H + h) * d.v, bf16, static_cast<int>(cooperative_groups::this_cluster().block_rank()),
+               kAbsCluster);
 }
 
 // Persistent grid over (token, head) work items of the whole step; bitmap and score cache sized by max_ctx.
@@ -403,7 +444,8 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
   float* part = olat + dc;
   float* sc = cache_scores ? part + L.groups * dc : nullptr;
   const int64_t N = seqs.q_begin[seqs.n_seqs];
-  for (int64_t item = blockIdx.x; item < N * H; item += gridDim.x) {
+  const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+  for (int64_t item = blockIdx.x / kAbsCluster; item < N * H; item += gridDim.x / kAbsCluster) {
     const int64_t i = item / H, h = item % H;
     // Sequence of token i: the last s with q_begin[s] <= i (binary search).
     int64_t lo = 0, hi = seqs.n_seqs - 1;
@@ -427,10 +469,32 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
     const PagedKeys<Elem> keys{static_cast<const Elem*>(pool.data), pool.width, pool.block_tokens,
                                seqs.block_table + s * seqs.max_blocks, dc};
     absorbed_one(d, q + i * H * dqk + h * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
-                 o + i * H * d.v + h * d.v, bf16);
+                 o + i * H * d.v + h * d.v, bf16, rank, kAbsCluster);
   }
 }
 
+}  // namespace
+
+namespace {
+// Launch configuration of the absorbed kernels: clusters of kAbsCluster blocks along x.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1]{};
+  ClusterLaunch(unsigned grid, size_t smem, cudaStream_t st) {
+    cfg.gridDim = dim3(grid, 1, 1);
+    cfg.blockDim = dim3(kAbsThreads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kAbsCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
 }  // namespace
 
 void launch_mla_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S, int64_t T,
@@ -453,8 +517,8 @@ void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, co
   const bool cache = L.fixed_bytes + static_cast<size_t>(T) * 4 <= kAbsSmemCap;
   const size_t smem = L.fixed_bytes + (cache ? static_cast<size_t>(T) * 4 : 0);
   cudaFuncSetAttribute(mla_absorbed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kAbsSmemCap));
-  mla_absorbed_kernel<<<static_cast<unsigned>(S * d.n_heads), kAbsThreads, smem, st>>>(d, q, kv_b, c, k_pe, T, q_pos,
-                                                                                       sel, scale, o, bf16, vec, cache);
+  const ClusterLaunch cl(static_cast<unsigned>(S * d.n_heads * kAbsCluster), smem, st);
+  cudaLaunchKernelEx(&cl.cfg, mla_absorbed_kernel, d, q, kv_b, c, k_pe, T, q_pos, sel, scale, o, bf16, vec, cache);
 }
 
 void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv_b, const KvPool& pool,
@@ -471,17 +535,17 @@ void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv
   int dev = 0, sms = 132;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const unsigned grid = static_cast<unsigned>(sms * 4);
+  const ClusterLaunch cl(static_cast<unsigned>(sms * 4 / kAbsCluster * kAbsCluster), smem, st);
   if (b16) {
     cudaFuncSetAttribute(mla_absorbed_paged_kernel<uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(kAbsSmemCap));
-    mla_absorbed_paged_kernel<uint16_t><<<grid, kAbsThreads, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel, scale, o,
-                                                                         bf16, vec, cache);
+    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<uint16_t>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
+                       vec, cache);
   } else {
     cudaFuncSetAttribute(mla_absorbed_paged_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(kAbsSmemCap));
-    mla_absorbed_paged_kernel<float><<<grid, kAbsThreads, smem, st>>>(d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
-                                                                      vec, cache);
+    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<float>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
+                       vec, cache);
   }
 }
 
