@@ -220,6 +220,7 @@ int main() {
   bench_matmul(*be, "fp8 block 30 MB", WeightFormat::FP8_E4M3_BLOCK, 7168, 4096);
   bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144);
   bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048);
+  bench_paged_attention(*be, 1, 64);
   bench_paged_attention(*be, 1, 4096);
   bench_paged_attention(*be, 32, 4096);
   return 0;

@@ -220,10 +220,17 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q_row[i];
   __syncthreads();
-  // q_lat = W_UK[h]ᵀ · q_nope
+  // q_lat = W_UK[h]ᵀ · q_nope (8 weight loads in flight per thread)
   for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
     float a = 0.0f;
-    for (int64_t j = 0; j < dn; ++j) a = fmaf(qs[j], wget(kv_b, h * dkv + j, x), a);
+    for (int64_t j0 = 0; j0 < dn; j0 += 8) {
+      float wv[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) wv[u] = j0 + u < dn ? wget(kv_b, h * dkv + j0 + u, x) : 0.0f;
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (j0 + u < dn) a = fmaf(qs[j0 + u], wv[u], a);
+    }
     qlat[x] = bf16 ? bf16r(a) : a;
   }
   __syncthreads();
@@ -382,7 +389,14 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   // o = W_UV[h] · o_lat: warp per output dim (the ranks take interleaved dims).
   for (int64_t j = rank * nw + warp; j < dv; j += nw * n_ranks) {
     float a = 0.0f;
-    for (int64_t x = lane; x < dc; x += 32) a = fmaf(fin[x], wget(kv_b, h * dkv + dn + j, x), a);
+    for (int64_t x0 = lane; x0 < dc; x0 += 32 * 8) {
+      float wv[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) wv[u] = x0 + 32 * u < dc ? wget(kv_b, h * dkv + dn + j, x0 + 32 * u) : 0.0f;
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (x0 + 32 * u < dc) a = fmaf(fin[x0 + 32 * u], wv[u], a);
+    }
     a = warp_sum(a);
     if (lane == 0) o_row[j] = bf16 ? bf16r(a) : a;
   }
