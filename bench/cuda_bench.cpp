@@ -208,9 +208,14 @@ void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
 }  // namespace
 }  // namespace latent
 
-int main() {
+int main(int argc, char** argv) {
   using namespace latent;
   std::unique_ptr<Backend> be = make_backend("cuda", 1);
+  if (argc > 1 && std::string(argv[1]) == "attention") {  // only the attention timings
+    bench_paged_attention(*be, 1, 64);
+    bench_paged_attention(*be, 1, 4096);
+    return 0;
+  }
   bench_copy(*be);
   bench_matmul(*be, "bf16 30 MB", WeightFormat::BF16, 4096, 3840);
   bench_matmul(*be, "bf16 o_proj GLM-5", WeightFormat::BF16, 6144, 16384);

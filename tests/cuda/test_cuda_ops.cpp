@@ -665,6 +665,7 @@ const AttnCase kAttnCases[] = {
     {5, 40, 8, 33, 96, 1, 200, true},  {4, 192, 64, 256, 512, 2, 700, false}, {2, 48, 16, 40, 128, 3, 1500, true},
     {2, 16, 6, 16, 40, 3, 50, true},   // rope dim not a multiple of 4: element-wise key loads
     {1, 16, 8, 16, 32, 1, 60000, false},  // more keys than the shared-memory score cache: scores recomputed
+    {16, 16, 8, 16, 32, 17, 30, true},    // ≥ 256 (query, head) items: one block each instead of clusters
 };
 
 TEST(CudaOps, MlaAttentionNaive) {

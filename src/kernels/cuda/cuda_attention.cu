@@ -192,7 +192,7 @@ struct KeyVec<uint16_t> {
 };
 
 constexpr int kAbsThreads = 512;
-constexpr int kAbsCluster = 4;  // blocks (one per SM) sharing one (token, head)
+constexpr int kAbsCluster = 4;  // blocks (one per SM) sharing one (token, head) when there are few work items
 constexpr int kMaxChunksPerThread = 2;
 
 // One (query, head): q_row [dqk] in global memory, keys t ≤ last allowed by `bits` (already built), o_row [dv].
@@ -220,18 +220,39 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q_row[i];
   __syncthreads();
-  // q_lat = W_UK[h]ᵀ · q_nope (8 weight loads in flight per thread)
-  for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
+  // q_lat = W_UK[h]ᵀ · q_nope: the ranks of a cluster compute one slice each (8 weight loads in flight per thread,
+  // bf16 weights read directly), then gather the other slices over distributed shared memory.
+  const int64_t xper = (dc + n_ranks - 1) / n_ranks, x_lo = rank * xper, x_hi = x_lo + xper < dc ? x_lo + xper : dc;
+  const bool wbf16 = kv_b.format == kFmtBF16;
+  for (int64_t x = x_lo + threadIdx.x; x < x_hi; x += blockDim.x) {
     float a = 0.0f;
     for (int64_t j0 = 0; j0 < dn; j0 += 8) {
       float wv[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) wv[u] = j0 + u < dn ? wget(kv_b, h * dkv + j0 + u, x) : 0.0f;
+      for (int u = 0; u < 8; ++u) {
+        const int64_t row = h * dkv + j0 + u;
+        wv[u] = j0 + u >= dn ? 0.0f
+                : wbf16      ? bf16_bits_to_f(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(kv_b.data) +
+                                                                               row * kv_b.row_bytes)[x])
+                             : wget(kv_b, row, x);
+      }
 #pragma unroll
       for (int u = 0; u < 8; ++u)
         if (j0 + u < dn) a = fmaf(qs[j0 + u], wv[u], a);
     }
     qlat[x] = bf16 ? bf16r(a) : a;
+  }
+  if (n_ranks > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every slice is written
+    for (int r = 0; r < n_ranks; ++r) {
+      if (r == rank) continue;
+      const float* remote = cluster.map_shared_rank(qlat, r);
+      const int64_t r_lo = r * xper, r_hi = r_lo + xper < dc ? r_lo + xper : dc;
+      for (int64_t x = r_lo + threadIdx.x; x < r_hi; x += blockDim.x) qlat[x] = remote[x];
+    }
+    cluster.sync();  // nobody reads a remote slice any more
   }
   __syncthreads();
   // Warp per key: lanes over the latent dims.
@@ -392,7 +413,13 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
     for (int64_t x0 = lane; x0 < dc; x0 += 32 * 8) {
       float wv[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) wv[u] = x0 + 32 * u < dc ? wget(kv_b, h * dkv + dn + j, x0 + 32 * u) : 0.0f;
+      for (int u = 0; u < 8; ++u) {
+        const int64_t x = x0 + 32 * u;
+        wv[u] = x >= dc ? 0.0f
+                : wbf16 ? bf16_bits_to_f(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(kv_b.data) +
+                                                                          (h * dkv + dn + j) * kv_b.row_bytes)[x])
+                        : wget(kv_b, h * dkv + dn + j, x);
+      }
 #pragma unroll
       for (int u = 0; u < 8; ++u)
         if (x0 + 32 * u < dc) a = fmaf(fin[x0 + 32 * u], wv[u], a);
@@ -422,10 +449,10 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, co
                                                                     const float* c, const float* k_pe, int64_t T,
                                                                     const int64_t* q_pos, KeySelection sel,
                                                                     float scale, float* o, bool bf16, bool vec,
-                                                                    bool cache_scores) {
+                                                                    bool cache_scores, int n_ranks) {
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
-  const int64_t item = blockIdx.x / kAbsCluster;
+  const int64_t item = blockIdx.x / n_ranks;
   const int64_t s = item / H, h = item % H;
   const AbsLayout L = abs_layout(d, T, vec, KeyVec<float>::kN);
   uint32_t* bits = smem_u;
@@ -438,7 +465,7 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, co
   const ContiguousKeys keys{c, k_pe, dc, d.rope};
   absorbed_one(d, q + (s * H + h) * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
                o + (s * H + h) * d.v, bf16, static_cast<int>(cooperative_groups::this_cluster().block_rank()),
-               kAbsCluster);
+               n_ranks);
 }
 
 // Persistent grid over (token, head) work items of the whole step; bitmap and score cache sized by max_ctx.
@@ -447,7 +474,7 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
                                                                          KvPool pool, StepSeqs seqs,
                                                                          const int64_t* pos, KeySelection sel,
                                                                          float scale, float* o, bool bf16, bool vec,
-                                                                         bool cache_scores) {
+                                                                         bool cache_scores, int n_ranks) {
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
   const AbsLayout L = abs_layout(d, seqs.max_ctx, vec, KeyVec<Elem>::kN);
@@ -459,7 +486,7 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
   float* sc = cache_scores ? part + L.groups * dc : nullptr;
   const int64_t N = seqs.q_begin[seqs.n_seqs];
   const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
-  for (int64_t item = blockIdx.x / kAbsCluster; item < N * H; item += gridDim.x / kAbsCluster) {
+  for (int64_t item = blockIdx.x / n_ranks; item < N * H; item += gridDim.x / n_ranks) {
     const int64_t i = item / H, h = item % H;
     // Sequence of token i: the last s with q_begin[s] <= i (binary search).
     int64_t lo = 0, hi = seqs.n_seqs - 1;
@@ -483,24 +510,24 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
     const PagedKeys<Elem> keys{static_cast<const Elem*>(pool.data), pool.width, pool.block_tokens,
                                seqs.block_table + s * seqs.max_blocks, dc};
     absorbed_one(d, q + i * H * dqk + h * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
-                 o + i * H * d.v + h * d.v, bf16, rank, kAbsCluster);
+                 o + i * H * d.v + h * d.v, bf16, rank, n_ranks);
   }
 }
 
 }  // namespace
 
 namespace {
-// Launch configuration of the absorbed kernels: clusters of kAbsCluster blocks along x.
+// Launch configuration of the absorbed kernels: clusters of `ranks` blocks along x.
 struct ClusterLaunch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1]{};
-  ClusterLaunch(unsigned grid, size_t smem, cudaStream_t st) {
+  ClusterLaunch(unsigned grid, int ranks, size_t smem, cudaStream_t st) {
     cfg.gridDim = dim3(grid, 1, 1);
     cfg.blockDim = dim3(kAbsThreads, 1, 1);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kAbsCluster;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(ranks);
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
@@ -530,9 +557,15 @@ void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, co
   const AbsLayout L = abs_layout(d, T, vec, kN);
   const bool cache = L.fixed_bytes + static_cast<size_t>(T) * 4 <= kAbsSmemCap;
   const size_t smem = L.fixed_bytes + (cache ? static_cast<size_t>(T) * 4 : 0);
-  cudaFuncSetAttribute(mla_absorbed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kAbsSmemCap));
-  const ClusterLaunch cl(static_cast<unsigned>(S * d.n_heads * kAbsCluster), smem, st);
-  cudaLaunchKernelEx(&cl.cfg, mla_absorbed_kernel, d, q, kv_b, c, k_pe, T, q_pos, sel, scale, o, bf16, vec, cache);
+  static const cudaError_t attr_set = cudaFuncSetAttribute(mla_absorbed_kernel,
+                                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                            static_cast<int>(kAbsSmemCap));  // once per process
+  (void)attr_set;
+  // Few (query, head) items: clusters split each one's keys over kAbsCluster SMs; many: one block each.
+  const int ranks = S * d.n_heads >= 256 ? 1 : kAbsCluster;
+  const ClusterLaunch cl(static_cast<unsigned>(S * d.n_heads * ranks), ranks, smem, st);
+  cudaLaunchKernelEx(&cl.cfg, mla_absorbed_kernel, d, q, kv_b, c, k_pe, T, q_pos, sel, scale, o, bf16, vec, cache,
+                     ranks);
 }
 
 void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv_b, const KvPool& pool,
@@ -546,20 +579,29 @@ void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv
   const AbsLayout L = abs_layout(d, seqs.max_ctx, vec, kN);
   const bool cache = L.fixed_bytes + static_cast<size_t>(seqs.max_ctx) * 4 <= kAbsSmemCap;
   const size_t smem = L.fixed_bytes + (cache ? static_cast<size_t>(seqs.max_ctx) * 4 : 0);
-  int dev = 0, sms = 132;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const ClusterLaunch cl(static_cast<unsigned>(sms * 4 / kAbsCluster * kAbsCluster), smem, st);
-  if (b16) {
+  static const int sms = [] {
+    int dev = 0, n = 132;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  }();
+  static const bool attrs_set = [] {  // once per process
     cudaFuncSetAttribute(mla_absorbed_paged_kernel<uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(kAbsSmemCap));
-    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<uint16_t>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
-                       vec, cache);
-  } else {
     cudaFuncSetAttribute(mla_absorbed_paged_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(kAbsSmemCap));
+    return true;
+  }();
+  (void)attrs_set;
+  // n_seqs bounds the step's tokens from below: many sequences -> one block per (token, head).
+  const int ranks = seqs.n_seqs * d.n_heads >= 256 ? 1 : kAbsCluster;
+  const ClusterLaunch cl(static_cast<unsigned>(sms * 4 / kAbsCluster * kAbsCluster), ranks, smem, st);
+  if (b16) {
+    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<uint16_t>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
+                       vec, cache, ranks);
+  } else {
     cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<float>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
-                       vec, cache);
+                       vec, cache, ranks);
   }
 }
 
