@@ -193,6 +193,8 @@ class Backend {
   virtual void copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst);
   // x[i] *= s.
   virtual void scale(float* x, int64_t n, float s);
+  // x[i] = v.
+  virtual void fill(float* x, int64_t n, float v);
   // y[m, :] += b for m < M (y [M, N]). bf16: each sum rounded to bf16.
   virtual void add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16);
 

@@ -35,7 +35,7 @@ struct ServeOpts {
   int port = 8000, http_threads = 256, max_n = 16;
   std::vector<std::string> served_names, api_keys;
   int64_t max_model_len = 0, max_num_seqs = 64, max_queue_len = 1024, max_batch_tokens = 512, prefill_chunk = 256,
-          kv_block_tokens = 16, max_output_tokens = 0;
+          kv_block_tokens = 64, max_output_tokens = 0;
   std::string kv_cache_bytes = "4G";
   double max_queue_wait = 600, request_timeout = 0, read_timeout = 60, sse_ping = 15,
          shutdown_timeout = 30;
@@ -206,11 +206,9 @@ void run_serve(const ServeOpts& o) {
     so.stop_on_loop = o.stop_on_loop;
     so.banned = &m->banned;
     const double budget = parse_bytes(o.kv_cache_bytes);
-    const double block_bytes = double(o.kv_block_tokens) * double(m->engine->kv_bytes_per_token());
-    so.kv_total_blocks = static_cast<int64_t>(budget / block_bytes);
-    if (so.kv_total_blocks < 1)
-      fail("--kv-cache-bytes {} holds no block of {} tokens ({} bytes per token)", o.kv_cache_bytes, o.kv_block_tokens,
-           m->engine->kv_bytes_per_token());
+    so.max_context = m->info.max_model_len;
+    so.kv_total_blocks = m->engine->configure(static_cast<int64_t>(budget), o.kv_block_tokens, so.max_batch_tokens,
+                                              so.max_num_seqs, so.max_context);
     const int64_t capacity = so.kv_total_blocks * o.kv_block_tokens;
     if (capacity < m->info.max_model_len) {
       log::warn("the KV cache budget holds {} tokens, less than the context length {}: serving max_model_len = {} "
@@ -218,8 +216,12 @@ void run_serve(const ServeOpts& o) {
       m->info.max_model_len = capacity;
     }
     so.max_context = m->info.max_model_len;
-    log::info("KV cache: {} blocks x {} tokens ({} bytes/token, {:.2f} GiB budget), max_model_len {}", so.kv_total_blocks,
-              o.kv_block_tokens, m->engine->kv_bytes_per_token(), budget / double(1u << 30), m->info.max_model_len);
+    log::info("KV cache: {} blocks x {} tokens = {} tokens ({} bytes/token, {} cache, {:.2f} GiB allocated of "
+              "--kv-cache-bytes {}), max_model_len {}, step workspace {:.1f} MiB for {} tokens",
+              so.kv_total_blocks, o.kv_block_tokens, capacity, m->engine->kv_bytes_per_token(),
+              dtype_name(m->model->cache_dtype()), double(m->engine->cache()->bytes()) / double(1u << 30),
+              o.kv_cache_bytes, m->info.max_model_len, double(m->model->workspace_bytes()) / double(1u << 20),
+              so.max_batch_tokens);
     sched = std::make_unique<Scheduler>(*m->engine, so, &metrics);
     sched->start();
     metrics.set_gauge_source([s = sched.get()] { return s->gauges(); });
@@ -286,7 +288,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-batch-tokens", o->max_batch_tokens, "Tokens per engine step (default 512)");
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt chunk size for chunked prefill (default 256)");
   cmd->add_option("--kv-cache-bytes", o->kv_cache_bytes, "KV cache budget, e.g. 4G, 512M (default 4G)");
-  cmd->add_option("--kv-block-tokens", o->kv_block_tokens, "Tokens per KV cache block (default 16)");
+  cmd->add_option("--kv-block-tokens", o->kv_block_tokens, "Tokens per KV cache block (default 64)");
   cmd->add_option("--max-n", o->max_n, "Largest `n` accepted (default 16)");
   cmd->add_option("--max-output-tokens", o->max_output_tokens, "Cap on generated tokens when max_tokens is absent");
   cmd->add_flag("--clamp-max-tokens", o->clamp, "Reduce max_tokens to fit the context instead of answering 400");

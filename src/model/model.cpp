@@ -3,49 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 
 namespace latent {
 
 // ---------------------------------------------------------------------------------------------------------------
-// KvCache
+// Construction: weights prepared by the backend, small vectors uploaded once.
 // ---------------------------------------------------------------------------------------------------------------
-KvCache::KvCache(const ModelConfig& cfg)
-    : layers_(static_cast<size_t>(cfg.num_hidden_layers)),
-      has_index_(static_cast<size_t>(cfg.num_hidden_layers), false),
-      dc_(cfg.kv_lora_rank),
-      dr_(cfg.qk_rope_head_dim),
-      di_(cfg.index_head_dim) {
-  if (cfg.has_indexer())
-    for (size_t l = 0; l < has_index_.size() && l < cfg.layer_has_indexer.size(); ++l)
-      has_index_[l] = cfg.layer_has_indexer[l];
-}
-
-void KvCache::clear() { grow(0); }
-
-void KvCache::truncate(int64_t n) {
-  if (n < 0 || n > len_) fail("kv cache: cannot truncate {} tokens to {}", len_, n);
-  grow(n);
-}
-
-void KvCache::grow(int64_t n) {
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    layers_[l].c.resize(static_cast<size_t>(n * dc_));
-    layers_[l].k_pe.resize(static_cast<size_t>(n * dr_));
-    if (has_index_[l]) layers_[l].index_k.resize(static_cast<size_t>(n * di_));
-  }
-  len_ = n;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Model
-// ---------------------------------------------------------------------------------------------------------------
-KeySelection Model::Selection::view() const {
-  if (dense) return {};
-  return {sel.data(), count.data(), k};
-}
-
 Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend, ModelOptions opt)
     : cfg_(cfg), be_(backend), opt_(opt), w_(resolve_weights(cfg, plan)) {
   if (cfg.n_routed_experts > 0) {
@@ -61,33 +27,244 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
   }
   if (cfg.hidden_act != "silu") fail("config: hidden_act '{}' is not supported (silu only)", cfg.hidden_act);
   if (cfg.has_indexer() && cfg.index_topk <= 0) fail("config: index_topk must be > 0 (got {})", cfg.index_topk);
-  inv_freq_ = rope_inv_freq_f32(cfg);
   attention_factor_ = static_cast<float>(rope_attention_factor(cfg));
   softmax_scale_ = static_cast<float>(cfg.softmax_scale());
+  try {
+    inv_freq_ = upload_vector(rope_inv_freq_f32(cfg), "rope inv_freq");
+    auto prep = [&](QuantWeight& q) {
+      if (q.data) q = be_.prepare_weight(q);
+    };
+    prep(w_.embed);
+    prep(w_.lm_head);
+    final_norm_ = upload_vector(w_.final_norm, "model.norm.weight");
+    lp_.resize(w_.layers.size());
+    for (size_t l = 0; l < w_.layers.size(); ++l) {
+      LayerWeights& lw = w_.layers[l];
+      LayerParams& p = lp_[l];
+      p.input_norm = upload_vector(lw.input_norm, "input_layernorm");
+      p.post_attn_norm = upload_vector(lw.post_attn_norm, "post_attention_layernorm");
+      AttentionWeights& a = lw.attn;
+      for (QuantWeight* q : {&a.q_a, &a.q_b, &a.kv_a, &a.kv_b, &a.o}) prep(*q);
+      p.q_a_norm = upload_vector(a.q_a_norm, "q_a_layernorm");
+      p.kv_a_norm = upload_vector(a.kv_a_norm, "kv_a_layernorm");
+      p.q_a_bias = upload_vector(a.q_a_bias, "q_a_proj.bias");
+      p.kv_a_bias = upload_vector(a.kv_a_bias, "kv_a_proj_with_mqa.bias");
+      p.o_bias = upload_vector(a.o_bias, "o_proj.bias");
+      if (lw.indexer.present) {
+        IndexerWeights& iw = lw.indexer;
+        for (QuantWeight* q : {&iw.wq_b, &iw.wk, &iw.weights_proj}) prep(*q);
+        p.k_norm_w = upload_vector(iw.k_norm_w, "indexer.k_norm.weight");
+        p.k_norm_b = upload_vector(iw.k_norm_b, "indexer.k_norm.bias");
+      }
+      auto prep_mlp = [&](MlpWeights& m) {
+        prep(m.gate);
+        prep(m.up);
+        prep(m.down);
+      };
+      if (lw.is_moe) {
+        prep(lw.moe.router);
+        p.score_bias = upload_vector(lw.moe.score_bias, "e_score_correction_bias");
+        for (auto& e : lw.moe.experts) prep_mlp(e);
+        if (lw.moe.has_shared) prep_mlp(lw.moe.shared);
+      } else {
+        prep_mlp(lw.dense);
+      }
+    }
+  } catch (...) {
+    for (void* q : owned_) be_.dealloc(q);
+    owned_.clear();
+    throw;
+  }
 }
 
-void Model::linear(const QuantWeight& w, const float* x, int64_t M, float* y, const std::vector<float>* bias) {
+Model::~Model() {
+  for (void* p : owned_) be_.dealloc(p);
+}
+
+const float* Model::upload_vector(const std::vector<float>& v, const char* what) {
+  if (v.empty()) return nullptr;
+  void* p = be_.alloc(v.size() * sizeof(float), what);
+  owned_.push_back(p);
+  be_.upload(p, v.data(), v.size() * sizeof(float));
+  return static_cast<const float*>(p);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The step workspace: every buffer of a step carved from one backend allocation.
+// ---------------------------------------------------------------------------------------------------------------
+struct Model::Dims {
+  int64_t N = 0, S = 0, Tm = 0, MB = 0, R = 0;  // tokens, sequences, max context, max blocks, logit rows
+};
+
+struct Model::Buffers {
+  int32_t *tokens, *q_begin, *ctx_len, *btab, *lrows;
+  int64_t *pos, *slots;
+  float *h, *x, *y, *cq, *q, *kv, *cnew, *kpenew, *o;
+  float *iq, *iw, *ik, *keys, *scores;
+  int32_t *sel, *cnt;
+  float *gc, *gk, *kvb;
+  float *g, *u;
+  float *rl, *wts, *aw, *xs, *eg, *eu, *ed, *sh;
+  int32_t *ids, *tok;
+  int64_t* offs;
+  float *hx, *lg;
+  int64_t score_rows;
+};
+
+// Rows of indexer scores computed per call: bounds the [rows, T] score matrix to ~64 MB of fp32.
+static int64_t score_block_rows(int64_t N, int64_t Tm) {
+  return std::max<int64_t>(1, std::min<int64_t>(N, (int64_t{1} << 24) / std::max<int64_t>(Tm, 1)));
+}
+
+Model::Dims Model::dims_for(int64_t n_tokens, int64_t n_seqs, int64_t max_ctx, int64_t max_blocks,
+                            int64_t logit_rows) const {
+  Dims d;
+  d.N = std::max<int64_t>(1, n_tokens);
+  d.S = std::max<int64_t>(1, n_seqs);
+  d.Tm = std::max<int64_t>(1, max_ctx);
+  d.MB = std::max<int64_t>(1, max_blocks);
+  d.R = std::max<int64_t>(1, logit_rows);
+  return d;
+}
+
+size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
+  size_t off = 0;
+  auto take = [&](auto*& p, int64_t n) {
+    using T = std::remove_pointer_t<std::remove_reference_t<decltype(p)>>;
+    off = (off + 63) / 64 * 64;
+    p = base ? reinterpret_cast<T*>(base + off) : nullptr;
+    off += static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
+  };
+  const ModelConfig& c = cfg_;
+  const int64_t N = d.N, S = d.S, Tm = d.Tm, D = c.hidden_size, H = c.num_attention_heads;
+  const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dc = c.kv_lora_rank;
+  const int64_t dq = std::max<int64_t>(c.q_lora_rank, 1), dqk = dn + dr;
+  take(b.tokens, N);
+  take(b.q_begin, S + 1);
+  take(b.ctx_len, S);
+  take(b.btab, S * d.MB);
+  take(b.lrows, d.R);
+  take(b.pos, N);
+  take(b.slots, N);
+  take(b.h, N * D);
+  take(b.x, N * D);
+  take(b.y, N * D);
+  take(b.cq, N * dq);
+  take(b.q, N * H * dqk);
+  take(b.kv, N * (dc + dr));
+  take(b.cnew, N * dc);
+  take(b.kpenew, N * dr);
+  take(b.o, N * H * dv);
+  b.score_rows = 0;
+  if (c.has_indexer()) {
+    const int64_t nI = c.index_n_heads, dI = c.index_head_dim, k = c.index_topk;
+    b.score_rows = score_block_rows(N, Tm);
+    take(b.iq, N * nI * dI);
+    take(b.iw, N * nI);
+    take(b.ik, N * dI);
+    take(b.keys, Tm * dI);
+    take(b.scores, b.score_rows * Tm);
+    take(b.sel, N * k);
+    take(b.cnt, N);
+  } else {
+    b.iq = b.iw = b.ik = b.keys = b.scores = nullptr;
+    b.sel = b.cnt = nullptr;
+  }
+  take(b.gc, Tm * dc);
+  take(b.gk, Tm * dr);
+  take(b.kvb, Tm * H * (dn + dv));
+  int64_t inter = c.intermediate_size;
+  if (c.n_routed_experts > 0) inter = std::max<int64_t>(inter, c.moe_intermediate_size * c.n_shared_experts);
+  take(b.g, N * inter);
+  take(b.u, N * inter);
+  if (c.n_routed_experts > 0) {
+    const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
+    take(b.rl, N * E);
+    take(b.ids, N * K);
+    take(b.wts, N * K);
+    take(b.offs, E + 1);
+    take(b.tok, N * K);
+    take(b.aw, N * K);
+    take(b.xs, N * K * D);
+    take(b.eg, N * K * Im);
+    take(b.eu, N * K * Im);
+    take(b.ed, N * K * D);
+    take(b.sh, N * D);
+  } else {
+    b.rl = b.wts = b.aw = b.xs = b.eg = b.eu = b.ed = b.sh = nullptr;
+    b.ids = b.tok = nullptr;
+    b.offs = nullptr;
+  }
+  take(b.hx, d.R * D);
+  take(b.lg, d.R * c.vocab_size);
+  return (off + 63) / 64 * 64;
+}
+
+void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64_t max_blocks) {
+  const Dims d = dims_for(max_tokens, max_seqs, max_ctx, max_blocks, max_tokens);
+  Buffers b{};
+  const size_t need = carve(d, nullptr, b);
+  if (need <= ws_cap_) return;
+  if (ws_) {
+    be_.dealloc(ws_);
+    owned_.erase(std::remove(owned_.begin(), owned_.end(), static_cast<void*>(ws_)), owned_.end());
+    ws_ = nullptr;
+    ws_cap_ = 0;
+  }
+  ws_ = static_cast<char*>(be_.alloc(need, "the step workspace (activations and scratch)"));
+  owned_.push_back(ws_);
+  ws_cap_ = need;
+}
+
+void Model::ensure_workspace(const Dims& d) {
+  Buffers b{};
+  const size_t need = carve(d, nullptr, b);
+  if (need <= ws_cap_) return;
+  // A step larger than any reserved: grow (counted; the server reserves its limits so this never happens there).
+  ++ws_grows_;
+  if (ws_) {
+    be_.dealloc(ws_);
+    owned_.erase(std::remove(owned_.begin(), owned_.end(), static_cast<void*>(ws_)), owned_.end());
+    ws_ = nullptr;
+    ws_cap_ = 0;
+  }
+  const size_t cap = std::max(need, ws_cap_ * 2);
+  ws_ = static_cast<char*>(be_.alloc(cap, "the step workspace (activations and scratch)"));
+  owned_.push_back(ws_);
+  ws_cap_ = cap;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Step metadata
+// ---------------------------------------------------------------------------------------------------------------
+struct Model::Meta {
+  int64_t N = 0, S = 0, max_ctx = 0, max_blocks = 0, rows = 0;
+  bool any_long = false;      // some sequence sees more than index_topk keys (DSA selection needed)
+  const int32_t* q_begin = nullptr;  // host [S+1]
+  const int32_t* ctx = nullptr;      // host [S]
+  StepSeqs seqs;                     // backend memory
+  const Step* step = nullptr;
+};
+
+void Model::linear(const QuantWeight& w, const float* x, int64_t M, float* y, const float* bias) {
   be_.matmul(w, x, M, y);
-  if (bias && !bias->empty())
-    for (int64_t m = 0; m < M; ++m) be_.add(y + m * w.rows, bias->data(), w.rows, false);
+  if (bias) be_.add_bias(y, bias, M, w.rows, false);
   if (opt_.bf16_activations) be_.round_bf16(y, M * w.rows);
 }
 
-void Model::mlp(const MlpWeights& w, const float* x, int64_t S, int64_t inter, float* out) {
-  std::vector<float> g(static_cast<size_t>(S * inter)), u(static_cast<size_t>(S * inter));
-  linear(w.gate, x, S, g.data());
-  linear(w.up, x, S, u.data());
-  be_.silu_mul(g.data(), u.data(), S * inter, g.data(), opt_.bf16_activations);
-  linear(w.down, g.data(), S, out);
+void Model::mlp(const MlpWeights& w, const float* x, int64_t M, int64_t inter, Buffers& b, float* out) {
+  linear(w.gate, x, M, b.g);
+  linear(w.up, x, M, b.u);
+  be_.silu_mul(b.g, b.u, M * inter, b.g, opt_.bf16_activations);
+  linear(w.down, b.g, M, out);
 }
 
-void Model::moe(int64_t l, const MoeWeights& w, const float* x, int64_t S, float* out) {
+void Model::moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float* out) {
   const int64_t D = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
-  const int64_t Im = cfg_.moe_intermediate_size;
+  const int64_t Im = cfg_.moe_intermediate_size, M = m.N;
   const bool bf16 = opt_.bf16_activations;
   // Router in fp32 (never rounded, spec §8).
-  std::vector<float> logits(static_cast<size_t>(S * E));
-  be_.matmul(w.router, x, S, logits.data());
+  be_.matmul(w.router, b.x, M, b.rl);
   RouterParams rp;
   rp.n_experts = E;
   rp.n_group = std::max<int64_t>(1, cfg_.n_group);
@@ -95,15 +272,15 @@ void Model::moe(int64_t l, const MoeWeights& w, const float* x, int64_t S, float
   rp.top_k = K;
   rp.norm_topk_prob = cfg_.norm_topk_prob;
   rp.routed_scaling_factor = static_cast<float>(cfg_.routed_scaling_factor);
-  std::vector<int32_t> ids(static_cast<size_t>(S * K));
-  std::vector<float> wts(static_cast<size_t>(S * K));
   if (opt_.force_decisions) {
-    // Replay recorded expert ids; weights from this run's scores (sigmoid, normalized, scaled as in the router).
+    // Diagnostic: replay recorded expert ids; weights from this run's scores (sigmoid, normalized, scaled).
     const auto& rec = opt_.force_decisions->experts;
-    if (static_cast<size_t>(l) >= rec.size() || rec[l].size() != ids.size())
-      fail("forced decisions: layer {} has no recorded routing for {} tokens", l, S);
-    ids = rec[l];
-    for (int64_t s = 0; s < S; ++s) {
+    if (static_cast<size_t>(l) >= rec.size() || rec[l].size() != static_cast<size_t>(M * K))
+      fail("forced decisions: layer {} has no recorded routing for {} tokens", l, M);
+    std::vector<float> logits(static_cast<size_t>(M * E)), wts(static_cast<size_t>(M * K));
+    be_.download(logits.data(), b.rl, logits.size() * sizeof(float));
+    const std::vector<int32_t>& ids = rec[l];
+    for (int64_t s = 0; s < M; ++s) {
       float sum = 0.0f;
       for (int64_t k = 0; k < K; ++k) {
         const int32_t e = ids[s * K + k];
@@ -116,174 +293,329 @@ void Model::moe(int64_t l, const MoeWeights& w, const float* x, int64_t S, float
         wts[s * K + k] *= rp.routed_scaling_factor;
       }
     }
+    be_.upload(b.ids, ids.data(), ids.size() * sizeof(int32_t));
+    be_.upload(b.wts, wts.data(), wts.size() * sizeof(float));
   } else {
-    be_.router(logits.data(), w.score_bias.empty() ? nullptr : w.score_bias.data(), S, rp, ids.data(), wts.data());
+    be_.router(b.rl, lp_[static_cast<size_t>(l)].score_bias, M, rp, b.ids, b.wts);
   }
-  if (opt_.record_decisions) opt_.record_decisions->experts[l] = ids;
+  if (opt_.record_decisions) {
+    auto& rec = opt_.record_decisions->experts[static_cast<size_t>(l)];
+    rec.resize(static_cast<size_t>(M * K));
+    be_.download(rec.data(), b.ids, rec.size() * sizeof(int32_t));
+  }
 
-  // Group the (token, slot) assignments by expert: ascending expert, then ascending token (HF eager order).
-  std::vector<int64_t> offsets(static_cast<size_t>(E + 1), 0);
-  for (int32_t e : ids) ++offsets[static_cast<size_t>(e) + 1];
-  for (int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
-  const int64_t n = S * K;
-  std::vector<int32_t> tok(static_cast<size_t>(n));
-  std::vector<float> aw(static_cast<size_t>(n));
-  {
-    std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t k = 0; k < K; ++k) {
-        const int32_t e = ids[s * K + k];
-        const int64_t at = fill[e]++;
-        tok[at] = static_cast<int32_t>(s);
-        aw[at] = wts[s * K + k];
-      }
-  }
-  std::vector<float> xs(static_cast<size_t>(n * D));
-  for (int64_t i = 0; i < n; ++i) std::memcpy(&xs[i * D], x + tok[i] * D, sizeof(float) * D);
-  std::vector<const QuantWeight*> wg(static_cast<size_t>(E)), wu(static_cast<size_t>(E)), wd(static_cast<size_t>(E));
+  // Group the (token, slot) pairs by expert (ascending expert, then token: HF eager order), on the backend.
+  const int64_t n = M * K;
+  be_.moe_group(b.ids, b.wts, M, K, E, b.offs, b.tok, b.aw);
+  be_.gather_rows(b.x, b.tok, n, D, b.xs);
+  thread_local std::vector<const QuantWeight*> wg, wu, wd;
+  wg.resize(static_cast<size_t>(E));
+  wu.resize(static_cast<size_t>(E));
+  wd.resize(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
     wg[e] = &w.experts[e].gate;
     wu[e] = &w.experts[e].up;
     wd[e] = &w.experts[e].down;
   }
-  std::vector<float> g(static_cast<size_t>(n * Im)), u(static_cast<size_t>(n * Im));
-  be_.grouped_matmul(wg.data(), E, offsets.data(), xs.data(), g.data());
-  be_.grouped_matmul(wu.data(), E, offsets.data(), xs.data(), u.data());
+  be_.grouped_matmul(wg.data(), E, b.offs, b.xs, b.eg);
+  be_.grouped_matmul(wu.data(), E, b.offs, b.xs, b.eu);
   if (bf16) {
-    be_.round_bf16(g.data(), n * Im);
-    be_.round_bf16(u.data(), n * Im);
+    be_.round_bf16(b.eg, n * Im);
+    be_.round_bf16(b.eu, n * Im);
   }
-  be_.silu_mul(g.data(), u.data(), n * Im, g.data(), bf16);
-  std::vector<float>& d = xs;  // reuse: [n, D]
-  be_.grouped_matmul(wd.data(), E, offsets.data(), g.data(), d.data());
-  if (bf16) be_.round_bf16(d.data(), n * D);
-  std::fill(out, out + S * D, 0.0f);
-  be_.scatter_add_weighted(d.data(), tok.data(), aw.data(), n, D, out, bf16);
+  be_.silu_mul(b.eg, b.eu, n * Im, b.eg, bf16);
+  be_.grouped_matmul(wd.data(), E, b.offs, b.eg, b.ed);
+  if (bf16) be_.round_bf16(b.ed, n * D);
+  be_.fill(out, M * D, 0.0f);
+  be_.scatter_add_weighted(b.ed, b.tok, b.aw, n, D, out, bf16);
   if (w.has_shared) {
-    std::vector<float> sh(static_cast<size_t>(S * D));
-    mlp(w.shared, x, S, Im * cfg_.n_shared_experts, sh.data());
-    be_.add(out, sh.data(), S * D, bf16);
+    mlp(w.shared, b.x, M, Im * cfg_.n_shared_experts, b, b.sh);
+    be_.add(out, b.sh, M * D, bf16);
   }
 }
 
-void Model::indexer(int64_t l, const float* x, const float* cq, int64_t S, int64_t past, KvCache& cache,
-                    const int64_t* pos, Selection& sel) {
+// The DSA indexer of layer l: new keys into the index pool; when some sequence sees more than index_topk keys,
+// the per-token selection (rows of b.sel / b.cnt) for every token of the step (sparse = true), else dense.
+void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse) {
   const IndexerWeights& iw = w_.layers[l].indexer;
-  const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim, T = past + S;
+  const LayerParams& p = lp_[static_cast<size_t>(l)];
+  const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim, N = m.N, k = cfg_.index_topk;
   const bool bf16 = opt_.bf16_activations;
-  RopeParams rp{inv_freq_.data(), cfg_.qk_rope_head_dim, attention_factor_, cfg_.indexer_rope_interleave};
+  RopeParams rp{inv_freq_, cfg_.qk_rope_head_dim, attention_factor_, cfg_.indexer_rope_interleave};
 
-  // Key of the new tokens: LayerNorm(x·Wkᵀ), RoPE on the first dr dims; appended to the cache.
-  float* kc = cache.layer(l).index_k.data() + past * dI;
-  linear(iw.wk, x, S, kc);
-  be_.layer_norm(kc, iw.k_norm_w.data(), iw.k_norm_b.data(), S, dI, 1e-6f, kc, bf16);
-  be_.rope(kc, S, 1, dI, dI, pos, rp, bf16);
+  // Keys of the new tokens: LayerNorm(x·Wkᵀ), RoPE on the first dr dims; written to the pool.
+  linear(iw.wk, b.x, N, b.ik);
+  be_.layer_norm(b.ik, p.k_norm_w, p.k_norm_b, N, dI, 1e-6f, b.ik, bf16);
+  be_.rope(b.ik, N, 1, dI, dI, b.pos, rp, bf16);
+  const KvPool& pool = cache.index(l);
+  be_.kv_store(pool, b.slots, N, b.ik, 0, dI);
 
   if (opt_.force_decisions) {
     const auto& f = *opt_.force_decisions;
     if (static_cast<size_t>(l) >= f.index_sel.size()) fail("forced decisions: layer {} has no recorded selection", l);
-    sel.dense = f.index_sel[l].empty();
-    if (!sel.dense) {
-      if (f.index_count[l].size() != static_cast<size_t>(S))
+    sparse = !f.index_sel[l].empty();
+    if (sparse) {
+      if (f.index_count[l].size() != static_cast<size_t>(N) || f.index_sel[l].size() != static_cast<size_t>(N * k))
         fail("forced decisions: layer {} selection recorded for another number of tokens", l);
-      sel.k = static_cast<int64_t>(f.index_sel[l].size()) / S;
-      sel.sel = f.index_sel[l];
-      sel.count = f.index_count[l];
-      for (int32_t t : sel.sel)
-        if (t < 0 || t >= T) fail("forced decisions: layer {} selects key {} outside [0, {})", l, t, T);
+      for (int64_t s = 0; s < m.S; ++s)
+        for (int64_t i = m.q_begin[s]; i < m.q_begin[s + 1]; ++i)
+          for (int64_t j = 0; j < k; ++j) {
+            const int32_t t = f.index_sel[l][i * k + j];
+            if (j < f.index_count[l][i] && (t < 0 || t >= m.ctx[s]))
+              fail("forced decisions: layer {} selects key {} outside [0, {})", l, t, m.ctx[s]);
+          }
+      be_.upload(b.sel, f.index_sel[l].data(), static_cast<size_t>(N * k) * sizeof(int32_t));
+      be_.upload(b.cnt, f.index_count[l].data(), static_cast<size_t>(N) * sizeof(int32_t));
     }
     return;
   }
-  // Dense when every query sees at most index_topk keys (spec §4.3): skip the scores.
-  if (T <= cfg_.index_topk) {
-    sel.dense = true;
+  // Dense when every query sees at most index_topk keys (spec §4.3): skip the scores. Otherwise every token gets
+  // a selection row; a sequence with <= index_topk keys selects all its causal keys, which equals dense attention.
+  if (!m.any_long) {
+    sparse = false;
     return;
   }
-  std::vector<float> q(static_cast<size_t>(S * nI * dI));
-  linear(iw.wq_b, cq, S, q.data());
-  be_.rope(q.data(), S, nI, nI * dI, dI, pos, rp, bf16);
-  std::vector<float> wts(static_cast<size_t>(S * nI));
-  linear(iw.weights_proj, x, S, wts.data());
-  const float head_scale = static_cast<float>(std::pow(static_cast<double>(nI), -0.5));
-  for (float& v : wts) v *= head_scale;
+  sparse = true;
+  linear(iw.wq_b, b.cq, N, b.iq);
+  be_.rope(b.iq, N, nI, nI * dI, dI, b.pos, rp, bf16);
+  linear(iw.weights_proj, b.x, N, b.iw);
+  be_.scale(b.iw, N * nI, static_cast<float>(std::pow(static_cast<double>(nI), -0.5)));
   const float score_scale = static_cast<float>(std::pow(static_cast<double>(dI), -0.5));
-
-  const int64_t k = cfg_.index_topk;
-  sel.dense = false;
-  sel.k = k;
-  sel.sel.assign(static_cast<size_t>(S * k), 0);
-  sel.count.assign(static_cast<size_t>(S), 0);
-  // Score rows in blocks so that the [rows, T] score matrix stays bounded.
-  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 24) / std::max<int64_t>(T, 1));
-  std::vector<float> scores;
-  for (int64_t s0 = 0; s0 < S; s0 += block) {
-    const int64_t ns = std::min(block, S - s0);
-    scores.resize(static_cast<size_t>(ns * T));
-    be_.indexer_scores(q.data() + s0 * nI * dI, wts.data() + s0 * nI, cache.layer(l).index_k.data(), ns, T, nI, dI,
-                       score_scale, pos + s0, scores.data());
-    be_.topk_select(scores.data(), ns, T, k, pos + s0, sel.sel.data() + s0 * k, sel.count.data() + s0);
+  for (int64_t s = 0; s < m.S; ++s) {
+    const int64_t q0 = m.q_begin[s], q1 = m.q_begin[s + 1], T = m.ctx[s];
+    if (q1 <= q0) continue;
+    be_.kv_gather(pool, m.seqs.block_table + s * m.max_blocks, T, 0, dI, b.keys);
+    for (int64_t r0 = q0; r0 < q1; r0 += b.score_rows) {
+      const int64_t nr = std::min(b.score_rows, q1 - r0);
+      be_.indexer_scores(b.iq + r0 * nI * dI, b.iw + r0 * nI, b.keys, nr, T, nI, dI, score_scale, b.pos + r0,
+                         b.scores);
+      be_.topk_select(b.scores, nr, T, k, b.pos + r0, b.sel + r0 * k, b.cnt + r0);
+    }
   }
 }
 
-void Model::attention(int64_t l, const float* x, int64_t S, int64_t past, KvCache& cache, const int64_t* pos,
-                      Selection& sel, float* out) {
+void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse) {
   const LayerWeights& lw = w_.layers[l];
   const AttentionWeights& aw = lw.attn;
+  const LayerParams& p = lp_[static_cast<size_t>(l)];
   const int64_t H = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;
   const int64_t dv = cfg_.v_head_dim, dc = cfg_.kv_lora_rank, dq = cfg_.q_lora_rank, dqk = dn + dr;
-  const int64_t T = past + S;
+  const int64_t N = m.N;
   const bool bf16 = opt_.bf16_activations;
-  RopeParams rp{inv_freq_.data(), dr, attention_factor_, cfg_.rope_interleave};
+  RopeParams rp{inv_freq_, dr, attention_factor_, cfg_.rope_interleave};
 
-  // Query path: cq = RMSNorm(x·Wq_aᵀ) (eps 1e-6), q = cq·Wq_bᵀ [S, H, dn+dr].
-  std::vector<float> cq(static_cast<size_t>(S * dq));
-  linear(aw.q_a, x, S, cq.data(), &aw.q_a_bias);
-  be_.rms_norm(cq.data(), aw.q_a_norm.data(), S, dq, 1e-6f, cq.data(), bf16);
-  std::vector<float> q(static_cast<size_t>(S * H * dqk));
-  linear(aw.q_b, cq.data(), S, q.data());
-  be_.rope(q.data() + dn, S, H, H * dqk, dqk, pos, rp, bf16);
+  // Query path: cq = RMSNorm(x·Wq_aᵀ) (eps 1e-6), q = cq·Wq_bᵀ [N, H, dn+dr].
+  linear(aw.q_a, b.x, N, b.cq, p.q_a_bias);
+  be_.rms_norm(b.cq, p.q_a_norm, N, dq, 1e-6f, b.cq, bf16);
+  linear(aw.q_b, b.cq, N, b.q);
+  be_.rope(b.q + dn, N, H, H * dqk, dqk, b.pos, rp, bf16);
 
-  // Latent path: [c ; k_pe] = x·Wkv_aᵀ; c normalized, k_pe rotated; both appended to the cache.
-  std::vector<float> kv(static_cast<size_t>(S * (dc + dr)));
-  linear(aw.kv_a, x, S, kv.data(), &aw.kv_a_bias);
-  KvCache::Layer& cl = cache.layer(l);
-  float* c_new = cl.c.data() + past * dc;
-  float* kpe_new = cl.k_pe.data() + past * dr;
-  for (int64_t s = 0; s < S; ++s) {
-    std::memcpy(c_new + s * dc, &kv[s * (dc + dr)], sizeof(float) * dc);
-    std::memcpy(kpe_new + s * dr, &kv[s * (dc + dr) + dc], sizeof(float) * dr);
-  }
-  be_.rms_norm(c_new, aw.kv_a_norm.data(), S, dc, 1e-6f, c_new, bf16);
-  be_.rope(kpe_new, S, 1, dr, dr, pos, rp, bf16);
+  // Latent path: [c ; k_pe] = x·Wkv_aᵀ; c normalized, k_pe rotated; both written to the pool.
+  linear(aw.kv_a, b.x, N, b.kv, p.kv_a_bias);
+  be_.copy_cols(b.kv, dc + dr, 0, dc, N, b.cnew);
+  be_.copy_cols(b.kv, dc + dr, dc, dr, N, b.kpenew);
+  be_.rms_norm(b.cnew, p.kv_a_norm, N, dc, 1e-6f, b.cnew, bf16);
+  be_.rope(b.kpenew, N, 1, dr, dr, b.pos, rp, bf16);
+  const KvPool& pool = cache.latent(l);
+  be_.kv_store(pool, b.slots, N, b.cnew, 0, dc);
+  be_.kv_store(pool, b.slots, N, b.kpenew, dc, dr);
 
-  // DSA selection: own indexer, shared (IndexShare: reuse `sel` of the previous indexer layer), or none.
+  // DSA selection: own indexer, shared (IndexShare: reuse the previous indexer layer's rows), or none.
   if (cfg_.has_indexer() && !opt_.disable_indexer) {
     if (lw.indexer.present) {
-      indexer(l, x, cq.data(), S, past, cache, pos, sel);
+      indexer(l, m, cache, b, sparse);
       if (opt_.record_decisions) {
-        opt_.record_decisions->index_sel[l] = sel.dense ? std::vector<int32_t>{} : sel.sel;
-        opt_.record_decisions->index_count[l] = sel.dense ? std::vector<int32_t>{} : sel.count;
+        auto& rs = opt_.record_decisions->index_sel[static_cast<size_t>(l)];
+        auto& rc = opt_.record_decisions->index_count[static_cast<size_t>(l)];
+        rs.clear();
+        rc.clear();
+        if (sparse) {
+          rs.resize(static_cast<size_t>(N * cfg_.index_topk));
+          rc.resize(static_cast<size_t>(N));
+          be_.download(rs.data(), b.sel, rs.size() * sizeof(int32_t));
+          be_.download(rc.data(), b.cnt, rc.size() * sizeof(int32_t));
+        }
       }
     }
-    // else: shared layer, `sel` holds the previous layer's selection.
+    // else: shared layer, b.sel / b.cnt hold the previous indexer layer's selection.
   } else {
-    sel.dense = true;
+    sparse = false;
   }
-  const KeySelection ks = sel.view();
+  const KeySelection all = sparse ? KeySelection{b.sel, b.cnt, cfg_.index_topk} : KeySelection{};
 
   MlaDims md{H, dn, dr, dv, dc};
-  std::vector<float> o(static_cast<size_t>(S * H * dv));
-  const bool absorbed =
-      opt_.attention == AttentionForm::Absorbed || (opt_.attention == AttentionForm::Auto && S == 1);
-  if (absorbed) {
-    be_.mla_attention_absorbed(md, q.data(), aw.kv_b, cl.c.data(), cl.k_pe.data(), S, T, pos, ks, softmax_scale_,
-                               o.data(), bf16);
-  } else {
-    std::vector<float> kvb(static_cast<size_t>(T * H * (dn + dv)));
-    linear(aw.kv_b, cl.c.data(), T, kvb.data());
-    be_.mla_attention_naive(md, q.data(), kvb.data(), cl.k_pe.data(), S, T, pos, ks, softmax_scale_, o.data(), bf16);
+  // Per sequence: the absorbed form over the pages for single-token chunks (decode) in runs of consecutive
+  // sequences, the naive form (expanded K/V of the gathered context) for multi-token chunks.
+  auto absorbed_for = [&](int64_t s) {
+    if (opt_.attention == AttentionForm::Absorbed) return true;
+    if (opt_.attention == AttentionForm::Naive) return false;
+    return m.q_begin[s + 1] - m.q_begin[s] == 1;
+  };
+  for (int64_t s = 0; s < m.S;) {
+    if (absorbed_for(s)) {
+      int64_t e = s + 1;
+      while (e < m.S && absorbed_for(e)) ++e;
+      StepSeqs run = m.seqs;
+      run.n_seqs = e - s;
+      run.q_begin = m.seqs.q_begin + s;
+      run.ctx_len = m.seqs.ctx_len + s;
+      run.block_table = m.seqs.block_table + s * m.max_blocks;
+      be_.mla_attention_absorbed_paged(md, b.q, aw.kv_b, pool, run, b.pos, all, softmax_scale_, b.o, bf16);
+      s = e;
+      continue;
+    }
+    const int64_t q0 = m.q_begin[s], n = m.q_begin[s + 1] - q0, T = m.ctx[s];
+    if (n > 0) {
+      const int32_t* blocks = m.seqs.block_table + s * m.max_blocks;
+      be_.kv_gather(pool, blocks, T, 0, dc, b.gc);
+      be_.kv_gather(pool, blocks, T, dc, dr, b.gk);
+      linear(aw.kv_b, b.gc, T, b.kvb);
+      KeySelection ks;
+      if (sparse) ks = {b.sel + q0 * cfg_.index_topk, b.cnt + q0, cfg_.index_topk};
+      be_.mla_attention_naive(md, b.q + q0 * H * dqk, b.kvb, b.gk, n, T, b.pos + q0, ks, softmax_scale_,
+                              b.o + q0 * H * dv, bf16);
+    }
+    ++s;
   }
-  linear(aw.o, o.data(), S, out, &aw.o_bias);
+  linear(aw.o, b.o, N, b.y, p.o_bias);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The step
+// ---------------------------------------------------------------------------------------------------------------
+void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector<float>* hidden) {
+  const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
+  const int64_t V = cfg_.vocab_size, bt = cache.block_tokens();
+  if (N == 0) return;
+  if (&cache.backend() != &be_) fail("model step: the KV cache was allocated by another backend");
+  if (cache.dtype() != cache_dtype())
+    fail("model step: the KV cache holds {} but the activations are {}", dtype_name(cache.dtype()),
+         dtype_name(cache_dtype()));
+  if (cache.num_layers() != cfg_.num_hidden_layers) fail("model step: the KV cache is for another model");
+  // Validate everything before any write: a bad step leaves the cache untouched.
+  int64_t total = 0, max_ctx = 0, max_blocks = 1, rows = 0;
+  bool any_long = false;
+  for (const StepSequence& q : st.seqs) {
+    if (q.n_tokens < 0 || q.start < 0) fail("model step: negative token count or start");
+    const int64_t ctx = q.start + q.n_tokens;
+    if (ctx > cfg_.max_position_embeddings && cfg_.max_position_embeddings > 0)
+      fail("model step: position {} exceeds max_position_embeddings {}", ctx - 1, cfg_.max_position_embeddings);
+    const int64_t need = (ctx + bt - 1) / bt;
+    if (static_cast<int64_t>(q.blocks.size()) < need)
+      fail("model step: a block table of {} blocks cannot hold {} tokens of {} per block", q.blocks.size(), ctx, bt);
+    for (int64_t j = 0; j < need; ++j)
+      if (q.blocks[j] < 0 || q.blocks[j] >= cache.num_blocks())
+        fail("model step: block id {} outside the pool of {} blocks", q.blocks[j], cache.num_blocks());
+    total += q.n_tokens;
+    max_ctx = std::max(max_ctx, ctx);
+    max_blocks = std::max(max_blocks, need);
+    if (cfg_.has_indexer() && ctx > cfg_.index_topk) any_long = true;
+    rows += q.logits == LogitRows::All ? q.n_tokens : (q.logits == LogitRows::Last && q.n_tokens > 0 ? 1 : 0);
+  }
+  if (total != N) fail("model step: the sequences hold {} tokens, the step {}", total, N);
+  for (int32_t id : st.tokens)
+    if (id < 0 || id >= V) fail("token id {} is out of range [0, {})", id, V);
+
+  const Dims d = dims_for(N, S, max_ctx, max_blocks, rows);
+  ensure_workspace(d);
+  Buffers b{};
+  carve(d, ws_, b);
+
+  // Host staging of the metadata, then one upload per array.
+  const size_t n32 = static_cast<size_t>(N + (S + 1) + S + S * max_blocks + std::max<int64_t>(rows, 1));
+  if (host_i32_.size() < n32) host_i32_.resize(n32);
+  if (host_i64_.size() < static_cast<size_t>(2 * N)) host_i64_.resize(static_cast<size_t>(2 * N));
+  int32_t* h_tok = host_i32_.data();
+  int32_t* h_qb = h_tok + N;
+  int32_t* h_ctx = h_qb + S + 1;
+  int32_t* h_bt = h_ctx + S;
+  int32_t* h_rows = h_bt + S * max_blocks;
+  int64_t* h_pos = host_i64_.data();
+  int64_t* h_slot = h_pos + N;
+  std::copy(st.tokens.begin(), st.tokens.end(), h_tok);
+  int64_t at = 0, r = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const StepSequence& q = st.seqs[s];
+    h_qb[s] = static_cast<int32_t>(at);
+    h_ctx[s] = static_cast<int32_t>(q.start + q.n_tokens);
+    const int64_t need = (q.start + q.n_tokens + bt - 1) / bt;
+    for (int64_t j = 0; j < max_blocks; ++j) h_bt[s * max_blocks + j] = j < need ? q.blocks[j] : 0;
+    for (int64_t i = 0; i < q.n_tokens; ++i) {
+      const int64_t p = q.start + i;
+      h_pos[at + i] = p;
+      h_slot[at + i] = static_cast<int64_t>(q.blocks[p / bt]) * bt + p % bt;
+    }
+    if (q.logits == LogitRows::All)
+      for (int64_t i = 0; i < q.n_tokens; ++i) h_rows[r++] = static_cast<int32_t>(at + i);
+    else if (q.logits == LogitRows::Last && q.n_tokens > 0)
+      h_rows[r++] = static_cast<int32_t>(at + q.n_tokens - 1);
+    at += q.n_tokens;
+  }
+  h_qb[S] = static_cast<int32_t>(at);
+  be_.upload(b.tokens, h_tok, sizeof(int32_t) * N);
+  be_.upload(b.q_begin, h_qb, sizeof(int32_t) * (S + 1));
+  be_.upload(b.ctx_len, h_ctx, sizeof(int32_t) * S);
+  be_.upload(b.btab, h_bt, sizeof(int32_t) * S * max_blocks);
+  if (rows > 0) be_.upload(b.lrows, h_rows, sizeof(int32_t) * rows);
+  be_.upload(b.pos, h_pos, sizeof(int64_t) * N);
+  be_.upload(b.slots, h_slot, sizeof(int64_t) * N);
+
+  Meta m;
+  m.N = N;
+  m.S = S;
+  m.max_ctx = max_ctx;
+  m.max_blocks = max_blocks;
+  m.rows = rows;
+  m.any_long = any_long;
+  m.q_begin = h_qb;
+  m.ctx = h_ctx;
+  m.seqs = {S, b.q_begin, b.ctx_len, b.btab, max_blocks, max_ctx};
+  m.step = &st;
+  forward_step(st, cache, m, b, logits, hidden);
+}
+
+void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
+                         std::vector<float>* hidden) {
+  const int64_t N = m.N, D = cfg_.hidden_size, L = cfg_.num_hidden_layers, V = cfg_.vocab_size;
+  const bool bf16 = opt_.bf16_activations;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  be_.embedding(w_.embed, b.tokens, N, b.h);
+  if (bf16) be_.round_bf16(b.h, N * D);
+  if (hidden) {
+    hidden->assign(static_cast<size_t>((L + 1) * N * D), 0.0f);
+    be_.download(hidden->data(), b.h, sizeof(float) * N * D);
+  }
+  if (opt_.record_decisions) {
+    *opt_.record_decisions = {};
+    opt_.record_decisions->experts.resize(static_cast<size_t>(L));
+    opt_.record_decisions->index_sel.resize(static_cast<size_t>(L));
+    opt_.record_decisions->index_count.resize(static_cast<size_t>(L));
+  }
+  bool sparse = false;
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerWeights& lw = w_.layers[l];
+    const LayerParams& p = lp_[static_cast<size_t>(l)];
+    be_.rms_norm(b.h, p.input_norm, N, D, eps, b.x, bf16);
+    attention(l, m, cache, b, sparse);
+    be_.add(b.h, b.y, N * D, bf16);
+    be_.rms_norm(b.h, p.post_attn_norm, N, D, eps, b.x, bf16);
+    if (lw.is_moe)
+      moe(l, lw.moe, m, b, b.y);
+    else
+      mlp(lw.dense, b.x, N, cfg_.intermediate_size, b, b.y);
+    be_.add(b.h, b.y, N * D, bf16);
+    if (hidden && l + 1 < L) be_.download(hidden->data() + (l + 1) * N * D, b.h, sizeof(float) * N * D);
+  }
+  be_.rms_norm(b.h, final_norm_, N, D, eps, b.x, bf16);
+  if (hidden) be_.download(hidden->data() + L * N * D, b.x, sizeof(float) * N * D);
+  if (logits && m.rows > 0) {
+    // The head stays fp32 in bf16 mode (no rounding of the logits; top-1 ties would be artificial).
+    be_.gather_rows(b.x, b.lrows, m.rows, D, b.hx);
+    be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
+    be_.download(logits, b.lg, sizeof(float) * m.rows * V);
+  }
+  be_.sync();
+  (void)st;
 }
 
 void Model::forward(std::span<const int32_t> ids, KvCache& cache, float* logits, bool all_rows,
@@ -293,60 +625,15 @@ void Model::forward(std::span<const int32_t> ids, KvCache& cache, float* logits,
   const int64_t V = cfg_.vocab_size;
   for (int32_t id : ids)
     if (id < 0 || id >= V) fail("token id {} is out of range [0, {})", id, V);
-  const int64_t past = cache.length();
-  cache.grow(past + S);
-  try {
-    forward_impl(ids, cache, past, logits, all_rows, hidden);
-  } catch (...) {
-    cache.grow(past);  // a failed call leaves the cache as it was
-    throw;
-  }
-}
-
-void Model::forward_impl(std::span<const int32_t> ids, KvCache& cache, int64_t past, float* logits, bool all_rows,
-                         std::vector<float>* hidden) {
-  const int64_t S = static_cast<int64_t>(ids.size());
-  const int64_t D = cfg_.hidden_size, L = cfg_.num_hidden_layers;
-  const bool bf16 = opt_.bf16_activations;
-  std::vector<int64_t> pos(static_cast<size_t>(S));
-  for (int64_t s = 0; s < S; ++s) pos[s] = past + s;
-
-  std::vector<float> h(static_cast<size_t>(S * D)), x(static_cast<size_t>(S * D)), y(static_cast<size_t>(S * D));
-  be_.embedding(w_.embed, ids.data(), S, h.data());
-  if (bf16) be_.round_bf16(h.data(), S * D);
-  if (hidden) {
-    hidden->assign(static_cast<size_t>((L + 1) * S * D), 0.0f);
-    std::copy(h.begin(), h.end(), hidden->begin());
-  }
-  if (opt_.record_decisions) {
-    *opt_.record_decisions = {};
-    opt_.record_decisions->experts.resize(static_cast<size_t>(L));
-    opt_.record_decisions->index_sel.resize(static_cast<size_t>(L));
-    opt_.record_decisions->index_count.resize(static_cast<size_t>(L));
-  }
-  Selection sel;
-  for (int64_t l = 0; l < L; ++l) {
-    const LayerWeights& lw = w_.layers[l];
-    be_.rms_norm(h.data(), lw.input_norm.data(), S, D, static_cast<float>(cfg_.rms_norm_eps), x.data(), bf16);
-    attention(l, x.data(), S, past, cache, pos.data(), sel, y.data());
-    be_.add(h.data(), y.data(), S * D, bf16);
-    be_.rms_norm(h.data(), lw.post_attn_norm.data(), S, D, static_cast<float>(cfg_.rms_norm_eps), x.data(), bf16);
-    if (lw.is_moe)
-      moe(l, lw.moe, x.data(), S, y.data());
-    else
-      mlp(lw.dense, x.data(), S, cfg_.intermediate_size, y.data());
-    be_.add(h.data(), y.data(), S * D, bf16);
-    if (hidden && l + 1 < L) std::copy(h.begin(), h.end(), hidden->begin() + (l + 1) * S * D);
-  }
-  be_.rms_norm(h.data(), w_.final_norm.data(), S, D, static_cast<float>(cfg_.rms_norm_eps), x.data(), bf16);
-  if (hidden) std::copy(x.begin(), x.end(), hidden->begin() + L * S * D);
-  if (logits) {
-    // The head stays fp32 in bf16 mode (no rounding of the logits; top-1 ties would be artificial).
-    if (all_rows)
-      be_.matmul(w_.lm_head, x.data(), S, logits);
-    else
-      be_.matmul(w_.lm_head, x.data() + (S - 1) * D, 1, logits);
-  }
+  const std::vector<int32_t>& blocks = cache.ensure(be_, cache_dtype(), cache.length() + S);
+  StepSequence q;
+  q.start = cache.length();
+  q.n_tokens = S;
+  q.blocks = blocks;
+  q.logits = logits ? (all_rows ? LogitRows::All : LogitRows::Last) : LogitRows::None;
+  Step st{ids, std::span<const StepSequence>(&q, 1)};
+  step(st, *cache.pool_, logits, hidden);
+  cache.len_ += S;
 }
 
 std::vector<float> Model::logits(std::span<const int32_t> ids) {

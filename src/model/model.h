@@ -12,6 +12,7 @@
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 #include "loader/precision_plan.h"
+#include "model/kv_cache.h"
 #include "model/weights.h"
 
 namespace latent {
@@ -42,32 +43,23 @@ struct ModelOptions {
   const ForwardDecisions* force_decisions = nullptr;
 };
 
-// Per-sequence cache: per layer the latent c (after kv_a_layernorm) [T, dc] and k_pe (after RoPE) [T, dr], plus the
-// indexer keys (after LayerNorm and RoPE) [T, dI] on layers with their own indexer.
-class KvCache {
- public:
-  explicit KvCache(const ModelConfig& cfg);
-  int64_t length() const { return len_; }
-  void clear();
-  // Keeps the first n tokens (n <= length()).
-  void truncate(int64_t n);
+// Which logits rows a sequence of a step wants: none, its last token's, or every token's (teacher forcing).
+enum class LogitRows : uint8_t { None, Last, All };
 
-  struct Layer {
-    std::vector<float> c, k_pe, index_k;
-  };
-  Layer& layer(int64_t l) { return layers_[static_cast<size_t>(l)]; }
-  const Layer& layer(int64_t l) const { return layers_[static_cast<size_t>(l)]; }
-  int64_t latent_dim() const { return dc_; }
-  int64_t rope_dim() const { return dr_; }
-  int64_t index_dim() const { return di_; }
+// One sequence of a step: its n_tokens new tokens (consecutive in Step::tokens, sequences in order) go at
+// positions start .. start+n_tokens-1; `blocks` is its block table in the step's PagedKvCache and covers
+// start + n_tokens tokens.
+struct StepSequence {
+  int64_t start = 0;
+  int64_t n_tokens = 0;
+  std::span<const int32_t> blocks;
+  LogitRows logits = LogitRows::Last;
+};
 
- private:
-  friend class Model;
-  void grow(int64_t new_len);  // resize every layer to new_len tokens and set length
-  std::vector<Layer> layers_;
-  std::vector<bool> has_index_;
-  int64_t dc_ = 0, dr_ = 0, di_ = 0;
-  int64_t len_ = 0;
+// One scheduler step: N tokens of S sequences (decode tokens and prefill chunks mixed).
+struct Step {
+  std::span<const int32_t> tokens;
+  std::span<const StepSequence> seqs;
 };
 
 class Model {
@@ -81,40 +73,76 @@ class Model {
   Backend& backend() { return be_; }
   const ModelWeights& weights() const { return w_; }
 
-  // Runs ids at positions cache.length() .. cache.length()+S-1 and appends them to the cache.
-  // logits: [S, V] (all_rows) or [1, V] (only the last token), nullptr for none.
-  // hidden: if non-null, resized to [L+1, S, D] with HF's hidden_states convention: entry 0 = embeddings,
+  // The batched forward of one step: position-wise work (embedding, norms, every Linear, router, experts) runs
+  // once over all N tokens; attention and the DSA indexer per sequence over its pages; the lm_head only on the rows
+  // that want logits. Writes every new token's cache entries into `cache` at the slots its block table names.
+  // logits (host memory): the wanted rows in sequence order ([rows, V]; a Last sequence has 1 row, All n_tokens).
+  // hidden: if non-null, resized to [L+1, N, D] with HF's hidden_states convention: entry 0 = embeddings,
   //   entry i (1..L-1) = output of decoder layer i-1, entry L = final-norm output.
+  // Validates the step (token ids, block tables, sizes) and throws Error before touching the cache.
+  void step(const Step& step, PagedKvCache& cache, float* logits, std::vector<float>* hidden = nullptr);
+
+  // A step of one sequence: runs ids at positions cache.length() .. +S-1 and appends them to the cache.
+  // logits: [S, V] (all_rows) or [1, V] (only the last token), nullptr for none. A failed call leaves the cache as
+  // it was.
   void forward(std::span<const int32_t> ids, KvCache& cache, float* logits, bool all_rows = true,
                std::vector<float>* hidden = nullptr);
+
+  // Sizes the step workspace (backend memory, allocated once) for steps of up to max_tokens tokens, max_seqs
+  // sequences, max_ctx tokens of context per sequence and max_blocks blocks per table. A larger step grows it
+  // (counted by workspace_grows(); the server reserves its limits at load so that it never grows).
+  void reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64_t max_blocks);
+  int64_t workspace_grows() const { return ws_grows_; }
+  int64_t workspace_bytes() const { return static_cast<int64_t>(ws_cap_); }
+  // The cache dtype of this model's activation mode (F32, or BF16 with bf16 activations).
+  DType cache_dtype() const { return opt_.bf16_activations ? DType::BF16 : DType::F32; }
 
   // Convenience: a prefill from an empty cache returning [S, V] logits.
   std::vector<float> logits(std::span<const int32_t> ids);
 
  private:
-  struct Selection {  // DSA top-k of the current call; dense when empty
-    bool dense = true;
-    int64_t k = 0;
-    std::vector<int32_t> sel, count;
-    KeySelection view() const;
-  };
-  void forward_impl(std::span<const int32_t> ids, KvCache& cache, int64_t past, float* logits, bool all_rows,
+  struct Dims;
+  struct Buffers;
+  struct Meta;
+  // Carves every buffer of a step from the workspace (or, with base == nullptr, only counts the bytes).
+  size_t carve(const Dims& d, char* base, Buffers& b) const;
+  Dims dims_for(int64_t n_tokens, int64_t n_seqs, int64_t max_ctx, int64_t max_blocks, int64_t logit_rows) const;
+  void ensure_workspace(const Dims& d);
+  void forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
                     std::vector<float>* hidden);
-  void attention(int64_t l, const float* x, int64_t S, int64_t past, KvCache& cache, const int64_t* pos,
-                 Selection& sel, float* out);
-  void indexer(int64_t l, const float* x, const float* cq, int64_t S, int64_t past, KvCache& cache,
-               const int64_t* pos, Selection& sel);
-  void mlp(const MlpWeights& w, const float* x, int64_t S, int64_t inter, float* out);
-  void moe(int64_t l, const MoeWeights& w, const float* x, int64_t S, float* out);
-  void linear(const QuantWeight& w, const float* x, int64_t M, float* y, const std::vector<float>* bias = nullptr);
+  void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
+  void indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
+  void mlp(const MlpWeights& w, const float* x, int64_t M, int64_t inter, Buffers& b, float* out);
+  void moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float* out);
+  void linear(const QuantWeight& w, const float* x, int64_t M, float* y, const float* bias = nullptr);
+  const float* upload_vector(const std::vector<float>& v, const char* what);
+
+  struct LayerParams {  // the small per-channel vectors, in backend memory (null when absent)
+    const float *input_norm = nullptr, *post_attn_norm = nullptr, *q_a_norm = nullptr, *kv_a_norm = nullptr;
+    const float *q_a_bias = nullptr, *kv_a_bias = nullptr, *o_bias = nullptr;
+    const float *k_norm_w = nullptr, *k_norm_b = nullptr, *score_bias = nullptr;
+  };
 
   const ModelConfig& cfg_;
   Backend& be_;
   ModelOptions opt_;
   ModelWeights w_;
-  std::vector<float> inv_freq_;
+  std::vector<LayerParams> lp_;
+  const float* final_norm_ = nullptr;
+  const float* inv_freq_ = nullptr;  // backend memory
   float attention_factor_ = 1.0f;
   float softmax_scale_ = 1.0f;
+  std::vector<void*> owned_;  // backend allocations of the model (vectors, workspace)
+  char* ws_ = nullptr;
+  size_t ws_cap_ = 0;
+  int64_t ws_grows_ = 0;
+  std::vector<int32_t> host_i32_;  // host staging of step metadata (grow-only)
+  std::vector<int64_t> host_i64_;
+
+ public:
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 };
 
 // Everything needed to run a model directory: the mapped checkpoint, its config and precision plan.

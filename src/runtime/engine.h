@@ -1,6 +1,8 @@
-// Engine: what the scheduler needs from a model — per-sequence state (the KV cache) and one forward step over a
-// batch of (sequence, token chunk) items. The CPU implementation over latent::Model lives in server/model_engine;
-// tests use a fake. Called only from the scheduler thread.
+// Engine: what the scheduler needs from a model — one forward step over a batch of (sequence, token chunk) items,
+// each writing its tokens' KV into the blocks the scheduler's allocator (runtime/kv_blocks.h) gave it. The engine
+// keeps no per-sequence state: the block pool is the cache, the block table says where a sequence lives.
+// The implementation over latent::Model lives in server/model_engine; tests use a fake. Called only from the
+// scheduler thread.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -11,7 +13,9 @@ using SeqId = int64_t;
 
 struct EngineStepItem {
   SeqId seq = -1;
-  std::span<const int32_t> tokens;  // appended at the sequence's next positions (1 token when decoding)
+  std::span<const int32_t> tokens;  // appended at positions start .. start + tokens.size() - 1
+  int64_t start = 0;                // tokens of this sequence already in the cache
+  std::span<const int32_t> blocks;  // its block table, covering start + tokens.size() tokens
   bool want_logits = false;         // the logits of the last token of this chunk are needed
 };
 
@@ -20,16 +24,12 @@ class Engine {
   virtual ~Engine() = default;
   // Width of a logits row (config.json vocab_size: may exceed the tokenizer's ids).
   virtual int64_t vocab_size() const = 0;
-  // Bytes one token occupies in a sequence's cache (all layers): sizes the KV block budget.
+  // Bytes one token occupies in the cache (all layers).
   virtual int64_t kv_bytes_per_token() const = 0;
-  // Creates empty state for a new sequence id.
-  virtual void add_sequence(SeqId seq) = 0;
-  // Frees a sequence's state (its cache memory). Unknown ids are ignored.
-  virtual void remove_sequence(SeqId seq) = 0;
-  // `to` (already added, empty) gets a copy of `from`'s cache: the prompt of an n > 1 request is computed once.
-  virtual void fork_sequence(SeqId from, SeqId to) = 0;
-  // Runs every item. logits: one row of vocab_size() floats per item with want_logits, in item order.
-  // Throws on failure (the scheduler aborts the requests of the batch).
+  // Copies the first n_tokens slots of block src into block dst (copy on write of a shared partial block).
+  virtual void copy_block(int32_t src, int32_t dst, int64_t n_tokens) = 0;
+  // Runs every item in one batched step. logits: one row of vocab_size() floats per item with want_logits, in item
+  // order. Throws on failure (the scheduler aborts the requests of the batch).
   virtual void step(std::span<const EngineStepItem> items, float* logits) = 0;
 };
 

@@ -313,7 +313,6 @@ void Scheduler::admit(Clock::time_point now) {
 }
 
 void Scheduler::release_seq(Seq& s) {
-  if (s.in_engine) engine_.remove_sequence(s.id);
   s.in_engine = false;
   alloc_.release(s.id);
 }
@@ -423,10 +422,11 @@ void Scheduler::on_prefill_done(Seq& s, float* row, Clock::time_point now) {
   for (auto& sib : r.seqs) {
     if (!sib->await_fork || sib->done || r.ended) continue;
     sib->await_fork = false;
-    engine_.add_sequence(sib->id);
+    // Share the prompt's full blocks; the partial last block is copied. No room: it prefills on its own later.
+    const auto forked = alloc_.fork(s.id, sib->id, s.n_prompt);
+    if (!forked) continue;
+    if (*forked) engine_.copy_block((*forked)->src, (*forked)->dst, (*forked)->n_tokens);
     sib->in_engine = true;
-    if (!alloc_.reserve(sib->id, s.n_prompt + 1)) continue;  // no room now: it prefills on its own later
-    engine_.fork_sequence(s.id, sib->id);
     sib->n_computed = s.n_prompt;
     copy.assign(row, row + V);
     sample_and_emit(*sib, copy.data(), now);
@@ -536,10 +536,7 @@ bool Scheduler::step() {
       p->valid = false;
       continue;
     }
-    if (!s.in_engine) {
-      engine_.add_sequence(s.id);
-      s.in_engine = true;
-    }
+    s.in_engine = true;
   }
   std::vector<EngineStepItem> items;
   std::vector<Plan*> ran;
@@ -552,6 +549,9 @@ bool Scheduler::step() {
     EngineStepItem it;
     it.seq = s.id;
     it.tokens = std::span<const int32_t>(s.tokens.data() + s.n_computed, static_cast<size_t>(p.len));
+    it.start = s.n_computed;
+    const std::vector<int32_t>* table = alloc_.block_table(s.id);
+    it.blocks = std::span<const int32_t>(table->data(), table->size());
     it.want_logits = s.n_computed + p.len == total;
     want += it.want_logits ? 1 : 0;
     items.push_back(it);

@@ -4,10 +4,11 @@
 // prompt never stalls running streams. Chunk boundaries are fixed multiples of the chunk size from position 0, so a
 // sequence's computation does not depend on what else is in the batch.
 //
-// KV memory is accounted in blocks (runtime/kv_blocks.h): a request is admitted only when its prompts fit; a
-// sequence that needs a block when none is free preempts the most recently admitted sequence (its cache is dropped
-// and recomputed later from prompt + generated tokens; output continues unchanged). A request that could never fit
-// is refused at submit().
+// KV memory is the engine's block pool, allocated in blocks (runtime/kv_blocks.h): a request is admitted only when
+// its prompts fit; n > 1 shares the prompt's full blocks (the partial last one is copied); a sequence that needs a
+// block when none is free preempts the most recently admitted sequence (its blocks are returned at the step
+// boundary and its cache recomputed later from prompt + generated tokens; output continues unchanged). A request
+// that could never fit is refused at submit().
 //
 // Cancellation (client disconnect) takes effect at the next step boundary: the sequences leave the batch and their
 // blocks are freed. Sinks are called on the engine thread and must not block.
@@ -90,7 +91,7 @@ struct SchedulerOptions {
   int64_t max_context = 4096;        // tokens per sequence (prompt + generated)
   double max_queue_wait_s = 600;     // 0 = unlimited
   double request_timeout_s = 0;      // 0 = off; from arrival
-  int64_t kv_block_tokens = 16;
+  int64_t kv_block_tokens = 64;
   int64_t kv_total_blocks = 1024;
   bool stop_on_loop = false;         // end a choice (reason Length) that falls into a repetition loop
   const std::vector<bool>* banned = nullptr;  // [vocab] ids never sampled (padding without a token string)

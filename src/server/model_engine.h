@@ -1,10 +1,9 @@
-// ModelEngine: the scheduler's Engine over latent::Model (model/model.h). Each sequence owns a KvCache (contiguous
-// per layer: latent c, k_pe and indexer keys, fp32). Model::forward runs one sequence at a time, so a batched step
-// is a loop over its items; chunked prefill and decode share the same call. The scheduler's block accounting bounds
-// the caches' total size (kv_bytes_per_token() sizes a block), but the memory is not physically paged.
+// ModelEngine: the scheduler's Engine over latent::Model (model/model.h). It owns the paged KV block pool (the
+// cache's storage, allocated once through the model's backend from the --kv-cache-bytes budget) and turns a
+// scheduler step into one batched Model::step: every item's tokens in one flat batch, each with its block table.
 #pragma once
-#include <map>
 #include <memory>
+#include <vector>
 
 #include "model/model.h"
 #include "runtime/engine.h"
@@ -16,15 +15,21 @@ class ModelEngine : public Engine {
   explicit ModelEngine(Model& model);
   int64_t vocab_size() const override;
   int64_t kv_bytes_per_token() const override { return bytes_per_token_; }
-  void add_sequence(SeqId seq) override;
-  void remove_sequence(SeqId seq) override;
-  void fork_sequence(SeqId from, SeqId to) override;
+  void copy_block(int32_t src, int32_t dst, int64_t n_tokens) override;
   void step(std::span<const EngineStepItem> items, float* logits) override;
+
+  // Allocates the block pool from a byte budget (blocks of block_tokens tokens) and reserves the model's step
+  // workspace for the scheduler's limits, so that no step allocates. Returns the number of blocks.
+  int64_t configure(int64_t budget_bytes, int64_t block_tokens, int64_t max_batch_tokens, int64_t max_seqs,
+                    int64_t max_context);
+  const PagedKvCache* cache() const { return cache_.get(); }
 
  private:
   Model& model_;
   int64_t bytes_per_token_ = 0;
-  std::map<SeqId, std::unique_ptr<KvCache>> caches_;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::vector<int32_t> tokens_;  // grow-only staging of a step
+  std::vector<StepSequence> seqs_;
 };
 
 }  // namespace latent::server

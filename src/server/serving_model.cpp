@@ -134,7 +134,7 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   meta["architecture"] = arch_name(cfg.arch);
   meta["weight_quantization"] = weight_formats(summary);
   meta["activation_dtype"] = opt.bf16_activations ? "bf16" : "f32";
-  meta["kv_cache_dtype"] = "f32";
+  meta["kv_cache_dtype"] = opt.bf16_activations ? "bf16" : "f32";
   meta["tensor_parallel_size"] = 1;
   meta["expert_parallel_size"] = 1;
   meta["data_parallel_size"] = 1;

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "runtime/scheduler.h"
+#include "fake_paged_store.h"
 
 namespace latent {
 namespace {
@@ -23,17 +24,9 @@ class FakeEngine : public Engine {
   static constexpr int64_t kV = 64;
   int64_t vocab_size() const override { return kV; }
   int64_t kv_bytes_per_token() const override { return 100; }
-  void add_sequence(SeqId s) override {
+  void copy_block(int32_t src, int32_t dst, int64_t n_tokens) override {
     std::lock_guard lk(mu);
-    hist[s].clear();
-  }
-  void remove_sequence(SeqId s) override {
-    std::lock_guard lk(mu);
-    hist.erase(s);
-  }
-  void fork_sequence(SeqId from, SeqId to) override {
-    std::lock_guard lk(mu);
-    hist[to] = hist[from];
+    store.copy_block(src, dst, n_tokens);
     ++forks;
   }
   void step(std::span<const EngineStepItem> items, float* logits) override {
@@ -43,8 +36,7 @@ class FakeEngine : public Engine {
     std::vector<std::pair<SeqId, int64_t>> log;
     int64_t row = 0;
     for (const auto& it : items) {
-      auto& h = hist.at(it.seq);
-      h.insert(h.end(), it.tokens.begin(), it.tokens.end());
+      const std::vector<int32_t> h = store.apply(it);
       tokens_processed += static_cast<int64_t>(it.tokens.size());
       log.emplace_back(it.seq, static_cast<int64_t>(it.tokens.size()));
       if (!it.want_logits) continue;
@@ -64,7 +56,7 @@ class FakeEngine : public Engine {
     return static_cast<int32_t>(2 + (x % (kV - 2)));  // never 0 or 1 (used as EOS in tests)
   }
   std::mutex mu;
-  std::map<SeqId, std::vector<int32_t>> hist;
+  testing::FakePagedStore store;
   std::vector<std::vector<std::pair<SeqId, int64_t>>> steps;
   int64_t tokens_processed = 0;
   int forks = 0;
@@ -299,8 +291,6 @@ TEST(Scheduler, CancelFreesBlocksWithinAStep) {
   EXPECT_EQ(s.stats().running_seqs, 0);
   EXPECT_FALSE(a->aborted.has_value());  // a cancelled request gets no callbacks
   EXPECT_EQ(m.requests_aborted.value("client_disconnect"), 1u);
-  std::lock_guard lk(e.mu);
-  EXPECT_TRUE(e.hist.empty());
 }
 
 TEST(Scheduler, CancelWhileQueued) {
@@ -361,6 +351,69 @@ TEST(Scheduler, QueueWaitExpires) {
   EXPECT_EQ(*b->aborted, AbortReason::QueueTimeout);
 }
 
+TEST(Scheduler, EightSequencesOfAThousandTokensOccupyExactlyTheirBlocks) {
+  FakeEngine e;
+  e.delay = 2ms;
+  SchedulerOptions o;
+  o.kv_block_tokens = 64;
+  o.kv_total_blocks = 1000;
+  o.max_batch_tokens = 8192;
+  o.prefill_chunk = 1024;
+  o.max_context = 4096;
+  Scheduler s(e, o);
+  s.start();
+  std::vector<std::shared_ptr<CollectSink>> sinks;
+  for (int i = 0; i < 8; ++i) {
+    sinks.push_back(std::make_shared<CollectSink>(1));
+    s.submit(make_req(prompt_of(999, i), 1000, sinks.back()));
+  }
+  // Once every sequence holds 1,000 tokens (999 prompt + 1 sampled, fed back in the next step), each owns
+  // ceil(1000 / 64) = 16 blocks: 128 in all.
+  bool seen = false;
+  for (int i = 0; i < 5000 && !seen; ++i) {
+    int at_one = 0;
+    for (auto& k : sinks) {
+      std::lock_guard lk(k->mu);
+      at_one += k->toks[0].size() == 1;
+    }
+    if (at_one == 8 && s.stats().kv_used == 8 * 16) seen = true;
+    if (!seen) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  EXPECT_TRUE(seen) << "kv_used " << s.stats().kv_used;
+  s.stop();
+  EXPECT_EQ(s.stats().kv_used, 0);
+}
+
+TEST(Scheduler, NGreaterThanOneSharesThePromptBlocks) {
+  FakeEngine e;
+  e.delay = 3ms;
+  SchedulerOptions o;
+  o.kv_block_tokens = 16;
+  e.store.block_tokens = 16;
+  Scheduler s(e, o);
+  s.start();
+  auto sink = std::make_shared<CollectSink>(4);
+  s.submit(make_req(prompt_of(100, 3), 50, sink, 4));
+  // 100 prompt tokens = 6 full blocks (shared by the 4 choices) + a partial one (copied: one per choice).
+  int64_t min_used = 1 << 30;
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard lk(sink->mu);
+      bool all = true;
+      for (auto& t : sink->toks) all = all && !t.empty();
+      if (all) {
+        min_used = std::min(min_used, s.stats().kv_used);
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  EXPECT_EQ(min_used, 6 + 4);
+  ASSERT_TRUE(sink->wait(4));
+  EXPECT_EQ(sink->toks[0], sink->toks[1]);
+  EXPECT_EQ(s.stats().kv_used, 0);
+}
+
 TEST(Scheduler, NGreaterThanOneForksPrompt) {
   FakeEngine e;
   Scheduler s(e, {});
@@ -398,6 +451,7 @@ TEST(Scheduler, TooLargeForKvBudget) {
   SchedulerOptions o;
   o.kv_total_blocks = 4;
   o.kv_block_tokens = 16;
+  e.store.block_tokens = 16;
   Scheduler s(e, o);
   s.start();
   try {
@@ -416,6 +470,7 @@ TEST(Scheduler, PreemptionRecomputesAndKeepsOutput) {
   Metrics m;
   SchedulerOptions o;
   o.kv_block_tokens = 8;
+  e.store.block_tokens = 8;
   o.kv_total_blocks = 15;  // 120 tokens: two sequences of 80 cannot both stay
   Scheduler s(e, o, &m);
   s.start();

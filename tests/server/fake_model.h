@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "server/text_codec.h"
+#include "../runtime/fake_paged_store.h"
 
 namespace latent::testing {
 
@@ -96,32 +97,28 @@ class ScriptEngine : public Engine {
   static constexpr int64_t kV = 280;
   int64_t vocab_size() const override { return kV; }
   int64_t kv_bytes_per_token() const override { return 64; }
-  void add_sequence(SeqId s) override {
+  void copy_block(int32_t src, int32_t dst, int64_t n_tokens) override {
     std::lock_guard lk(mu_);
-    seqs_[s] = {};
-  }
-  void remove_sequence(SeqId s) override {
-    std::lock_guard lk(mu_);
-    seqs_.erase(s);
-  }
-  void fork_sequence(SeqId from, SeqId to) override {
-    std::lock_guard lk(mu_);
-    seqs_[to] = seqs_.at(from);
+    store_.copy_block(src, dst, n_tokens);
   }
   void step(std::span<const EngineStepItem> items, float* logits) override {
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     std::lock_guard lk(mu_);
     int64_t row = 0;
     for (const auto& it : items) {
-      auto& s = seqs_.at(it.seq);
-      s.hist.insert(s.hist.end(), it.tokens.begin(), it.tokens.end());
+      const std::vector<int32_t> hist = store_.apply(it);
+      // The prompt length: known when a choice's cache was shared (it starts after the prompt) or when the
+      // first logits are asked for.
+      auto [pl, first] = prompt_len_.try_emplace(it.seq, -1);
+      if (first && it.start > 0) pl->second = it.start;
       if (!it.want_logits) continue;
-      if (s.prompt_len < 0) s.prompt_len = static_cast<int64_t>(s.hist.size());
+      if (pl->second < 0) pl->second = static_cast<int64_t>(hist.size());
       float* r = logits + row * kV;
       for (int64_t v = 0; v < kV; ++v) r[v] = 0.0f;
-      r[next(s)] = 40.0f;
+      const int32_t nx = next(hist, pl->second);
+      r[nx] = 40.0f;
       // a runner-up so that sampling with temperature has choices
-      r[(next(s) + 1) % 256] = 9.0f;
+      r[(nx + 1) % 256] = 9.0f;
       ++row;
     }
   }
@@ -132,24 +129,21 @@ class ScriptEngine : public Engine {
   std::atomic<int> delay_ms{0};
 
  private:
-  struct Seq {
-    std::vector<int32_t> hist;
-    int64_t prompt_len = -1;
-  };
-  int32_t next(const Seq& s) const {
+  int32_t next(const std::vector<int32_t>& hist, int64_t prompt_len) const {
     std::string text;
-    for (int64_t i = 0; i < s.prompt_len; ++i)
-      if (s.hist[static_cast<size_t>(i)] < 256) text += static_cast<char>(s.hist[static_cast<size_t>(i)]);
-    const int64_t k = static_cast<int64_t>(s.hist.size()) - s.prompt_len;
+    for (int64_t i = 0; i < prompt_len; ++i)
+      if (hist[static_cast<size_t>(i)] < 256) text += static_cast<char>(hist[static_cast<size_t>(i)]);
+    const int64_t k = static_cast<int64_t>(hist.size()) - prompt_len;
     for (const auto& [name, script] : scripts_)
       if (text.find("[[" + name + "]]") != std::string::npos)
         return k < static_cast<int64_t>(script.size()) ? script[static_cast<size_t>(k)] : 256;
     uint64_t x = 1469598103934665603ull;
-    for (int32_t t : s.hist) x = (x ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+    for (int32_t t : hist) x = (x ^ static_cast<uint64_t>(t)) * 1099511628211ull;
     return static_cast<int32_t>('a' + x % 26);
   }
   std::mutex mu_;
-  std::map<SeqId, Seq> seqs_;
+  FakePagedStore store_;
+  std::map<SeqId, int64_t> prompt_len_;
   std::map<std::string, std::vector<int32_t>> scripts_;
 };
 

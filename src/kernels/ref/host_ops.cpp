@@ -64,6 +64,8 @@ void Backend::scale(float* x, int64_t n, float s) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+void Backend::fill(float* x, int64_t n, float v) { std::fill(x, x + n, v); }
+
 void Backend::add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t j = 0; j < N; ++j) {

@@ -2,7 +2,7 @@
 """Load generator for `latent serve`: N concurrent streaming clients send chat (or completion) requests and the
 script reports throughput and latency (a program, not a test: nothing is asserted).
 
-  python3 tools/load_bench.py --url http://127.0.0.1:8000 --concurrency 16 --requests 64 --max-tokens 64
+  python3 bench/load_bench.py --url http://127.0.0.1:8000 --concurrency 16 --requests 64 --max-tokens 64
 
 Per request it measures time to first token (first content/reasoning/text delta), inter-token latency (between
 deltas; one delta is one token for this server), end-to-end time and the usage counts (stream_options.include_usage).
@@ -129,10 +129,12 @@ def main():
         "requests": len(results), "errors": len(errors), "concurrency": args.concurrency, "wall_s": round(wall, 3),
         "requests_per_s": round(len(ok) / wall, 3), "output_tokens": out_tokens, "prompt_tokens": in_tokens,
         "output_tokens_per_s": round(out_tokens / wall, 1),
-        "ttft_ms": {"p50": round(pct(ttft, 50) * 1e3, 1), "p95": round(pct(ttft, 95) * 1e3, 1)},
+        "ttft_ms": {"p50": round(pct(ttft, 50) * 1e3, 1), "p95": round(pct(ttft, 95) * 1e3, 1),
+                    "p99": round(pct(ttft, 99) * 1e3, 1)},
         "itl_ms": {"p50": round(pct(itl, 50) * 1e3, 2), "p95": round(pct(itl, 95) * 1e3, 2),
+                   "p99": round(pct(itl, 99) * 1e3, 2),
                    "mean": round(statistics.mean(itl) * 1e3, 2) if itl else None},
-        "e2e_s": {"p50": round(pct(e2e, 50), 3), "p95": round(pct(e2e, 95), 3)},
+        "e2e_s": {"p50": round(pct(e2e, 50), 3), "p95": round(pct(e2e, 95), 3), "p99": round(pct(e2e, 99), 3)},
     }
     if args.json:
         print(json.dumps(summary))

@@ -1,0 +1,267 @@
+// The batched step over the paged cache (DESIGN.md "One step for many sequences"):
+//  * batch invariance: a sequence's logits are bit-identical whatever else is in the step (other sequences, their
+//    lengths, its position in the batch), on both CPU backends, fp32 and bf16;
+//  * paged = contiguous: block sizes 1, 3, 16 and 64 give the same logits;
+//  * a bad step is refused before it touches the cache; the workspace does not grow once reserved.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "core/error.h"
+#include "model_test_util.h"
+
+namespace latent::testing {
+namespace {
+
+std::string model_dir(const std::string& name) { return std::string(LATENT_SOURCE_DIR) + "/tests/models/" + name; }
+
+bool bits_equal(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+struct Case {
+  std::string model, backend;
+  bool bf16;
+};
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  std::string m = i.param.model;
+  for (char& c : m)
+    if (c == '-') c = '_';
+  return m + "_" + i.param.backend + (i.param.bf16 ? "_bf16" : "_fp32");
+}
+
+class BatchInvariance : public ::testing::TestWithParam<Case> {};
+
+// 16 sequences of mixed lengths (some within index_topk, some beyond it: the DSA models select per sequence)
+// prefilled in one step, then 3 decode steps of all 16 in a different order each time, against each sequence
+// computed alone (same chunks) through its own contiguous cache.
+TEST_P(BatchInvariance, SixteenSequencesTogetherEqualAlone) {
+  const Case& c = GetParam();
+  ModelOptions mo;
+  mo.bf16_activations = c.bf16;
+  auto lm = load_model(model_dir(c.model), mo, 2, c.backend);
+  Model& m = *lm->model;
+  const ModelConfig& cfg = m.config();
+  const int64_t V = cfg.vocab_size, S = 16, decode_steps = 3, bt = 4;
+  std::mt19937 rng(1234);
+  std::vector<std::vector<int32_t>> prompt(S), dec(S);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t len = 1 + (s * 7) % 19;  // 1 .. 19 tokens
+    for (int64_t i = 0; i < len; ++i) prompt[s].push_back(static_cast<int32_t>(rng() % V));
+    for (int64_t i = 0; i < decode_steps; ++i) dec[s].push_back(static_cast<int32_t>(rng() % V));
+  }
+
+  // Alone: prefill (all rows), then one decode step at a time.
+  std::vector<std::vector<float>> alone(S);
+  for (int64_t s = 0; s < S; ++s) {
+    KvCache kc(cfg);
+    const int64_t P = static_cast<int64_t>(prompt[s].size());
+    alone[s].resize(static_cast<size_t>((P + decode_steps) * V));
+    m.forward(prompt[s], kc, alone[s].data(), true);
+    for (int64_t i = 0; i < decode_steps; ++i)
+      m.forward(std::span<const int32_t>(&dec[s][i], 1), kc, alone[s].data() + (P + i) * V, true);
+  }
+
+  // Together: one shared pool; the sequences' blocks interleaved (seq s gets blocks s, s+S, s+2S, …).
+  const int64_t max_len = 19 + decode_steps;
+  const int64_t per_seq = (max_len + bt - 1) / bt;
+  PagedKvCache pool(cfg, *lm->backend, S * per_seq, bt, m.cache_dtype());
+  std::vector<std::vector<int32_t>> table(S);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t j = 0; j < per_seq; ++j) table[s].push_back(static_cast<int32_t>(s + j * S));
+
+  std::vector<int32_t> tokens;
+  std::vector<StepSequence> seqs;
+  for (int64_t s = 0; s < S; ++s) {
+    tokens.insert(tokens.end(), prompt[s].begin(), prompt[s].end());
+    seqs.push_back({0, static_cast<int64_t>(prompt[s].size()), table[s], LogitRows::All});
+  }
+  std::vector<float> out(tokens.size() * static_cast<size_t>(V));
+  m.step(Step{tokens, seqs}, pool, out.data());
+  size_t row = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const size_t P = prompt[s].size();
+    EXPECT_TRUE(bits_equal(out.data() + row * V, alone[s].data(), P * V)) << "prefill of sequence " << s;
+    row += P;
+  }
+  for (int64_t i = 0; i < decode_steps; ++i) {
+    std::vector<int64_t> order(S);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    tokens.clear();
+    seqs.clear();
+    for (int64_t s : order) {
+      tokens.push_back(dec[s][i]);
+      seqs.push_back({static_cast<int64_t>(prompt[s].size()) + i, 1, table[s], LogitRows::Last});
+    }
+    out.assign(static_cast<size_t>(S * V), 0.0f);
+    m.step(Step{tokens, seqs}, pool, out.data());
+    for (int64_t k = 0; k < S; ++k) {
+      const int64_t s = order[k];
+      const int64_t P = static_cast<int64_t>(prompt[s].size());
+      EXPECT_TRUE(bits_equal(out.data() + k * V, alone[s].data() + (P + i) * V, V))
+          << "decode step " << i << " of sequence " << s << " at batch position " << k;
+    }
+  }
+}
+
+// A prefill chunk and decodes of other sequences in the same step (the scheduler's mixed steps).
+TEST_P(BatchInvariance, MixedPrefillAndDecodeSteps) {
+  const Case& c = GetParam();
+  ModelOptions mo;
+  mo.bf16_activations = c.bf16;
+  auto lm = load_model(model_dir(c.model), mo, 2, c.backend);
+  Model& m = *lm->model;
+  const ModelConfig& cfg = m.config();
+  const int64_t V = cfg.vocab_size;
+  std::vector<int32_t> a = {3, 17, 5, 9, 22, 41, 7, 2, 11, 13, 1, 30}, b = {8, 6, 4, 2, 19, 23, 29, 31, 37, 5};
+  // Alone: a prefilled in chunks of 5, 5, 2 (then one decode); b in one chunk then decodes.
+  auto run_alone = [&](const std::vector<int32_t>& ids, const std::vector<int64_t>& chunks) {
+    KvCache kc(cfg, 2);
+    std::vector<float> lg(ids.size() * static_cast<size_t>(V));
+    int64_t at = 0;
+    for (int64_t n : chunks) {
+      m.forward(std::span<const int32_t>(ids.data() + at, static_cast<size_t>(n)), kc, lg.data() + at * V, true);
+      at += n;
+    }
+    return lg;
+  };
+  const auto la = run_alone(a, {5, 5, 1, 1});
+  const auto lb = run_alone(b, {7, 1, 1, 1});
+  // Together: step 1 = a[0..5) + b[0..7); step 2 = b decode + a[5..10); steps 3, 4 = both decode.
+  PagedKvCache pool(cfg, *lm->backend, 16, 2, m.cache_dtype());
+  const std::vector<int32_t> ta = {0, 2, 4, 6, 8, 10}, tb = {1, 3, 5, 7, 9, 11};
+  struct Chunk {
+    int which;
+    int64_t start, n;
+  };
+  const std::vector<std::vector<Chunk>> plan = {
+      {{0, 0, 5}, {1, 0, 7}}, {{1, 7, 1}, {0, 5, 5}}, {{0, 10, 1}, {1, 8, 1}}, {{1, 9, 1}, {0, 11, 1}}};
+  for (const auto& stp : plan) {
+    std::vector<int32_t> tokens;
+    std::vector<StepSequence> seqs;
+    for (const Chunk& ch : stp) {
+      const auto& ids = ch.which == 0 ? a : b;
+      tokens.insert(tokens.end(), ids.begin() + ch.start, ids.begin() + ch.start + ch.n);
+      seqs.push_back({ch.start, ch.n, ch.which == 0 ? ta : tb, LogitRows::All});
+    }
+    std::vector<float> out(tokens.size() * static_cast<size_t>(V));
+    m.step(Step{tokens, seqs}, pool, out.data());
+    int64_t row = 0;
+    for (const Chunk& ch : stp) {
+      const auto& ref = ch.which == 0 ? la : lb;
+      EXPECT_TRUE(bits_equal(out.data() + row * V, ref.data() + ch.start * V, static_cast<size_t>(ch.n * V)))
+          << "sequence " << ch.which << " tokens " << ch.start << "..+" << ch.n;
+      row += ch.n;
+    }
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (const char* mdl : {"glm5-tiny", "v32-tiny", "v3-tiny", "glm5-tiny-mxfp4", "v3-tiny-fp8"})
+    for (const char* be : {"ref", "cpu"})
+      for (bool bf16 : {false, true}) v.push_back({mdl, be, bf16});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Models, BatchInvariance, ::testing::ValuesIn(cases()), case_name);
+
+class PagedEqualsContiguous : public ::testing::TestWithParam<Case> {};
+
+// Block sizes 1, 3, 16 and 64: prefill of 20 tokens (crossing index_topk on the DSA models) then 6 decodes.
+TEST_P(PagedEqualsContiguous, BlockSizesGiveTheSameLogits) {
+  const Case& c = GetParam();
+  ModelOptions mo;
+  mo.bf16_activations = c.bf16;
+  auto lm = load_model(model_dir(c.model), mo, 2, c.backend);
+  Model& m = *lm->model;
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> ids;
+  std::mt19937 rng(99);
+  for (int i = 0; i < 26; ++i) ids.push_back(static_cast<int32_t>(rng() % V));
+  std::vector<std::vector<float>> res;
+  for (int64_t bt : {64, 1, 3, 16}) {
+    KvCache kc(m.config(), bt);
+    std::vector<float> lg(ids.size() * static_cast<size_t>(V));
+    m.forward(std::span<const int32_t>(ids.data(), 20), kc, lg.data(), true);
+    for (size_t t = 20; t < ids.size(); ++t)
+      m.forward(std::span<const int32_t>(ids.data() + t, 1), kc, lg.data() + t * V, true);
+    res.push_back(std::move(lg));
+  }
+  for (size_t i = 1; i < res.size(); ++i)
+    EXPECT_TRUE(bits_equal(res[i].data(), res[0].data(), res[0].size())) << "block size variant " << i;
+}
+
+std::vector<Case> paging_cases() {
+  std::vector<Case> v;
+  for (const char* mdl : {"glm5-tiny", "v32-tiny", "v3-tiny"})
+    for (const char* be : {"ref", "cpu"}) v.push_back({mdl, be, mdl == std::string("glm5-tiny")});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Models, PagedEqualsContiguous, ::testing::ValuesIn(paging_cases()), case_name);
+
+TEST(BatchedStep, BadStepsAreRefusedBeforeWriting) {
+  auto lm = load_model(model_dir("glm5-tiny"), {}, 1, "cpu");
+  Model& m = *lm->model;
+  const ModelConfig& cfg = m.config();
+  PagedKvCache pool(cfg, *lm->backend, 4, 4, m.cache_dtype());
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5};
+  std::vector<int32_t> blocks = {0, 1};
+  std::vector<float> lg(static_cast<size_t>(cfg.vocab_size));
+  // Block table too short for the tokens.
+  std::vector<int32_t> short_table = {0};
+  StepSequence q{0, 5, short_table, LogitRows::Last};
+  EXPECT_THROW(m.step(Step{tokens, std::span<const StepSequence>(&q, 1)}, pool, lg.data()), Error);
+  // A block id outside the pool.
+  std::vector<int32_t> bad = {0, 7};
+  q = {0, 5, bad, LogitRows::Last};
+  EXPECT_THROW(m.step(Step{tokens, std::span<const StepSequence>(&q, 1)}, pool, lg.data()), Error);
+  // Token count mismatch and an id outside the vocabulary.
+  q = {0, 4, blocks, LogitRows::Last};
+  EXPECT_THROW(m.step(Step{tokens, std::span<const StepSequence>(&q, 1)}, pool, lg.data()), Error);
+  std::vector<int32_t> bad_tok = {1, 2, 3, 4, static_cast<int32_t>(cfg.vocab_size)};
+  q = {0, 5, blocks, LogitRows::Last};
+  EXPECT_THROW(m.step(Step{bad_tok, std::span<const StepSequence>(&q, 1)}, pool, lg.data()), Error);
+  // A pool of the other cache dtype.
+  PagedKvCache bf(cfg, *lm->backend, 4, 4, DType::BF16);
+  EXPECT_THROW(m.step(Step{tokens, std::span<const StepSequence>(&q, 1)}, bf, lg.data()), Error);
+  // The good step still works and equals the single-sequence forward.
+  m.step(Step{tokens, std::span<const StepSequence>(&q, 1)}, pool, lg.data());
+  KvCache kc(cfg);
+  std::vector<float> ref(static_cast<size_t>(cfg.vocab_size));
+  m.forward(tokens, kc, ref.data(), false);
+  EXPECT_TRUE(bits_equal(lg.data(), ref.data(), ref.size()));
+}
+
+TEST(BatchedStep, ReservedWorkspaceDoesNotGrow) {
+  auto lm = load_model(model_dir("v32-tiny"), {}, 1, "cpu");
+  Model& m = *lm->model;
+  const ModelConfig& cfg = m.config();
+  const int64_t bt = 8, max_tokens = 32, max_seqs = 4, max_ctx = 64;
+  m.reserve(max_tokens, max_seqs, max_ctx, max_ctx / bt);
+  const int64_t bytes = m.workspace_bytes();
+  EXPECT_GT(bytes, 0);
+  PagedKvCache pool(cfg, *lm->backend, max_seqs * (max_ctx / bt), bt, m.cache_dtype());
+  std::vector<std::vector<int32_t>> table(max_seqs);
+  for (int64_t s = 0; s < max_seqs; ++s)
+    for (int64_t j = 0; j < max_ctx / bt; ++j) table[s].push_back(static_cast<int32_t>(s * (max_ctx / bt) + j));
+  std::vector<float> lg(static_cast<size_t>(max_tokens * cfg.vocab_size));
+  std::vector<int64_t> len(max_seqs, 0);
+  std::mt19937 rng(5);
+  for (int step = 0; step < 12; ++step) {
+    std::vector<int32_t> tokens;
+    std::vector<StepSequence> seqs;
+    for (int64_t s = 0; s < max_seqs; ++s) {
+      const int64_t n = std::min<int64_t>(step == 0 ? 8 : 1, max_ctx - len[s]);
+      for (int64_t i = 0; i < n; ++i) tokens.push_back(static_cast<int32_t>(rng() % cfg.vocab_size));
+      seqs.push_back({len[s], n, table[s], LogitRows::Last});
+      len[s] += n;
+    }
+    m.step(Step{tokens, seqs}, pool, lg.data());
+  }
+  EXPECT_EQ(m.workspace_grows(), 0);
+  EXPECT_EQ(m.workspace_bytes(), bytes);
+}
+
+}  // namespace
+}  // namespace latent::testing
