@@ -536,6 +536,11 @@ TEST(CudaOps, Elementwise) {
       gpu().scale(sc, n, 0.37f);
       float* bb = dv.up(u);
       gpu().add_bias(bb, dv.up(bias), n / N, N, bf16);
+      std::vector<float> fr = g;
+      ref().fill(fr.data(), n - n / 3, -2.75f);
+      float* fd = dv.up(g);
+      gpu().fill(fd, n - n / 3, -2.75f);
+      EXPECT_TRUE(same(Dev::down(fd, g.size()), fr)) << "fill n " << n;
       const std::string tag = bf16 ? "bf16" : "f32";
       const double e = norm_err(Dev::down(s, g.size()), sr);
       record("silu_mul/" + tag, e);

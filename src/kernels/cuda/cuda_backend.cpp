@@ -198,6 +198,10 @@ class CudaBackend final : public Backend {
     cuda::launch_scale(x, n, s, stream_);
     check_launch("scale");
   }
+  void fill(float* x, int64_t n, float v) override {
+    cuda::launch_fill(x, n, v, stream_);
+    check_launch("fill");
+  }
   void add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16) override {
     cuda::launch_add_bias(y, b, M, N, bf16, stream_);
     check_launch("add_bias");

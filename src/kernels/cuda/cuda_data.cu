@@ -1,5 +1,5 @@
 // Data movement and paged-cache ops on the GPU: expert grouping (stable counting sort), gather_rows, copy_cols,
-// scale, add_bias, kv_store / kv_gather (fp32 or bf16 pools). Same semantics as the host implementations
+// scale, fill, add_bias, kv_store / kv_gather (fp32 or bf16 pools). Same semantics as the host implementations
 // (src/kernels/ref/host_ops.cpp).
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -84,6 +84,10 @@ __global__ void scale_kernel(float* x, int64_t n, float s) {
   LATENT_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], s);
 }
 
+__global__ void fill_kernel(float* x, int64_t n, float v) {
+  LATENT_GRID_STRIDE(i, n) x[i] = v;
+}
+
 __global__ void add_bias_kernel(float* y, const float* b, int64_t M, int64_t N, bool bf16) {
   LATENT_GRID_STRIDE(i, M * N) {
     const float v = __fadd_rn(y[i], b[i % N]);
@@ -139,6 +143,11 @@ void launch_copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_
 void launch_scale(float* x, int64_t n, float s, cudaStream_t st) {
   if (n <= 0) return;
   scale_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n, s);
+}
+
+void launch_fill(float* x, int64_t n, float v, cudaStream_t st) {
+  if (n <= 0) return;
+  fill_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n, v);
 }
 
 void launch_add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16, cudaStream_t st) {

@@ -59,6 +59,7 @@ void launch_gather_rows(const float* src, const int32_t* rows, int64_t n, int64_
 void launch_copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst,
                       cudaStream_t st);
 void launch_scale(float* x, int64_t n, float s, cudaStream_t st);
+void launch_fill(float* x, int64_t n, float v, cudaStream_t st);
 void launch_add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16, cudaStream_t st);
 void launch_kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
                      int64_t width, cudaStream_t st);
