@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/model.h"
 #include "quant/float_formats.h"
 
 namespace latent {
@@ -205,12 +206,46 @@ void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
               static_cast<long long>(batch), static_cast<long long>(ctx), t * 1e6, bytes / t / 1e9);
 }
 
+// Decode of one sequence through Model::forward (eager launches, no CUDA graphs): prefill 32 tokens, then 64
+// single-token steps; tokens/s of the decode steps and the time per step.
+void bench_model(const std::string& dir, const std::string& backend, bool bf16) {
+  ModelFiles files = open_model_files(dir);
+  std::unique_ptr<Backend> be = make_backend(backend, 0);
+  ModelOptions o;
+  o.bf16_activations = bf16;
+  Model m(*files.cfg, *files.plan, *be, o);
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> prompt(32);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(V));
+  std::vector<float> row(static_cast<size_t>(V));
+  for (int rep = 0; rep < 2; ++rep) {  // the first pass warms up
+    KvCache cache(m.config());
+    m.forward(prompt, cache, row.data(), false);
+    int32_t next = 1;
+    const int steps = 64;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) {
+      m.forward(std::span<const int32_t>(&next, 1), cache, row.data(), false);
+      next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    }
+    const double t = seconds_since(t0) / steps;
+    if (rep == 1)
+      std::printf("model %s on %s (%s): decode batch 1 after a 32-token prompt: %.1f tokens/s, %.3f ms per step\n",
+                  dir.c_str(), backend.c_str(), bf16 ? "bf16" : "fp32", 1.0 / t, t * 1e3);
+  }
+}
+
 }  // namespace
 }  // namespace latent
 
 int main(int argc, char** argv) {
   using namespace latent;
   std::unique_ptr<Backend> be = make_backend("cuda", 1);
+  if (argc > 2 && std::string(argv[1]) == "model") {  // cuda_bench model <dir>: decode tokens/s, cuda and cpu
+    for (const char* b : {"cuda", "cpu"})
+      for (bool bf16 : {false, true}) bench_model(argv[2], b, bf16);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "attention") {  // only the attention timings
     bench_paged_attention(*be, 1, 64);
     bench_paged_attention(*be, 1, 4096);
