@@ -1,0 +1,267 @@
+// CUDA backend kernel timings (GPU machine): device copy bandwidth (the ceiling), decode GEMV / skinny GEMM GB/s
+// per weight format and shape, the tiled prefill matmul's TFLOP/s and the paged absorbed attention at decode.
+// Weights are rotated over enough copies (≥ 512 MB) that no timing runs out of the 60 MB L2. Figures are bytes that
+// must move (weights + scales; activations are negligible at these M) over the median-free mean time of `iters`
+// back-to-back launches measured with a host clock after a sync.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "quant/float_formats.h"
+
+namespace latent {
+namespace {
+
+uint64_t g_state = 0x9E3779B97F4A7C15ull;
+uint64_t next_u64() {
+  g_state ^= g_state << 13;
+  g_state ^= g_state >> 7;
+  g_state ^= g_state << 17;
+  return g_state;
+}
+float next_normalish() { return static_cast<float>(static_cast<int64_t>(next_u64() % 2001) - 1000) / 700.0f; }
+
+struct HostWeight {
+  std::vector<uint8_t> data, scale;
+  QuantWeight q;
+  size_t bytes() const { return data.size() + scale.size(); }
+};
+
+HostWeight make(WeightFormat f, int64_t rows, int64_t cols) {
+  HostWeight h;
+  h.q.format = f;
+  h.q.rows = rows;
+  h.q.cols = cols;
+  h.data.resize(static_cast<size_t>(rows * h.q.row_bytes()));
+  switch (f) {
+    case WeightFormat::BF16:
+      for (size_t i = 0; i < h.data.size() / 2; ++i) {
+        const uint16_t b = f32_to_bf16(next_normalish());
+        std::memcpy(h.data.data() + 2 * i, &b, 2);
+      }
+      break;
+    case WeightFormat::FP8_E4M3_BLOCK:
+      for (uint8_t& c : h.data) {
+        c = static_cast<uint8_t>(next_u64());
+        if ((c & 0x7F) == 0x7F) c = 0x3F;
+      }
+      h.scale.resize(static_cast<size_t>((rows + 127) / 128 * h.q.scale_cols()) * 4);
+      for (size_t i = 0; i < h.scale.size() / 4; ++i) {
+        const float s = 1.0f / 256.0f;
+        std::memcpy(h.scale.data() + 4 * i, &s, 4);
+      }
+      break;
+    case WeightFormat::MXFP4:
+      for (uint8_t& c : h.data) c = static_cast<uint8_t>(next_u64());
+      h.scale.resize(static_cast<size_t>(rows * h.q.scale_cols()));
+      for (uint8_t& c : h.scale) c = static_cast<uint8_t>(120 + next_u64() % 10);
+      break;
+    default:
+      for (uint8_t& c : h.data) c = static_cast<uint8_t>(next_u64());
+      break;
+  }
+  h.q.data = h.data.data();
+  h.q.scale = h.scale.empty() ? nullptr : h.scale.data();
+  return h;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols) {
+  const HostWeight h = make(f, rows, cols);
+  const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
+  std::vector<QuantWeight> ws;
+  for (size_t i = 0; i < copies; ++i) ws.push_back(be.prepare_weight(h.q));
+  const int64_t max_m = 512;
+  std::vector<float> x(static_cast<size_t>(max_m * cols));
+  for (float& v : x) v = next_normalish();
+  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
+  be.upload(xd, x.data(), x.size() * 4);
+  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(max_m * rows) * 4, "y"));
+  for (int64_t M : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{16}, int64_t{512}}) {
+    const int iters = M >= 512 ? 6 : 60;
+    for (int i = 0; i < 3; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd, M, yd);
+    be.sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd, M, yd);
+    be.sync();
+    const double t = seconds_since(t0) / iters;
+    const double gbs = static_cast<double>(h.bytes()) / t / 1e9;
+    const double tflops = 2.0 * static_cast<double>(M * rows * cols) / t / 1e12;
+    std::printf("%-28s %-8s %6lld x %-6lld %6.1f MB  M=%-4lld %9.2f us  %7.0f GB/s (%4.1f%% of 4310)  %7.2f TFLOP/s\n",
+                label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows),
+                static_cast<long long>(cols), h.bytes() / 1e6, static_cast<long long>(M), t * 1e6, gbs,
+                100.0 * gbs / 4310.0, tflops);
+  }
+  be.dealloc(xd);
+  be.dealloc(yd);
+}
+
+void bench_copy(Backend& be) {
+  const size_t bytes = size_t{2} << 30;
+  void* a = be.alloc(bytes, "copy src");
+  void* b = be.alloc(bytes, "copy dst");
+  std::vector<uint8_t> junk(1 << 20, 0x5A);
+  for (size_t o = 0; o < bytes; o += junk.size()) be.upload(static_cast<char*>(a) + o, junk.data(), junk.size());
+  be.copy(b, a, bytes);
+  be.sync();
+  const int iters = 10;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) be.copy(b, a, bytes);
+  be.sync();
+  const double t = seconds_since(t0) / iters;
+  std::printf("device copy 2 GiB: %.3f ms, %.0f GB/s (read + write)\n", t * 1e3, 2.0 * bytes / t / 1e9);
+  be.dealloc(a);
+  be.dealloc(b);
+}
+
+// One MoE layer's routed experts at decode: E experts of [rows, cols], `active` of them with one token each
+// (a different set every call, so that the selected weights come from HBM).
+void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64_t rows, int64_t cols) {
+  const HostWeight h = make(f, rows, cols);
+  std::vector<QuantWeight> ws;
+  for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
+  std::vector<const QuantWeight*> wp(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) wp[static_cast<size_t>(e)] = &ws[static_cast<size_t>(e)];
+  const int sets = static_cast<int>(E / active);
+  std::vector<int64_t*> offs;
+  for (int k = 0; k < sets; ++k) {
+    std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
+    for (int64_t e = 0; e < E; ++e) off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? 1 : 0);
+    auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
+    be.upload(d, off.data(), off.size() * 8);
+    offs.push_back(d);
+  }
+  std::vector<float> x(static_cast<size_t>(active * cols));
+  for (float& v : x) v = next_normalish();
+  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
+  be.upload(xd, x.data(), x.size() * 4);
+  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(active * rows) * 4, "y"));
+  for (int i = 0; i < 3; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
+  be.sync();
+  const int iters = 64;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
+  be.sync();
+  const double t = seconds_since(t0) / iters;
+  const double bytes = static_cast<double>(active) * static_cast<double>(h.bytes());
+  std::printf("grouped_matmul %s %lld experts, %lld active x 1 token, [%lld x %lld]: %.2f us, %.0f GB/s (%.1f%%)\n",
+              std::string(weight_format_name(f)).c_str(), static_cast<long long>(E), static_cast<long long>(active),
+              static_cast<long long>(rows), static_cast<long long>(cols), t * 1e6, bytes / t / 1e9,
+              100.0 * bytes / t / 1e9 / 4310.0);
+}
+
+void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
+  const int64_t H = 64, dn = 192, dr = 64, dv = 256, dc = 512, bt = 64;
+  const int64_t blocks_per_seq = (ctx + bt - 1) / bt, nb = blocks_per_seq * batch;
+  KvPool pool;
+  pool.dtype = DType::BF16;
+  pool.num_blocks = nb;
+  pool.block_tokens = bt;
+  pool.width = dc + dr;
+  const size_t pool_bytes = static_cast<size_t>(pool.rows() * pool.width) * 2;
+  pool.data = be.alloc(pool_bytes, "pool");
+  std::vector<uint16_t> pv(static_cast<size_t>(pool.rows() * pool.width));
+  for (uint16_t& v : pv) v = f32_to_bf16(next_normalish());
+  be.upload(pool.data, pv.data(), pool_bytes);
+  const HostWeight kvb = make(WeightFormat::BF16, H * (dn + dv), dc);
+  const QuantWeight kvbd = be.prepare_weight(kvb.q);
+  std::vector<int32_t> qb(static_cast<size_t>(batch + 1)), cl(static_cast<size_t>(batch), static_cast<int32_t>(ctx)),
+      table(static_cast<size_t>(batch * blocks_per_seq));
+  for (int64_t s = 0; s <= batch; ++s) qb[static_cast<size_t>(s)] = static_cast<int32_t>(s);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::vector<int64_t> pos(static_cast<size_t>(batch), ctx - 1);
+  std::vector<float> q(static_cast<size_t>(batch * H * (dn + dr)));
+  for (float& v : q) v = bf16_to_f32(f32_to_bf16(next_normalish()));
+  auto up = [&](const auto& v) {
+    void* p = be.alloc(v.size() * sizeof(v[0]), "bench input");
+    be.upload(p, v.data(), v.size() * sizeof(v[0]));
+    return p;
+  };
+  StepSeqs seqs{batch, static_cast<int32_t*>(up(qb)), static_cast<int32_t*>(up(cl)), static_cast<int32_t*>(up(table)),
+                blocks_per_seq, ctx};
+  const MlaDims d{H, dn, dr, dv, dc};
+  const float* qd = static_cast<float*>(up(q));
+  const int64_t* posd = static_cast<int64_t*>(up(pos));
+  float* od = static_cast<float*>(be.alloc(static_cast<size_t>(batch * H * dv) * 4, "o"));
+  be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od, true);
+  be.sync();
+  const int iters = 5;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i)
+    be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od, true);
+  be.sync();
+  const double t = seconds_since(t0) / iters;
+  const double bytes = static_cast<double>(batch * ctx * (dc + dr) * 2);
+  std::printf("mla_attention_absorbed_paged bf16 H=64 dc=512 batch=%lld ctx=%lld: %.1f us, %.0f GB/s of cache\n",
+              static_cast<long long>(batch), static_cast<long long>(ctx), t * 1e6, bytes / t / 1e9);
+}
+
+// Decode of one sequence through Model::forward (eager launches, no CUDA graphs): prefill 32 tokens, then 64
+// single-token steps; tokens/s of the decode steps and the time per step.
+void bench_model(const std::string& dir, const std::string& backend, bool bf16) {
+  ModelFiles files = open_model_files(dir);
+  std::unique_ptr<Backend> be = make_backend(backend, 0);
+  ModelOptions o;
+  o.bf16_activations = bf16;
+  Model m(*files.cfg, *files.plan, *be, o);
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> prompt(32);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(V));
+  std::vector<float> row(static_cast<size_t>(V));
+  for (int rep = 0; rep < 2; ++rep) {  // the first pass warms up
+    KvCache cache(m.config());
+    m.forward(prompt, cache, row.data(), false);
+    int32_t next = 1;
+    const int steps = 64;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) {
+      m.forward(std::span<const int32_t>(&next, 1), cache, row.data(), false);
+      next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    }
+    const double t = seconds_since(t0) / steps;
+    if (rep == 1)
+      std::printf("model %s on %s (%s): decode batch 1 after a 32-token prompt: %.1f tokens/s, %.3f ms per step\n",
+                  dir.c_str(), backend.c_str(), bf16 ? "bf16" : "fp32", 1.0 / t, t * 1e3);
+  }
+}
+
+}  // namespace
+}  // namespace latent
+
+int main(int argc, char** argv) {
+  using namespace latent;
+  std::unique_ptr<Backend> be = make_backend("cuda", 1);
+  if (argc > 2 && std::string(argv[1]) == "model") {  // cuda_bench model <dir>: decode tokens/s, cuda and cpu
+    for (const char* b : {"cuda", "cpu"})
+      for (bool bf16 : {false, true}) bench_model(argv[2], b, bf16);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "attention") {  // only the attention timings
+    bench_paged_attention(*be, 1, 64);
+    bench_paged_attention(*be, 1, 4096);
+    return 0;
+  }
+  bench_copy(*be);
+  bench_matmul(*be, "bf16 30 MB", WeightFormat::BF16, 4096, 3840);
+  bench_matmul(*be, "bf16 o_proj GLM-5", WeightFormat::BF16, 6144, 16384);
+  bench_matmul(*be, "bf16 kv_a GLM-5", WeightFormat::BF16, 576, 6144);
+  bench_matmul(*be, "mxfp4 30 MB", WeightFormat::MXFP4, 8192, 7168);
+  bench_matmul(*be, "mxfp4 expert GLM-5", WeightFormat::MXFP4, 2048, 6144);
+  bench_matmul(*be, "fp8 block 30 MB", WeightFormat::FP8_E4M3_BLOCK, 7168, 4096);
+  bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144);
+  bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048);
+  bench_paged_attention(*be, 1, 64);
+  bench_paged_attention(*be, 1, 4096);
+  bench_paged_attention(*be, 32, 4096);
+  return 0;
+}

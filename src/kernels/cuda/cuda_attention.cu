@@ -1,0 +1,608 @@
+// MLA attention on the GPU: the naive (prefill) form over expanded keys/values and the weight-absorbed (decode)
+// form over the latent cache. One block per (query, head). The allowed keys (causal ∩ DSA selection) are a bitmap
+// in shared memory; softmax statistics (running max and sum) come from one pass over the keys, the probabilities and
+// the weighted sum of values from a second pass in tiles of kTile keys. bf16 mode rounds the scores, scaled scores,
+// probabilities and outputs (and, absorbed, q_lat and o_lat) exactly where the ref backend does.
+#include <cooperative_groups.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace latent::cuda {
+
+namespace {
+
+constexpr int kTile = 128;
+constexpr int kMaxPerThread = 4;  // naive form: dv ≤ 4 · 128
+
+// Marks the keys query s may attend to; returns last (keys t ≤ last are causal-allowed).
+__device__ int64_t build_allowed(uint32_t* bits, int64_t s, int64_t T, const int64_t* q_pos, KeySelection sel) {
+  int64_t last = q_pos[s] < T - 1 ? q_pos[s] : T - 1;
+  const int64_t words = (T + 31) / 32;
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) bits[i] = sel.sel ? 0u : 0xFFFFFFFFu;
+  __syncthreads();
+  if (sel.sel) {
+    const int32_t* row = sel.sel + s * sel.stride;
+    const int32_t cnt = sel.count[s];
+    for (int32_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+      const int32_t t = row[j];
+      if (t >= 0 && t <= last) atomicOr(&bits[t >> 5], 1u << (t & 31));
+    }
+  }
+  __syncthreads();
+  return last;
+}
+__device__ __forceinline__ bool allowed(const uint32_t* bits, int64_t t) { return (bits[t >> 5] >> (t & 31)) & 1u; }
+
+__device__ __forceinline__ float scaled(float dot, float scale, bool bf16) {
+  return bf16 ? bf16r(__fmul_rn(bf16r(dot), scale)) : __fmul_rn(dot, scale);
+}
+
+// Combines per-thread (max, sum of exp(score - max)) over the block.
+__device__ void block_softmax_stats(float m, float l, float* shm, float* shl, float& gm, float& gl) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xFFFFFFFFu, m, o), l2 = __shfl_xor_sync(0xFFFFFFFFu, l, o);
+    const float mm = fmaxf(m, m2);
+    l = (m == mm ? l : l * expf(m - mm)) + (m2 == mm ? l2 : l2 * expf(m2 - mm));
+    m = mm;
+  }
+  __syncthreads();
+  if (lane == 0) {
+    shm[warp] = m;
+    shl[warp] = l;
+  }
+  __syncthreads();
+  float M = shm[0];
+  for (int i = 1; i < nw; ++i) M = fmaxf(M, shm[i]);
+  float L = 0.0f;
+  for (int i = 0; i < nw; ++i) L += shm[i] == M ? shl[i] : shl[i] * expf(shm[i] - M);
+  gm = M;
+  gl = L;
+}
+
+__device__ __forceinline__ void online_add(float& m, float& l, float v) {
+  if (v > m) {
+    l = l * expf(m - v) + 1.0f;
+    m = v;
+  } else {
+    l += expf(v - m);
+  }
+}
+
+// ---- naive form: block per (s, h), 128 threads ----
+__global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, const float* q, const float* kvb,
+                                                         const float* k_pe, int64_t T, const int64_t* q_pos,
+                                                         KeySelection sel, float scale, float* o, bool bf16) {
+  extern __shared__ uint32_t smem_u[];
+  const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = dn + dr, dkv = dn + dv;
+  const int64_t s = blockIdx.x / H, h = blockIdx.x % H;
+  uint32_t* bits = smem_u;
+  float* qs = reinterpret_cast<float*>(smem_u + (T + 31) / 32);
+  __shared__ float p_sh[kTile];
+  __shared__ int64_t t_sh[kTile];
+  __shared__ float shm[32], shl[32];
+  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q[(s * H + h) * dqk + i];
+  const int64_t last = build_allowed(bits, s, T, q_pos, sel);
+  auto score = [&](int64_t t) {
+    const float* kn = kvb + (t * H + h) * dkv;
+    const float* kp = k_pe + t * dr;
+    float dot = 0.0f;
+    for (int64_t x = 0; x < dn; ++x) dot = fmaf(qs[x], kn[x], dot);
+    for (int64_t x = 0; x < dr; ++x) dot = fmaf(qs[dn + x], kp[x], dot);
+    return scaled(dot, scale, bf16);
+  };
+  float m = __uint_as_float(0xFF800000u), l = 0.0f;
+  for (int64_t t = threadIdx.x; t <= last; t += blockDim.x)
+    if (allowed(bits, t)) online_add(m, l, score(t));
+  float gm, gl;
+  block_softmax_stats(m, l, shm, shl, gm, gl);
+  float acc[kMaxPerThread];
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) acc[i] = 0.0f;
+  for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
+    const int64_t t = t0 + threadIdx.x;
+    float p = 0.0f;
+    if (threadIdx.x < kTile && t <= last && allowed(bits, t)) {
+      p = expf(score(t) - gm) / gl;
+      if (bf16) p = bf16r(p);
+    }
+    if (threadIdx.x < kTile) {
+      p_sh[threadIdx.x] = p;
+      t_sh[threadIdx.x] = t <= last ? t : last;
+    }
+    __syncthreads();
+    const int64_t nt = last - t0 + 1 < kTile ? last - t0 + 1 : kTile;
+    for (int64_t j = 0; j < nt; ++j) {
+      const float pj = p_sh[j];
+      if (pj == 0.0f) continue;
+      const float* v = kvb + (t_sh[j] * H + h) * dkv + dn;
+#pragma unroll
+      for (int i = 0; i < kMaxPerThread; ++i) {
+        const int64_t x = threadIdx.x + i * blockDim.x;
+        if (x < dv) acc[i] = fmaf(pj, v[x], acc[i]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    const int64_t x = threadIdx.x + i * blockDim.x;
+    if (x < dv) o[(s * H + h) * dv + x] = bf16 ? bf16r(acc[i]) : acc[i];
+  }
+}
+
+// ---- absorbed form: block per (s, h), 256 threads (8 warps) ----
+// Keys: rows(t) gives key t's latent row (dc values) and rotated key (dr values); T is their element type
+// (float, or uint16_t holding bf16 bits).
+__device__ __forceinline__ float ld(const float* p, int64_t x) { return p[x]; }
+__device__ __forceinline__ float ld(const uint16_t* p, int64_t x) { return bf16_bits_to_f(p[x]); }
+
+struct ContiguousKeys {
+  using Elem = float;
+  const float* c;
+  const float* k_pe;
+  int64_t dc, dr;
+  __device__ void rows(int64_t t, const float*& cr, const float*& kr) const {
+    cr = c + t * dc;
+    kr = k_pe + t * dr;
+  }
+};
+template <class T>
+struct PagedKeys {
+  using Elem = T;
+  const T* data;
+  int64_t width, block_tokens;
+  const int32_t* blocks;  // this sequence's block table
+  int64_t dc;
+  __device__ void rows(int64_t t, const T*& cr, const T*& kr) const {
+    const int32_t tt = static_cast<int32_t>(t), bt = static_cast<int32_t>(block_tokens);  // 32-bit: cheap division
+    const int64_t row = static_cast<int64_t>(blocks[tt / bt]) * bt + tt % bt;
+    cr = data + row * width;
+    kr = cr + dc;
+  }
+};
+
+// One (query, head): q_row [dqk] in global memory, keys t ≤ last allowed by `bits` (already built), o_row [dv].
+// Vector loads of key rows: 16 bytes (4 fp32 or 8 bf16) into floats.
+template <class Elem>
+struct KeyVec;
+template <>
+struct KeyVec<float> {
+  static constexpr int kN = 4;
+  __device__ static void load(const float* p, float (&v)[8]) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  }
+};
+template <>
+struct KeyVec<uint16_t> {
+  static constexpr int kN = 8;
+  __device__ static void load(const uint16_t* p, float (&v)[8]) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = __uint_as_float(w[k] << 16);
+      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+};
+
+constexpr int kAbsThreads = 512;
+constexpr int kAbsCluster = 4;  // blocks (one per SM) sharing one (token, head) when there are few work items
+constexpr int kMaxChunksPerThread = 2;
+
+// One (query, head): q_row [dqk] in global memory, keys t ≤ last allowed by `bits` (already built), o_row [dv].
+// Shared memory (caller's): qs [dqk], qlat [dc], olat [dc], part [dc · groups], sc [last + 1] when `sc` is non-null
+// (the scores of the first pass, reused by the second; null: recomputed).
+// Pass 1 (warp per key, two keys per iteration, 16-byte loads when `vec`): scores and the softmax statistics.
+// Pass 2 (tiles of kTile keys): probabilities (one thread per key), then Σ p·c with threads split into column
+// chunks × key groups, the groups summed in a fixed order.
+// With n_ranks > 1 the blocks of a thread-block cluster share the work item: rank r takes the r-th contiguous slice
+// of the keys; the softmax statistics and the o_lat partials are combined over distributed shared memory in rank
+// order (deterministic), and the ranks split the W_UV projection.
+template <class Keys>
+__device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& kv_b, const Keys& keys, int64_t h,
+                             int64_t last, const uint32_t* bits, float* qs, float* qlat, float* olat, float* part,
+                             float* sc, bool vec, float scale, float* o_row, bool bf16, int rank, int n_ranks) {
+  __shared__ float stat_sh[2];
+  const int64_t per = (last + n_ranks) / n_ranks;  // ceil((last + 1) / n_ranks)
+  const int64_t lo_t = rank * per, hi_t = lo_t + per - 1 < last ? lo_t + per - 1 : last;
+  using Elem = typename Keys::Elem;
+  using V = KeyVec<Elem>;
+  __shared__ float p_sh[kTile];
+  __shared__ const Elem* row_sh[kTile];
+  __shared__ float shm[32], shl[32];
+  const int64_t dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = dn + dr, dkv = dn + dv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q_row[i];
+  __syncthreads();
+  // q_lat = W_UK[h]ᵀ · q_nope: the ranks of a cluster compute one slice each (8 weight loads in flight per thread,
+  // bf16 weights read directly), then gather the other slices over distributed shared memory.
+  const int64_t xper = (dc + n_ranks - 1) / n_ranks, x_lo = rank * xper, x_hi = x_lo + xper < dc ? x_lo + xper : dc;
+  const bool wbf16 = kv_b.format == kFmtBF16;
+  for (int64_t x = x_lo + threadIdx.x; x < x_hi; x += blockDim.x) {
+    float a = 0.0f;
+    for (int64_t j0 = 0; j0 < dn; j0 += 8) {
+      float wv[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int64_t row = h * dkv + j0 + u;
+        wv[u] = j0 + u >= dn ? 0.0f
+                : wbf16      ? bf16_bits_to_f(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(kv_b.data) +
+                                                                               row * kv_b.row_bytes)[x])
+                             : wget(kv_b, row, x);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (j0 + u < dn) a = fmaf(qs[j0 + u], wv[u], a);
+    }
+    qlat[x] = bf16 ? bf16r(a) : a;
+  }
+  if (n_ranks > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every slice is written
+    for (int r = 0; r < n_ranks; ++r) {
+      if (r == rank) continue;
+      const float* remote = cluster.map_shared_rank(qlat, r);
+      const int64_t r_lo = r * xper, r_hi = r_lo + xper < dc ? r_lo + xper : dc;
+      for (int64_t x = r_lo + threadIdx.x; x < r_hi; x += blockDim.x) qlat[x] = remote[x];
+    }
+    cluster.sync();  // nobody reads a remote slice any more
+  }
+  __syncthreads();
+  // Warp per key: lanes over the latent dims.
+  auto dot_of = [&](const Elem* cr, const Elem* kr) {
+    float dot = 0.0f;
+    if (vec) {
+      float v[8];
+      for (int64_t cch = lane; cch < dc / V::kN; cch += 32) {
+        V::load(cr + cch * V::kN, v);
+#pragma unroll
+        for (int e = 0; e < V::kN; ++e) dot = fmaf(qlat[cch * V::kN + e], v[e], dot);
+      }
+      for (int64_t cch = lane; cch < dr / V::kN; cch += 32) {
+        V::load(kr + cch * V::kN, v);
+#pragma unroll
+        for (int e = 0; e < V::kN; ++e) dot = fmaf(qs[dn + cch * V::kN + e], v[e], dot);
+      }
+    } else {
+      for (int64_t x = lane; x < dc; x += 32) dot = fmaf(qlat[x], ld(cr, x), dot);
+      for (int64_t x = lane; x < dr; x += 32) dot = fmaf(qs[dn + x], ld(kr, x), dot);
+    }
+    return dot;
+  };
+  // Pass 1.
+  float m = __uint_as_float(0xFF800000u), l = 0.0f;
+  for (int64_t t = lo_t + warp; t <= hi_t; t += 2 * nw) {
+    const int64_t t2 = t + nw;
+    const bool a1 = allowed(bits, t), a2 = t2 <= hi_t && allowed(bits, t2);
+    const Elem *c1, *k1, *c2, *k2;
+    keys.rows(t, c1, k1);
+    keys.rows(a2 ? t2 : t, c2, k2);
+    const float d1 = a1 ? dot_of(c1, k1) : 0.0f, d2 = a2 ? dot_of(c2, k2) : 0.0f;
+    const float v1 = scaled(warp_sum(d1), scale, bf16), v2 = scaled(warp_sum(d2), scale, bf16);
+    if (lane == 0) {
+      if (a1) online_add(m, l, v1);
+      if (a2) online_add(m, l, v2);
+      if (sc) {
+        sc[t] = v1;
+        if (t2 <= hi_t) sc[t2] = v2;
+      }
+    }
+  }
+  float gm, gl;
+  block_softmax_stats(m, l, shm, shl, gm, gl);  // (syncs: sc visible)
+  if (n_ranks > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) {
+      stat_sh[0] = gm;
+      stat_sh[1] = gl;
+    }
+    cluster.sync();
+    float M = __uint_as_float(0xFF800000u), L = 0.0f;
+    for (int r = 0; r < n_ranks; ++r) M = fmaxf(M, cluster.map_shared_rank(stat_sh, r)[0]);
+    for (int r = 0; r < n_ranks; ++r) {
+      const float* st = cluster.map_shared_rank(stat_sh, r);
+      L += st[0] == M ? st[1] : st[1] * expf(st[0] - M);
+    }
+    gm = M;
+    gl = L;
+  }
+  // Pass 2 layout: nch column chunks of cw values; groups of threads take interleaved keys.
+  const int cw = vec ? V::kN : 1;
+  const int64_t nch = dc / cw;
+  const int groups = nch >= blockDim.x ? 1 : static_cast<int>(blockDim.x / nch);
+  const int grp = static_cast<int>(threadIdx.x / (nch >= blockDim.x ? blockDim.x : nch));
+  float acc[kMaxChunksPerThread][8];
+#pragma unroll
+  for (int u = 0; u < kMaxChunksPerThread; ++u)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+  for (int64_t t0 = lo_t; t0 <= hi_t; t0 += kTile) {
+    if (sc) {
+      for (int64_t j = threadIdx.x; j < kTile; j += blockDim.x) {
+        const int64_t t = t0 + j;
+        float p = 0.0f;
+        if (t <= hi_t && allowed(bits, t)) {
+          p = expf(sc[t] - gm) / gl;
+          if (bf16) p = bf16r(p);
+        }
+        const Elem *cr, *kr;
+        keys.rows(t <= hi_t ? t : hi_t, cr, kr);
+        p_sh[j] = p;
+        row_sh[j] = cr;
+      }
+    } else {
+      for (int64_t j = warp; j < kTile; j += nw) {
+        const int64_t t = t0 + j;
+        const Elem *cr, *kr;
+        keys.rows(t <= hi_t ? t : hi_t, cr, kr);
+        float p = 0.0f;
+        if (t <= hi_t && allowed(bits, t)) {
+          p = expf(scaled(warp_sum(dot_of(cr, kr)), scale, bf16) - gm) / gl;
+          if (bf16) p = bf16r(p);
+        }
+        if (lane == 0) {
+          p_sh[j] = p;
+          row_sh[j] = cr;
+        }
+      }
+    }
+    __syncthreads();
+    const int64_t nt = hi_t - t0 + 1 < kTile ? hi_t - t0 + 1 : kTile;
+    if (grp < groups) {
+      for (int64_t j = grp; j < nt; j += groups) {
+        const float pj = p_sh[j];
+        if (pj == 0.0f) continue;
+        const Elem* cr = row_sh[j];
+#pragma unroll
+        for (int u = 0; u < kMaxChunksPerThread; ++u) {
+          const int64_t cch = (threadIdx.x % (nch >= blockDim.x ? blockDim.x : nch)) + u * blockDim.x;
+          if (cch >= nch) break;
+          if (vec) {
+            float v[8];
+            V::load(cr + cch * cw, v);
+#pragma unroll
+            for (int e = 0; e < V::kN; ++e) acc[u][e] = fmaf(pj, v[e], acc[u][e]);
+          } else {
+            acc[u][0] = fmaf(pj, ld(cr, cch), acc[u][0]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  // Group partials to shared memory, then summed over the groups in order.
+  if (grp < groups) {
+#pragma unroll
+    for (int u = 0; u < kMaxChunksPerThread; ++u) {
+      const int64_t cch = (threadIdx.x % (nch >= blockDim.x ? blockDim.x : nch)) + u * blockDim.x;
+      if (cch >= nch) break;
+      for (int e = 0; e < cw; ++e) part[grp * dc + cch * cw + e] = acc[u][e];
+    }
+  }
+  __syncthreads();
+  for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
+    float a = 0.0f;
+    for (int g = 0; g < groups; ++g) a += part[g * dc + x];
+    olat[x] = n_ranks == 1 && bf16 ? bf16r(a) : a;
+  }
+  const float* fin = olat;  // the final o_lat
+  if (n_ranks > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every rank's partial is complete
+    for (int64_t x = threadIdx.x; x < dc; x += blockDim.x) {
+      float a = 0.0f;
+      for (int r = 0; r < n_ranks; ++r) a += cluster.map_shared_rank(olat, r)[x];
+      part[x] = bf16 ? bf16r(a) : a;
+    }
+    cluster.sync();  // nobody reads the partials any more
+    fin = part;
+  }
+  __syncthreads();
+  // o = W_UV[h] · o_lat: warp per output dim (the ranks take interleaved dims).
+  for (int64_t j = rank * nw + warp; j < dv; j += nw * n_ranks) {
+    float a = 0.0f;
+    for (int64_t x0 = lane; x0 < dc; x0 += 32 * 8) {
+      float wv[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int64_t x = x0 + 32 * u;
+        wv[u] = x >= dc ? 0.0f
+                : wbf16 ? bf16_bits_to_f(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(kv_b.data) +
+                                                                          (h * dkv + dn + j) * kv_b.row_bytes)[x])
+                        : wget(kv_b, h * dkv + dn + j, x);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (x0 + 32 * u < dc) a = fmaf(fin[x0 + 32 * u], wv[u], a);
+    }
+    a = warp_sum(a);
+    if (lane == 0) o_row[j] = bf16 ? bf16r(a) : a;
+  }
+  __syncthreads();
+}
+
+// Shared memory of the absorbed kernels: bitmap words, qs, qlat, olat, part (groups · dc), then the score cache.
+struct AbsLayout {
+  int64_t words, groups;
+  size_t fixed_bytes;
+};
+__host__ __device__ inline AbsLayout abs_layout(const MlaDims& d, int64_t max_keys, bool vec, int64_t vec_n) {
+  AbsLayout a;
+  a.words = (max_keys + 31) / 32;
+  const int64_t nch = d.latent / (vec ? vec_n : 1);
+  a.groups = nch >= kAbsThreads ? 1 : kAbsThreads / nch;
+  a.fixed_bytes = static_cast<size_t>(a.words * 4 + (d.nope + d.rope + 2 * d.latent + a.groups * d.latent) * 4);
+  return a;
+}
+constexpr size_t kAbsSmemCap = 200 * 1024;  // opt-in dynamic shared memory per block (H200: up to 227 KB)
+
+__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, const float* q, WDesc kv_b,
+                                                                    const float* c, const float* k_pe, int64_t T,
+                                                                    const int64_t* q_pos, KeySelection sel,
+                                                                    float scale, float* o, bool bf16, bool vec,
+                                                                    bool cache_scores, int n_ranks) {
+  extern __shared__ uint32_t smem_u[];
+  const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
+  const int64_t item = blockIdx.x / n_ranks;
+  const int64_t s = item / H, h = item % H;
+  const AbsLayout L = abs_layout(d, T, vec, KeyVec<float>::kN);
+  uint32_t* bits = smem_u;
+  float* qs = reinterpret_cast<float*>(smem_u + L.words);
+  float* qlat = qs + dqk;
+  float* olat = qlat + dc;
+  float* part = olat + dc;
+  float* sc = cache_scores ? part + L.groups * dc : nullptr;
+  const int64_t last = build_allowed(bits, s, T, q_pos, sel);
+  const ContiguousKeys keys{c, k_pe, dc, d.rope};
+  absorbed_one(d, q + (s * H + h) * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
+               o + (s * H + h) * d.v, bf16, static_cast<int>(cooperative_groups::this_cluster().block_rank()),
+               n_ranks);
+}
+
+// Persistent grid over (token, head) work items of the whole step; bitmap and score cache sized by max_ctx.
+template <class Elem>
+__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims d, const float* q, WDesc kv_b,
+                                                                         KvPool pool, StepSeqs seqs,
+                                                                         const int64_t* pos, KeySelection sel,
+                                                                         float scale, float* o, bool bf16, bool vec,
+                                                                         bool cache_scores, int n_ranks) {
+  extern __shared__ uint32_t smem_u[];
+  const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
+  const AbsLayout L = abs_layout(d, seqs.max_ctx, vec, KeyVec<Elem>::kN);
+  uint32_t* bits = smem_u;
+  float* qs = reinterpret_cast<float*>(smem_u + L.words);
+  float* qlat = qs + dqk;
+  float* olat = qlat + dc;
+  float* part = olat + dc;
+  float* sc = cache_scores ? part + L.groups * dc : nullptr;
+  const int64_t N = seqs.q_begin[seqs.n_seqs];
+  const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+  for (int64_t item = blockIdx.x / n_ranks; item < N * H; item += gridDim.x / n_ranks) {
+    const int64_t i = item / H, h = item % H;
+    // Sequence of token i: the last s with q_begin[s] <= i (binary search).
+    int64_t lo = 0, hi = seqs.n_seqs - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (seqs.q_begin[mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    const int64_t s = lo, T = seqs.ctx_len[s];
+    const int64_t last = pos[i] < T - 1 ? pos[i] : T - 1;
+    for (int64_t w = threadIdx.x; w < L.words; w += blockDim.x) bits[w] = sel.sel ? 0u : 0xFFFFFFFFu;
+    __syncthreads();
+    if (sel.sel) {
+      const int32_t* row = sel.sel + i * sel.stride;
+      const int32_t cnt = sel.count[i];
+      for (int32_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+        const int32_t t = row[j];
+        if (t >= 0 && t <= last) atomicOr(&bits[t >> 5], 1u << (t & 31));
+      }
+    }
+    __syncthreads();
+    const PagedKeys<Elem> keys{static_cast<const Elem*>(pool.data), pool.width, pool.block_tokens,
+                               seqs.block_table + s * seqs.max_blocks, dc};
+    absorbed_one(d, q + i * H * dqk + h * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
+                 o + i * H * d.v + h * d.v, bf16, rank, n_ranks);
+  }
+}
+
+}  // namespace
+
+namespace {
+// Launch configuration of the absorbed kernels: clusters of `ranks` blocks along x.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1]{};
+  ClusterLaunch(unsigned grid, int ranks, size_t smem, cudaStream_t st) {
+    cfg.gridDim = dim3(grid, 1, 1);
+    cfg.blockDim = dim3(kAbsThreads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(ranks);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+}  // namespace
+
+void launch_mla_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S, int64_t T,
+                      const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16,
+                      cudaStream_t st) {
+  if (S <= 0 || d.n_heads <= 0) return;
+  const size_t smem = static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk()) * 4;
+  mla_naive_kernel<<<static_cast<unsigned>(S * d.n_heads), 128, smem, st>>>(d, q, kvb, k_pe, T, q_pos, sel, scale,
+                                                                             o, bf16);
+}
+
+void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, const float* c, const float* k_pe,
+                         int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
+                         bool bf16, cudaStream_t st) {
+  if (S <= 0 || d.n_heads <= 0) return;
+  constexpr int kN = KeyVec<float>::kN;
+  const bool vec = d.latent % kN == 0 && d.rope % kN == 0 && (reinterpret_cast<uintptr_t>(c) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(k_pe) & 15) == 0;
+  const AbsLayout L = abs_layout(d, T, vec, kN);
+  const bool cache = L.fixed_bytes + static_cast<size_t>(T) * 4 <= kAbsSmemCap;
+  const size_t smem = L.fixed_bytes + (cache ? static_cast<size_t>(T) * 4 : 0);
+  static const cudaError_t attr_set = cudaFuncSetAttribute(mla_absorbed_kernel,
+                                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                            static_cast<int>(kAbsSmemCap));  // once per process
+  (void)attr_set;
+  // Few (query, head) items: clusters split each one's keys over kAbsCluster SMs; many: one block each.
+  const int ranks = S * d.n_heads >= 256 ? 1 : kAbsCluster;
+  const ClusterLaunch cl(static_cast<unsigned>(S * d.n_heads * ranks), ranks, smem, st);
+  cudaLaunchKernelEx(&cl.cfg, mla_absorbed_kernel, d, q, kv_b, c, k_pe, T, q_pos, sel, scale, o, bf16, vec, cache,
+                     ranks);
+}
+
+void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv_b, const KvPool& pool,
+                               const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
+                               float* o, bool bf16, cudaStream_t st) {
+  if (seqs.n_seqs <= 0 || d.n_heads <= 0) return;
+  const bool b16 = pool.dtype == DType::BF16;
+  const int64_t kN = b16 ? KeyVec<uint16_t>::kN : KeyVec<float>::kN;
+  const bool vec = d.latent % kN == 0 && d.rope % kN == 0 && pool.width % kN == 0 &&
+                   (reinterpret_cast<uintptr_t>(pool.data) & 15) == 0;
+  const AbsLayout L = abs_layout(d, seqs.max_ctx, vec, kN);
+  const bool cache = L.fixed_bytes + static_cast<size_t>(seqs.max_ctx) * 4 <= kAbsSmemCap;
+  const size_t smem = L.fixed_bytes + (cache ? static_cast<size_t>(seqs.max_ctx) * 4 : 0);
+  static const int sms = [] {
+    int dev = 0, n = 132;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  }();
+  static const bool attrs_set = [] {  // once per process
+    cudaFuncSetAttribute(mla_absorbed_paged_kernel<uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kAbsSmemCap));
+    cudaFuncSetAttribute(mla_absorbed_paged_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kAbsSmemCap));
+    return true;
+  }();
+  (void)attrs_set;
+  // n_seqs bounds the step's tokens from below: many sequences -> one block per (token, head).
+  const int ranks = seqs.n_seqs * d.n_heads >= 256 ? 1 : kAbsCluster;
+  const ClusterLaunch cl(static_cast<unsigned>(sms * 4 / kAbsCluster * kAbsCluster), ranks, smem, st);
+  if (b16) {
+    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<uint16_t>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
+                       vec, cache, ranks);
+  } else {
+    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<float>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
+                       vec, cache, ranks);
+  }
+}
+
+}  // namespace latent::cuda

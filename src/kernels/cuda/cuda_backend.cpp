@@ -1,0 +1,305 @@
+// CudaBackend: the Backend interface on one CUDA stream. Memory ops are the CUDA runtime's; every op launches its
+// kernel(s) asynchronously on the stream and checks the launch. Weights are uploaded once, as stored
+// (prepare_weight). Grouped matmuls read their group offsets on the device; the table of the groups' weights is
+// uploaded once per distinct weight list and cached.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace latent {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA backend: {} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess)
+      fail("CUDA backend: no usable GPU: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+    if (n == 0) fail("CUDA backend: no GPU found (cudaGetDeviceCount returned 0)");
+    check(cudaGetDevice(&device_), "cudaGetDevice");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    for (void* p : owned_) cudaFree(p);
+    if (scratch_) cudaFree(scratch_);
+    if (group_scratch_) cudaFree(group_scratch_);
+    cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  int num_threads() const override { return 1; }
+
+  // ---------------- memory ----------------
+  Device device() const override { return Device::Cuda; }
+  void* alloc(size_t bytes, const char* what) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear the (non-sticky) allocation error
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      fail("CUDA backend: out of GPU memory allocating {} ({} bytes = {:.1f} MiB): {:.1f} MiB free of {:.1f} MiB ({})",
+           what ? what : "buffer", bytes, bytes / 1048576.0, free_b / 1048576.0, total_b / 1048576.0,
+           cudaGetErrorName(e));
+    }
+    return p;
+  }
+  void dealloc(void* p) override {
+    if (p) check(cudaFree(p), "cudaFree");
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload (cudaMemcpyAsync)");
+    check(cudaStreamSynchronize(stream_), "upload (cudaStreamSynchronize)");
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download (cudaMemcpyAsync)");
+    check(cudaStreamSynchronize(stream_), "download (cudaStreamSynchronize)");
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy (cudaMemcpyAsync)");
+  }
+  void sync() override { check(cudaStreamSynchronize(stream_), "sync (cudaStreamSynchronize)"); }
+  QuantWeight prepare_weight(const QuantWeight& w) override {
+    QuantWeight d = w;
+    const size_t data_bytes = static_cast<size_t>(w.rows * w.row_bytes());
+    size_t scale_bytes = 0;
+    switch (w.format) {
+      case WeightFormat::FP8_E4M3_BLOCK:
+        scale_bytes = static_cast<size_t>((w.rows + w.block_rows - 1) / w.block_rows * w.scale_cols()) * 4;
+        break;
+      case WeightFormat::FP8_E4M3_TENSOR: scale_bytes = 4; break;
+      case WeightFormat::FP8_E4M3_CHANNEL: scale_bytes = static_cast<size_t>(w.rows) * 4; break;
+      case WeightFormat::MXFP4: scale_bytes = static_cast<size_t>(w.rows * w.scale_cols()); break;
+      default: break;
+    }
+    d.data = upload_owned(w.data, data_bytes, "weight data");
+    d.scale = scale_bytes ? upload_owned(w.scale, scale_bytes, "weight scales") : nullptr;
+    return d;
+  }
+
+  // ---------------- linear ----------------
+  void matmul(const QuantWeight& w, const float* x, int64_t M, float* y) override {
+    cuda::launch_matmul(cuda::make_wdesc(w), x, M, y, stream_);
+    check_launch("matmul");
+  }
+  void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
+                      float* y) override {
+    if (n_groups <= 0) return;
+    int64_t rows = 0, cols = 0;
+    const cuda::WDesc* table = group_table(w, n_groups, rows, cols);
+    if (!table) return;  // every group empty
+    void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
+    cuda::launch_grouped_matmul(table, n_groups, rows, cols, offsets, x, y, scratch, stream_);
+    check_launch("grouped_matmul");
+  }
+  void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) override {
+    cuda::launch_embedding(cuda::make_wdesc(table), ids, M, out, stream_);
+    check_launch("embedding");
+  }
+
+  // ---------------- norms / elementwise ----------------
+  void rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16) override {
+    cuda::launch_rms_norm(x, w, M, D, eps, y, bf16, stream_);
+    check_launch("rms_norm");
+  }
+  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
+                  bool bf16) override {
+    cuda::launch_layer_norm(x, w, b, M, D, eps, y, bf16, stream_);
+    check_launch("layer_norm");
+  }
+  void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+            const int64_t* pos, const RopeParams& p, bool bf16) override {
+    cuda::launch_rope(x, n_tokens, n_heads, token_stride, head_stride, pos, p, bf16, stream_);
+    check_launch("rope");
+  }
+  void silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16) override {
+    cuda::launch_silu_mul(gate, up, n, out, bf16, stream_);
+    check_launch("silu_mul");
+  }
+  void add(float* y, const float* x, int64_t n, bool bf16) override {
+    cuda::launch_add(y, x, n, bf16, stream_);
+    check_launch("add");
+  }
+  void round_bf16(float* x, int64_t n) override {
+    cuda::launch_round_bf16(x, n, stream_);
+    check_launch("round_bf16");
+  }
+
+  // ---------------- attention ----------------
+  void mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S, int64_t T,
+                           const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16) override {
+    cuda::launch_mla_naive(d, q, kvb, k_pe, S, T, q_pos, sel, scale, o, bf16, stream_);
+    check_launch("mla_attention_naive");
+  }
+  void mla_attention_absorbed(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
+                              const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel,
+                              float scale, float* o, bool bf16) override {
+    cuda::launch_mla_absorbed(d, q, cuda::make_wdesc(kv_b), c, k_pe, S, T, q_pos, sel, scale, o, bf16, stream_);
+    check_launch("mla_attention_absorbed");
+  }
+
+  // ---------------- DSA indexer ----------------
+  void indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
+                      int64_t head_dim, float scale, const int64_t* q_pos, float* scores) override {
+    cuda::launch_indexer_scores(q, w, k, S, T, n_heads, head_dim, scale, q_pos, scores, stream_);
+    check_launch("indexer_scores");
+  }
+  void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
+                   int32_t* count) override {
+    void* scratch = scratch_for(cuda::topk_scratch_bytes(S, k));
+    cuda::launch_topk_select(scores, S, T, k, q_pos, sel, count, scratch, stream_);
+    check_launch("topk_select");
+  }
+
+  // ---------------- MoE ----------------
+  void router(const float* logits, const float* bias, int64_t M, const RouterParams& p, int32_t* ids,
+              float* weights) override {
+    cuda::launch_router(logits, bias, M, p, ids, weights, stream_);
+    check_launch("router");
+  }
+  void scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D, float* y,
+                            bool bf16) override {
+    cuda::launch_scatter_add_weighted(x, token, weight, n, D, y, bf16, stream_);
+    check_launch("scatter_add_weighted");
+  }
+
+  void moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
+                 int32_t* token, float* weight) override {
+    cuda::launch_moe_group(ids, weights, M, K, E, offsets, token, weight, stream_);
+    check_launch("moe_group");
+  }
+
+  // ---------------- data movement / small elementwise ----------------
+  void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst) override {
+    cuda::launch_gather_rows(src, rows, n, D, dst, stream_);
+    check_launch("gather_rows");
+  }
+  void copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst) override {
+    cuda::launch_copy_cols(src, src_stride, col0, width, n, dst, stream_);
+    check_launch("copy_cols");
+  }
+  void scale(float* x, int64_t n, float s) override {
+    cuda::launch_scale(x, n, s, stream_);
+    check_launch("scale");
+  }
+  void fill(float* x, int64_t n, float v) override {
+    cuda::launch_fill(x, n, v, stream_);
+    check_launch("fill");
+  }
+  void add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16) override {
+    cuda::launch_add_bias(y, b, M, N, bf16, stream_);
+    check_launch("add_bias");
+  }
+
+  // ---------------- paged latent cache ----------------
+  void kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
+                int64_t width) override {
+    cuda::launch_kv_store(pool, slots, n, src, col0, width, stream_);
+    check_launch("kv_store");
+  }
+  void kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
+                 float* dst) override {
+    cuda::launch_kv_gather(pool, blocks, n_tokens, col0, width, dst, stream_);
+    check_launch("kv_gather");
+  }
+  void kv_copy_block(const KvPool& pool, int32_t src, int32_t dst, int64_t n_tokens) override {
+    const size_t row = static_cast<size_t>(pool.width) * (pool.dtype == DType::BF16 ? 2 : 4);
+    const size_t block = static_cast<size_t>(pool.block_tokens) * row;
+    char* base = static_cast<char*>(pool.data);
+    copy(base + static_cast<size_t>(dst) * block, base + static_cast<size_t>(src) * block,
+         static_cast<size_t>(n_tokens) * row);
+  }
+  void mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b, const KvPool& pool,
+                                    const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
+                                    float* o, bool bf16) override {
+    cuda::launch_mla_absorbed_paged(d, q, cuda::make_wdesc(kv_b), pool, seqs, pos, sel, scale, o, bf16, stream_);
+    check_launch("mla_attention_absorbed_paged");
+  }
+
+ private:
+  void check_launch(const char* op) { check(cudaGetLastError(), op); }
+
+  void* upload_owned(const void* src, size_t bytes, const char* what) {
+    void* p = alloc(bytes, what);
+    owned_.push_back(p);
+    upload(p, src, bytes);
+    return p;
+  }
+
+  // Device scratch of at least `bytes` (grown on demand; growing waits for the stream).
+  void* scratch_for(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    if (bytes > scratch_bytes_) {
+      sync();
+      if (scratch_) check(cudaFree(scratch_), "cudaFree");
+      scratch_ = nullptr;
+      scratch_ = alloc(bytes, "op scratch");
+      scratch_bytes_ = bytes;
+    }
+    return scratch_;
+  }
+
+  // Device scratch of the grouped matmul's group lists (grown on demand; growing waits for the stream).
+  void* group_scratch_for(size_t bytes) {
+    if (bytes > group_scratch_bytes_) {
+      sync();
+      if (group_scratch_) check(cudaFree(group_scratch_), "cudaFree");
+      group_scratch_ = nullptr;
+      group_scratch_ = alloc(bytes, "grouped matmul scratch");
+      group_scratch_bytes_ = bytes;
+    }
+    return group_scratch_;
+  }
+
+  // The device table of a grouped matmul's weights (cached per distinct list of weights).
+  const cuda::WDesc* group_table(const QuantWeight* const* w, int64_t n_groups, int64_t& rows, int64_t& cols) {
+    std::vector<const void*> key(static_cast<size_t>(n_groups));
+    std::vector<cuda::WDesc> descs(static_cast<size_t>(n_groups));
+    bool any = false;
+    for (int64_t g = 0; g < n_groups; ++g) {
+      if (!w[g]) continue;
+      key[static_cast<size_t>(g)] = w[g]->data;
+      descs[static_cast<size_t>(g)] = cuda::make_wdesc(*w[g]);
+      rows = w[g]->rows;
+      cols = w[g]->cols;
+      any = true;
+    }
+    if (!any) return nullptr;
+    auto it = tables_.find(key);
+    if (it != tables_.end()) return it->second;
+    auto* t = static_cast<cuda::WDesc*>(upload_owned(descs.data(), descs.size() * sizeof(cuda::WDesc), "group table"));
+    tables_.emplace(std::move(key), t);
+    return t;
+  }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> owned_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  void* group_scratch_ = nullptr;
+  size_t group_scratch_bytes_ = 0;
+  std::map<std::vector<const void*>, const cuda::WDesc*> tables_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int /*threads*/) { return std::make_unique<CudaBackend>(); }
+
+}  // namespace latent

@@ -1,0 +1,442 @@
+// Linear ops on the GPU: matmul / grouped_matmul for every stored weight format, embedding.
+//  * M ≤ kSmallRows (decode, skinny): one block computes kR output rows for up to kMC tokens at a time; its threads
+//    split the rows (split-K) in 16-byte chunks of stored weight bytes, decoded in registers (bf16/f16: 8 values,
+//    fp8: 16 through the hardware e4m3→f16 conversion, mxfp4: 32 as fp16 bit patterns), the chunk's scale applied
+//    once to its partial sum, fp32 accumulation per thread, the cross-thread reduction (warp shuffles, then shared memory in a fixed order) in fp64 in a fixed order. Rows whose
+//    bytes are not 16-byte aligned (odd sizes) take the element-wise path (one value at a time).
+//  * larger M (prefill): a 64×64 fp32 tiled kernel; weight tiles are dequantized element-wise into shared memory.
+//  * grouped: the group offsets live on the device, so both kernels are launched over all groups and each block
+//    reads its group's row range; the small kernel takes groups of ≤ kSmallRows rows, the tiled one the others.
+#include <cuda_fp8.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace latent::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;     // warps per block; they split the row (K) between them
+constexpr int kThreads = kWarps * 32;
+constexpr int kMC = 4;        // tokens per pass (M > 1)
+// Output rows per block: 4 at M = 1 (activations reused over 4 rows), 2 for the 4-token passes (registers).
+template <int MC>
+__host__ __device__ constexpr int rows_per_block() {
+  return MC == 1 ? 4 : 2;
+}
+constexpr int64_t kSmallRows = 16;
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Elements per 16-byte chunk of stored weight bytes.
+template <int FMT>
+__host__ __device__ constexpr int chunk_elems() {
+  return FMT == kFmtF32 ? 4 : (FMT == kFmtBF16 || FMT == kFmtF16) ? 8 : FMT == kFmtMxfp4 ? 32 : 16;
+}
+// Elements decoded per step (one or two float4 of activations).
+template <int FMT>
+__host__ __device__ constexpr int step_elems() {
+  return FMT == kFmtMxfp4 ? 8 : 4;
+}
+
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
+  __half2_raw raw;
+  raw.x = static_cast<unsigned short>(bits & 0xFFFFu);
+  raw.y = static_cast<unsigned short>(bits >> 16);
+  return __half22float2(__half2(raw));
+}
+
+// Step st of a chunk decoded into v[0 .. step_elems): v[e] pairs with activation st·step_elems + e. Values are the
+// stored codes' values before the chunk's scale (mxfp4: times 2^-14, undone once per chunk).
+template <int FMT>
+__device__ __forceinline__ void decode_step(const uint4& raw, int st, bool fnuz, float (&v)[8]) {
+  if constexpr (FMT == kFmtF32) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = __uint_as_float(word_of(raw, e));
+  } else if constexpr (FMT == kFmtBF16) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint32_t w = word_of(raw, 2 * st + (e >> 1));
+      v[e] = __uint_as_float((e & 1) ? (w & 0xFFFF0000u) : (w << 16));
+    }
+  } else if constexpr (FMT == kFmtF16) {
+    const float2 a = half2_bits_to_float2(word_of(raw, 2 * st)), b = half2_bits_to_float2(word_of(raw, 2 * st + 1));
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = b.x;
+    v[3] = b.y;
+  } else if constexpr (FMT == kFmtMxfp4) {
+    // Two nibbles (j, j+4) of the word at once as fp16 bits: magnitude (e1 e0 m) << 9, sign << 12 — an fp16 whose
+    // value is e2m1 · 2^-14 (subnormal for e = 0), converted exactly to fp32.
+    const uint32_t w = word_of(raw, st);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t x = w >> (4 * j);
+      const float2 f = half2_bits_to_float2(((x & 0x00070007u) << 9) | ((x & 0x00080008u) << 12));
+      v[j] = f.x;
+      v[j + 4] = f.y;
+    }
+  } else {  // fp8 e4m3 (fn: hardware conversion; fnuz: bit decode)
+    const uint32_t w = word_of(raw, st);
+    if (!fnuz) {
+      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+      const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+      v[0] = a.x;
+      v[1] = a.y;
+      v[2] = b.x;
+      v[3] = b.y;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = e4m3_to_f(w >> (8 * e), true);
+    }
+  }
+}
+
+// acc[i][m] += Σ_c W[r_i][c] · x[m][c] over this thread's chunks (chunk ch = tid, tid + kThreads, ...).
+template <int FMT, int MC, int kR = rows_per_block<MC>()>
+__device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
+                                             int nm, float (&acc)[kR][MC], int tid) {
+  constexpr int E = chunk_elems<FMT>(), U = step_elems<FMT>();
+  constexpr bool kScaled = FMT == kFmtFp8Block || FMT == kFmtFp8Tensor || FMT == kFmtFp8Channel || FMT == kFmtMxfp4;
+  const int64_t nch = K / E;
+  const bool fnuz = w.fnuz != 0;
+  const uint4* rowp[kR];
+  float rs[kR];
+#pragma unroll
+  for (int i = 0; i < kR; ++i) {
+    rowp[i] = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + r[i] * w.row_bytes);
+    rs[i] = 1.0f;
+    if constexpr (FMT == kFmtFp8Tensor) rs[i] = static_cast<const float*>(w.scale)[0];
+    if constexpr (FMT == kFmtFp8Channel) rs[i] = static_cast<const float*>(w.scale)[r[i]];
+  }
+#pragma unroll 2
+  for (int64_t ch = tid; ch < nch; ch += kThreads) {
+    uint4 raw[kR];
+#pragma unroll
+    for (int i = 0; i < kR; ++i) raw[i] = __ldcs(rowp[i] + ch);
+    float sc[kR];
+#pragma unroll
+    for (int i = 0; i < kR; ++i) {
+      sc[i] = rs[i];
+      if constexpr (FMT == kFmtFp8Block)
+        sc[i] = static_cast<const float*>(w.scale)[(r[i] / w.block_rows) * w.scale_cols + (ch * E) / w.block_cols];
+      if constexpr (FMT == kFmtMxfp4)
+        sc[i] = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r[i] * w.scale_cols + ch]);
+    }
+    float part[kR][MC];
+#pragma unroll
+    for (int i = 0; i < kR; ++i)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) part[i][m] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < E / U; ++st) {
+      float xv[MC][8];
+#pragma unroll
+      for (int m = 0; m < MC; ++m) {
+#pragma unroll
+        for (int h = 0; h < U / 4; ++h) {
+          float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (m < nm) q = __ldg(reinterpret_cast<const float4*>(x + m * K + ch * E + st * U + 4 * h));
+          xv[m][4 * h] = q.x;
+          xv[m][4 * h + 1] = q.y;
+          xv[m][4 * h + 2] = q.z;
+          xv[m][4 * h + 3] = q.w;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        float v[8];
+        decode_step<FMT>(raw[i], st, fnuz, v);
+#pragma unroll
+        for (int m = 0; m < MC; ++m)
+#pragma unroll
+          for (int e = 0; e < U; ++e) part[i][m] = fmaf(v[e], xv[m][e], part[i][m]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kR; ++i)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) {
+        if constexpr (FMT == kFmtMxfp4)
+          acc[i][m] = fmaf(part[i][m] * 16384.0f, sc[i], acc[i][m]);
+        else if constexpr (kScaled)
+          acc[i][m] = fmaf(part[i][m], sc[i], acc[i][m]);
+        else
+          acc[i][m] += part[i][m];
+      }
+  }
+}
+
+template <int MC, int kR = rows_per_block<MC>()>
+__device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
+                                                 int nm, float (&acc)[kR][MC], int tid) {
+  for (int64_t c = tid; c < K; c += kThreads) {
+    float xv[MC];
+#pragma unroll
+    for (int m = 0; m < MC; ++m) xv[m] = m < nm ? x[m * K + c] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kR; ++i) {
+      const float wv = wget(w, r[i], c);
+#pragma unroll
+      for (int m = 0; m < MC; ++m) acc[i][m] = fmaf(wv, xv[m], acc[i][m]);
+    }
+  }
+}
+
+__device__ __forceinline__ bool vec_ok(const WDesc& w, const float* x) {
+  int e = 16;
+  switch (w.format) {
+    case kFmtF32: e = 4; break;
+    case kFmtBF16:
+    case kFmtF16: e = 8; break;
+    case kFmtMxfp4: e = 32; break;
+    case kFmtFp8Block:
+      if (w.block_cols % 16 != 0) return false;
+      break;
+    default: break;
+  }
+  return w.row_bytes % 16 == 0 && (reinterpret_cast<uintptr_t>(w.data) & 15) == 0 && w.cols % e == 0 &&
+         (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+}
+
+// Grouped matmuls classify their groups on the device by row count — class 0: one row, 1: 2 .. kSmallRows rows,
+// 2: more — into ordered lists (lists[c * n_groups + i], counts[c]); the kernels below then run persistent grids
+// over (listed group, row tile) items, so that empty groups cost nothing. One block.
+__global__ void __launch_bounds__(256) classify_groups_kernel(const int64_t* offsets, const WDesc* table,
+                                                              int64_t n_groups, int32_t* lists, int32_t* counts) {
+  __shared__ unsigned int wc[3][8];
+  __shared__ int base[3];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x < 3) base[threadIdx.x] = 0;
+  __syncthreads();
+  for (int64_t c0 = 0; c0 < n_groups; c0 += blockDim.x) {
+    const int64_t g = c0 + threadIdx.x;
+    int cls = -1;
+    if (g < n_groups && table[g].data != nullptr) {
+      const int64_t cnt = offsets[g + 1] - offsets[g];
+      cls = cnt <= 0 ? -1 : cnt == 1 ? 0 : cnt <= kSmallRows ? 1 : 2;
+    }
+    unsigned int ball[3];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      ball[c] = __ballot_sync(0xFFFFFFFFu, cls == c);
+      if (lane == 0) wc[c][warp] = __popc(ball[c]);
+    }
+    __syncthreads();
+    if (cls >= 0) {
+      int pos = base[cls] + __popc(ball[cls] & ((1u << lane) - 1u));
+      for (int w = 0; w < warp; ++w) pos += static_cast<int>(wc[cls][w]);
+      lists[cls * n_groups + pos] = static_cast<int32_t>(g);
+    }
+    __syncthreads();
+    if (threadIdx.x < 3)
+      for (int w = 0; w < 8; ++w) base[threadIdx.x] += static_cast<int>(wc[threadIdx.x][w]);
+    __syncthreads();
+  }
+  if (threadIdx.x < 3) counts[threadIdx.x] = base[threadIdx.x];
+}
+
+// Rows rbase .. rbase+kR of W times tokens m0 .. m1 of x (kThreads threads split each row).
+template <int MC>
+__device__ __forceinline__ void small_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const float* x,
+                                           float* y, double (&red)[kWarps][rows_per_block<MC>() * MC]) {
+  constexpr int kR = rows_per_block<MC>();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t N = w.rows, K = w.cols;
+  int64_t r[kR];
+#pragma unroll
+  for (int i = 0; i < kR; ++i) r[i] = rbase + i < N ? rbase + i : N - 1;  // clamped: loads stay in bounds
+  const bool vec = vec_ok(w, x + m0 * K);
+  for (int64_t mb = m0; mb < m1; mb += MC) {
+    const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
+    float acc[kR][MC];
+#pragma unroll
+    for (int i = 0; i < kR; ++i)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
+    const float* xb = x + mb * K;
+    if (vec) {
+      switch (w.format) {
+        case kFmtF32: rows_dot_vec<kFmtF32, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtBF16: rows_dot_vec<kFmtBF16, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtF16: rows_dot_vec<kFmtF16, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC>(w, r, xb, K, nm, acc, tid); break;
+        default: break;
+      }
+    } else {
+      rows_dot_generic<MC>(w, r, xb, K, nm, acc, tid);
+    }
+#pragma unroll
+    for (int i = 0; i < kR; ++i)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) {
+        const double v = warp_sum_d(static_cast<double>(acc[i][m]));
+        if (lane == 0) red[warp][i * MC + m] = v;
+      }
+    __syncthreads();
+    if (tid < kR * MC) {
+      const int i = tid / MC, m = tid % MC;
+      double v = 0.0;
+#pragma unroll
+      for (int k = 0; k < kWarps; ++k) v += red[k][tid];
+      if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = static_cast<float>(v);
+    }
+    __syncthreads();
+  }
+}
+
+// Single weight: grid = row tiles, tokens [0, M). MC = tokens per pass (1 for M = 1, else kMC).
+template <int MC>
+__global__ void __launch_bounds__(kThreads) small_kernel(WDesc w, int64_t M, const float* x, float* y) {
+  __shared__ double red[kWarps][rows_per_block<MC>() * MC];
+  small_rows<MC>(w, 0, M, static_cast<int64_t>(blockIdx.x) * rows_per_block<MC>(), x, y, red);
+}
+
+// Grouped: a persistent grid over (group of `list`, row tile) items; tokens offsets[g] .. offsets[g+1].
+template <int MC>
+__global__ void __launch_bounds__(kThreads) small_grouped_kernel(const WDesc* table, const int64_t* offsets,
+                                                                  const int32_t* list, const int32_t* list_count,
+                                                                  int64_t tiles, const float* x, float* y) {
+  __shared__ double red[kWarps][rows_per_block<MC>() * MC];
+  const int64_t n_items = static_cast<int64_t>(*list_count) * tiles;
+  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const int64_t g = list[item / tiles];
+    small_rows<MC>(table[g], offsets[g], offsets[g + 1], (item % tiles) * rows_per_block<MC>(), x, y, red);
+  }
+}
+
+constexpr int kTM = 64, kTN = 64, kTK = 16;
+
+// Single weight (list == null): grid (row tiles, m-tile strides). Grouped: a persistent grid over (group of `list`,
+// row tile) items, each looping over all m tiles of its group.
+__global__ void __launch_bounds__(256) tiled_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
+                                                     const int32_t* list, const int32_t* list_count, int64_t ntiles,
+                                                     int64_t M, const float* x, float* y) {
+  __shared__ float xs[kTK][kTM + 4];
+  __shared__ float ws[kTK][kTN + 4];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t n_items = list ? static_cast<int64_t>(*list_count) * ntiles : ntiles;
+  for (int64_t item = blockIdx.x; item < n_items; item += list ? gridDim.x : n_items) {
+    const int64_t g = list ? list[item / ntiles] : 0;
+    const WDesc w = list ? table[g] : single;
+    const int64_t m0 = list ? offsets[g] : 0, m1 = list ? offsets[g + 1] : M;
+    const int64_t N = w.rows, K = w.cols;
+    const int64_t n0 = (item % ntiles) * kTN;
+    const int64_t mstart = m0 + (list ? 0 : static_cast<int64_t>(blockIdx.y) * kTM);
+    const int64_t mstep = (list ? 1 : static_cast<int64_t>(gridDim.y)) * kTM;
+    for (int64_t mt = mstart; mt < m1; mt += mstep) {
+      float acc[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+      for (int64_t k0 = 0; k0 < K; k0 += kTK) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int idx = tid + 256 * q, a = idx / kTK, kk = idx % kTK;
+          const int64_t m = mt + a, n = n0 + a, k = k0 + kk;
+          xs[kk][a] = (m < m1 && k < K) ? x[m * K + k] : 0.0f;
+          ws[kk][a] = (n < N && k < K) ? wget(w, n, k) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kTK; ++kk) {
+          float av[4], bv[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) av[i] = xs[kk][ty + 16 * i];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) bv[j] = ws[kk][tx + 16 * j];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+        }
+        __syncthreads();
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t m = mt + ty + 16 * i, n = n0 + tx + 16 * j;
+          if (m < m1 && n < N) y[m * N + n] = acc[i][j];
+        }
+    }
+  }
+}
+
+__global__ void embedding_kernel(WDesc t, const int32_t* ids, int64_t M, float* out) {
+  const int64_t D = t.cols, n = M * D;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / D, c = i % D;
+    out[i] = wget(t, ids[m], c);
+  }
+}
+
+}  // namespace
+
+WDesc make_wdesc(const QuantWeight& w) {
+  WDesc d;
+  d.data = w.data;
+  d.scale = w.scale;
+  d.rows = w.rows;
+  d.cols = w.cols;
+  d.row_bytes = w.row_bytes();
+  d.scale_cols = w.scale_cols();
+  d.format = static_cast<int32_t>(w.format);
+  d.fnuz = w.fnuz ? 1 : 0;
+  d.block_rows = static_cast<int32_t>(w.block_rows);
+  d.block_cols = static_cast<int32_t>(w.block_cols);
+  return d;
+}
+
+void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStream_t st) {
+  if (M <= 0 || w.rows <= 0) return;
+  if (M <= kSmallRows) {
+    constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
+    if (M == 1) {
+      const int64_t tiles = (w.rows + r1 - 1) / r1;
+      small_kernel<1><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, M, x, y);
+    } else {
+      const int64_t tiles = (w.rows + r4 - 1) / r4;
+      small_kernel<kMC><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, M, x, y);
+    }
+  } else {
+    const int64_t mt = (M + kTM - 1) / kTM, ntiles = (w.rows + kTN - 1) / kTN;
+    const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(mt < 65535 ? mt : 65535), 1);
+    tiled_kernel<<<grid, 256, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr, ntiles, M, x, y);
+  }
+}
+
+size_t grouped_scratch_bytes(int64_t n_groups) { return static_cast<size_t>(3 * n_groups + 3) * sizeof(int32_t); }
+
+void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
+                           const float* x, float* y, void* scratch, cudaStream_t st) {
+  if (n_groups <= 0 || rows <= 0) return;
+  int32_t* lists = static_cast<int32_t*>(scratch);
+  int32_t* counts = lists + 3 * n_groups;
+  classify_groups_kernel<<<1, 256, 0, st>>>(offsets, table, n_groups, lists, counts);
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const WDesc none{};
+  constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
+  small_grouped_kernel<1><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(table, offsets, lists, counts,
+                                                                               (rows + r1 - 1) / r1, x, y);
+  small_grouped_kernel<kMC><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(
+      table, offsets, lists + n_groups, counts + 1, (rows + r4 - 1) / r4, x, y);
+  tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups, counts + 2,
+                                                               (rows + kTN - 1) / kTN, 0, x, y);
+}
+
+void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, float* out, cudaStream_t st) {
+  if (M <= 0 || table.cols <= 0) return;
+  embedding_kernel<<<grid_for(M * table.cols, 256), 256, 0, st>>>(table, ids, M, out);
+}
+
+}  // namespace latent::cuda

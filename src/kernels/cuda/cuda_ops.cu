@@ -1,0 +1,386 @@
+// Norms, RoPE, elementwise ops, the MoE router and weighted combine, the DSA indexer scores and the deterministic
+// top-k select. Each op rounds at exactly the points of the ref backend (src/kernels/ref) and uses the same
+// precision for its statistics and transcendentals (double), so bf16-mode values match the ref backend's.
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace latent::cuda {
+
+namespace {
+
+constexpr int kNormThreads = 256;
+
+__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, const float* w, int64_t D, float eps,
+                                                                 float* y, bool bf16) {
+  __shared__ double sh[32];
+  const float* xm = x + blockIdx.x * D;
+  float* ym = y + blockIdx.x * D;
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += static_cast<double>(xm[i]) * xm[i];
+  ss = block_sum_d(ss, sh);
+  const double r = 1.0 / sqrt(ss / static_cast<double>(D) + static_cast<double>(eps));
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    float n = static_cast<float>(xm[i] * r);
+    if (bf16) n = bf16r(n);
+    const float v = __fmul_rn(n, w[i]);
+    ym[i] = bf16 ? bf16r(v) : v;
+  }
+}
+
+__global__ void __launch_bounds__(kNormThreads) layer_norm_kernel(const float* x, const float* w, const float* b,
+                                                                   int64_t D, float eps, float* y, bool bf16) {
+  __shared__ double sh[32];
+  const float* xm = x + blockIdx.x * D;
+  float* ym = y + blockIdx.x * D;
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += xm[i];
+  const double mean = block_sum_d(s, sh) / static_cast<double>(D);
+  double v2 = 0.0;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) v2 += (xm[i] - mean) * (xm[i] - mean);
+  const double var = block_sum_d(v2, sh) / static_cast<double>(D);
+  const double r = 1.0 / sqrt(var + static_cast<double>(eps));
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    const float v = static_cast<float>(__dadd_rn(__dmul_rn(__dmul_rn(xm[i] - mean, r), w[i]), b ? b[i] : 0.0f));
+    ym[i] = bf16 ? bf16r(v) : v;
+  }
+}
+
+// One thread per (token, head, pair).
+__global__ void rope_kernel(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+                            const int64_t* pos, const float* inv_freq, int64_t half, float attention_factor,
+                            bool interleaved, bool bf16) {
+  const int64_t n = n_tokens * n_heads * half;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx % half, h = (idx / half) % n_heads, t = idx / (half * n_heads);
+    const float ang = __fmul_rn(static_cast<float>(pos[t]), inv_freq[i]);
+    float c = __fmul_rn(static_cast<float>(cos(static_cast<double>(ang))), attention_factor);
+    float s = __fmul_rn(static_cast<float>(sin(static_cast<double>(ang))), attention_factor);
+    if (bf16) {
+      c = bf16r(c);
+      s = bf16r(s);
+    }
+    float* v = x + t * token_stride + h * head_stride;
+    const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
+    const float a = v[ia], b = v[ib];
+    float ya, yb;
+    if (bf16) {
+      ya = bf16r(__fsub_rn(bf16r(__fmul_rn(a, c)), bf16r(__fmul_rn(b, s))));
+      yb = bf16r(__fadd_rn(bf16r(__fmul_rn(b, c)), bf16r(__fmul_rn(a, s))));
+    } else {
+      ya = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      yb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+    v[ia] = ya;
+    v[ib] = yb;
+  }
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out, bool bf16) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double g = gate[i];
+    float s = static_cast<float>(g / (1.0 + exp(-g)));
+    if (bf16) s = bf16r(s);
+    const float v = __fmul_rn(s, up[i]);
+    out[i] = bf16 ? bf16r(v) : v;
+  }
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n, bool bf16) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = __fadd_rn(y[i], x[i]);
+    y[i] = bf16 ? bf16r(v) : v;
+  }
+}
+
+__global__ void round_bf16_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = bf16r(x[i]);
+}
+
+// One block per token: sigmoid + bias in parallel, then thread 0 selects (group scores, groups, experts) exactly
+// as the ref: repeated arg-max with strict '>' takes ties in ascending index order.
+__global__ void router_kernel(const float* logits, const float* bias, int64_t E, int64_t G, int64_t topk_group,
+                              int64_t K, bool norm, float scaling, int32_t* ids, float* weights) {
+  extern __shared__ float sm[];
+  float* s = sm;          // [E]
+  float* b = sm + E;      // [E]
+  float* gs = sm + 2 * E; // [G]
+  const int64_t m = blockIdx.x;
+  const float* lg = logits + m * E;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    s[e] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(lg[e]))));
+    b[e] = __fadd_rn(s[e], bias ? bias[e] : 0.0f);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const float kNegInf = __uint_as_float(0xFF800000u);
+  const int64_t gsize = E / G;
+  if (G > 1 && topk_group < G) {
+    for (int64_t g = 0; g < G; ++g) {
+      float top1 = kNegInf, top2 = kNegInf;
+      for (int64_t e = g * gsize; e < (g + 1) * gsize; ++e) {
+        if (b[e] > top1) {
+          top2 = top1;
+          top1 = b[e];
+        } else if (b[e] > top2) {
+          top2 = b[e];
+        }
+      }
+      gs[g] = gsize >= 2 ? __fadd_rn(top1, top2) : top1;
+    }
+    // keep the topk_group best groups (stable: ties to the lower group); mark kept groups by NaN-free flag.
+    for (int64_t j = 0; j < topk_group; ++j) {
+      int64_t best = -1;
+      for (int64_t g = 0; g < G; ++g) {
+        if (gs[g] != gs[g]) continue;  // taken (NaN marker)
+        if (best < 0 || gs[g] > gs[best]) best = g;
+      }
+      if (best >= 0) gs[best] = f_nan();
+    }
+    for (int64_t e = 0; e < E; ++e)
+      if (gs[e / gsize] == gs[e / gsize]) b[e] = kNegInf;  // group not kept
+  }
+  float sum = 0.0f;
+  int32_t* idm = ids + m * K;
+  for (int64_t k = 0; k < K; ++k) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t j = 0; j < k; ++j) taken |= idm[j] == e;
+      if (taken) continue;
+      if (best < 0 || b[e] > b[best]) best = e;
+    }
+    idm[k] = static_cast<int32_t>(best);
+    sum = __fadd_rn(sum, s[best]);
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    float wv = s[idm[k]];
+    if (norm) wv = __fdiv_rn(wv, __fadd_rn(sum, 1e-20f));
+    weights[m * K + k] = __fmul_rn(wv, scaling);
+  }
+}
+
+// One thread per column: pairs applied in order i = 0..n-1 (deterministic, the ref's order).
+__global__ void scatter_add_kernel(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
+                                   float* y, bool bf16) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < D;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    for (int64_t i = 0; i < n; ++i) {
+      float* yr = y + static_cast<int64_t>(token[i]) * D;
+      const float p = __fmul_rn(weight[i], x[i * D + j]);
+      yr[j] = bf16 ? bf16r(__fadd_rn(yr[j], bf16r(p))) : __fadd_rn(yr[j], p);
+    }
+  }
+}
+
+// Block per (query s, 128 keys); q[s] (all heads) in shared memory.
+__global__ void indexer_kernel(const float* q, const float* w, const float* k, int64_t T, int64_t n_heads,
+                               int64_t head_dim, float scale, const int64_t* q_pos, float* scores) {
+  extern __shared__ float qs[];  // [n_heads * head_dim]
+  const int64_t s = blockIdx.y;
+  for (int64_t i = threadIdx.x; i < n_heads * head_dim; i += blockDim.x) qs[i] = q[s * n_heads * head_dim + i];
+  __syncthreads();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  if (t > q_pos[s]) {
+    scores[s * T + t] = __uint_as_float(0xFF800000u);
+    return;
+  }
+  const float* kt = k + t * head_dim;
+  double total = 0.0;
+  for (int64_t j = 0; j < n_heads; ++j) {
+    const float* qj = qs + j * head_dim;
+    float dot = 0.0f;
+    for (int64_t x = 0; x < head_dim; ++x) dot = fmaf(qj[x], kt[x], dot);
+    const double d = static_cast<double>(dot) * scale;
+    if (d > 0.0) total += static_cast<double>(w[s * n_heads + j]) * d;
+  }
+  scores[s * T + t] = static_cast<float>(total);
+}
+
+// ---- deterministic top-k ----
+// Every candidate t gets a unique 64-bit key: order-preserving score bits (NaN lowest) above ~t, so that a larger
+// key = higher score, ties to the lower index. Per row (one block): radix-select the kk-th largest key (8 passes of
+// 8 bits), gather the keys ≥ it (exactly kk), bitonic-sort them descending, write the indices.
+__device__ __forceinline__ uint64_t topk_key(float v, int64_t t) {
+  uint32_t b = __float_as_uint(v);
+  if (v == 0.0f) b = 0;  // -0 ties with +0, as in the ref's comparison
+  uint32_t o;
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u)
+    o = 0;  // NaN sorts last
+  else
+    o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<uint64_t>(o) << 32) | static_cast<uint64_t>(0xFFFFFFFFu - static_cast<uint32_t>(t));
+}
+
+constexpr int kTopkThreads = 1024;
+
+__global__ void __launch_bounds__(kTopkThreads) topk_kernel(const float* scores, int64_t T, int64_t k,
+                                                            const int64_t* q_pos, int32_t* sel, int32_t* count,
+                                                            uint64_t* scratch, int64_t cap) {
+  extern __shared__ uint64_t sm_keys[];
+  __shared__ uint32_t hist[256];
+  __shared__ uint64_t prefix_sh;
+  __shared__ int64_t remaining_sh;
+  __shared__ uint32_t n_out;
+  const int64_t s = blockIdx.x;
+  const float* row = scores + s * T;
+  int64_t n = q_pos[s] + 1;
+  if (n > T) n = T;
+  if (n < 0) n = 0;
+  const int64_t kk = k < n ? k : n;
+  if (threadIdx.x == 0) count[s] = static_cast<int32_t>(kk);
+  if (kk == 0) return;
+  uint64_t* keys = scratch ? scratch + s * cap : sm_keys;
+  // Threshold: the kk-th largest key (all of them when kk == n).
+  uint64_t prefix = 0;
+  if (kk < n) {
+    int64_t remaining = kk;  // how many of the wanted keys lie at or below the current prefix's subtree
+    for (int pass = 7; pass >= 0; --pass) {
+      const int shift = pass * 8;
+      for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+      __syncthreads();
+      const uint64_t hi_mask = pass == 7 ? 0 : (~0ULL << (shift + 8));
+      for (int64_t t = threadIdx.x; t < n; t += blockDim.x) {
+        const uint64_t key = topk_key(row[t], t);
+        if ((key & hi_mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int64_t acc = 0;
+        int digit = 255;
+        for (; digit > 0; --digit) {
+          if (acc + hist[digit] >= remaining) break;
+          acc += hist[digit];
+        }
+        prefix_sh = prefix | (static_cast<uint64_t>(digit) << shift);
+        remaining_sh = remaining - acc;
+      }
+      __syncthreads();
+      prefix = prefix_sh;
+      remaining = remaining_sh;
+      __syncthreads();
+    }
+  }
+  // Gather keys ≥ threshold (kk of them; keys are unique). Pad to a power of two with 0 (below every real key:
+  // real keys have a non-zero low half because t ≤ 2^32 - 2).
+  int64_t p2 = 1;
+  while (p2 < kk) p2 <<= 1;
+  if (threadIdx.x == 0) n_out = 0;
+  __syncthreads();
+  for (int64_t t = threadIdx.x; t < n; t += blockDim.x) {
+    const uint64_t key = topk_key(row[t], t);
+    if (kk == n || key >= prefix) keys[atomicAdd(&n_out, 1u)] = key;
+  }
+  __syncthreads();
+  for (int64_t i = kk + threadIdx.x; i < p2; i += blockDim.x) keys[i] = 0;
+  __syncthreads();
+  // Bitonic sort, descending.
+  for (int64_t size = 2; size <= p2; size <<= 1) {
+    for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int64_t i = threadIdx.x; i < p2; i += blockDim.x) {
+        const int64_t j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0;
+          const uint64_t a = keys[i], b = keys[j];
+          if (desc ? a < b : a > b) {
+            keys[i] = b;
+            keys[j] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int64_t i = threadIdx.x; i < kk; i += blockDim.x)
+    sel[s * k + i] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(keys[i] & 0xFFFFFFFFu));
+}
+
+constexpr int64_t kTopkSharedKeys = 4096;  // 32 KB of keys in shared memory
+
+int64_t pow2_at_least(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+void launch_rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16,
+                     cudaStream_t st) {
+  if (M <= 0 || D <= 0) return;
+  rms_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(x, w, D, eps, y, bf16);
+}
+
+void launch_layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
+                       bool bf16, cudaStream_t st) {
+  if (M <= 0 || D <= 0) return;
+  layer_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(x, w, b, D, eps, y, bf16);
+}
+
+void launch_rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+                 const int64_t* pos, const RopeParams& p, bool bf16, cudaStream_t st) {
+  const int64_t half = p.dim / 2, n = n_tokens * n_heads * half;
+  if (n <= 0) return;
+  rope_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n_tokens, n_heads, token_stride, head_stride, pos, p.inv_freq,
+                                                half, p.attention_factor, p.interleaved, bf16);
+}
+
+void launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16, cudaStream_t st) {
+  if (n <= 0) return;
+  silu_mul_kernel<<<grid_for(n, 256), 256, 0, st>>>(gate, up, n, out, bf16);
+}
+
+void launch_add(float* y, const float* x, int64_t n, bool bf16, cudaStream_t st) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n, 256), 256, 0, st>>>(y, x, n, bf16);
+}
+
+void launch_round_bf16(float* x, int64_t n, cudaStream_t st) {
+  if (n <= 0) return;
+  round_bf16_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n);
+}
+
+void launch_router(const float* logits, const float* bias, int64_t M, const RouterParams& p, int32_t* ids,
+                   float* weights, cudaStream_t st) {
+  if (M <= 0) return;
+  const int64_t G = p.n_group > 1 ? p.n_group : 1;
+  const size_t smem = static_cast<size_t>(2 * p.n_experts + G) * sizeof(float);
+  router_kernel<<<static_cast<unsigned>(M), 128, smem, st>>>(logits, bias, p.n_experts, G, p.topk_group, p.top_k,
+                                                             p.norm_topk_prob, p.routed_scaling_factor, ids, weights);
+}
+
+void launch_scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
+                                 float* y, bool bf16, cudaStream_t st) {
+  if (n <= 0 || D <= 0) return;
+  scatter_add_kernel<<<grid_for(D, 128), 128, 0, st>>>(x, token, weight, n, D, y, bf16);
+}
+
+size_t topk_scratch_bytes(int64_t S, int64_t k) {
+  const int64_t p2 = pow2_at_least(k);
+  if (p2 <= kTopkSharedKeys) return 0;
+  return static_cast<size_t>(S * p2) * sizeof(uint64_t);
+}
+
+void launch_topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
+                        int32_t* count, void* scratch, cudaStream_t st) {
+  if (S <= 0) return;
+  const int64_t p2 = pow2_at_least(k < 1 ? 1 : k);
+  const bool shared = p2 <= kTopkSharedKeys;
+  const size_t smem = shared ? static_cast<size_t>(p2) * sizeof(uint64_t) : 0;
+  topk_kernel<<<static_cast<unsigned>(S), kTopkThreads, smem, st>>>(
+      scores, T, k, q_pos, sel, count, shared ? nullptr : static_cast<uint64_t*>(scratch), p2);
+}
+
+void launch_indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
+                           int64_t head_dim, float scale, const int64_t* q_pos, float* scores, cudaStream_t st) {
+  if (S <= 0 || T <= 0) return;
+  const dim3 grid(static_cast<unsigned>((T + 127) / 128), static_cast<unsigned>(S));
+  const size_t smem = static_cast<size_t>(n_heads * head_dim) * sizeof(float);
+  indexer_kernel<<<grid, 128, smem, st>>>(q, w, k, T, n_heads, head_dim, scale, q_pos, scores);
+}
+
+}  // namespace latent::cuda

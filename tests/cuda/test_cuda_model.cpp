@@ -1,0 +1,153 @@
+// Model-level checks of the CUDA backend on the tiny models (tests/models) against the transformers fixtures
+// (tests/golden): fp32 mode prefill logits and prefill-16-then-cached-decode logits within 1e-4 · max|logit|, and
+// the greedy continuation; bf16 mode against the ref backend's bf16 emulation (top-1 agreement and relative error
+// printed, ≥ 99 % top-1 required). The repository root is $LATENT_REPO (scripts/gpu_test sets it) or the source
+// tree this was built from.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/npy.h"
+#include "model/model.h"
+
+namespace latent {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string repo() {
+  const char* r = std::getenv("LATENT_REPO");
+  return r ? r : LATENT_SOURCE_DIR;
+}
+
+struct Loaded {
+  ModelFiles files;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+std::unique_ptr<Loaded> load(const std::string& name, const std::string& backend, bool bf16) {
+  auto l = std::make_unique<Loaded>();
+  l->files = open_model_files(repo() + "/tests/models/" + name);
+  l->backend = make_backend(backend, 2);
+  ModelOptions o;
+  o.bf16_activations = bf16;
+  l->model = std::make_unique<Model>(*l->files.cfg, *l->files.plan, *l->backend, o);
+  return l;
+}
+
+std::vector<int32_t> read_tokens(const std::string& path) {
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  const auto& arr = j.is_array() ? j : j.at("tokens");
+  std::vector<int32_t> ids;
+  for (const auto& v : arr) ids.push_back(v.get<int32_t>());
+  return ids;
+}
+
+double max_abs(const std::vector<float>& a) {
+  double m = 0;
+  for (float v : a) m = std::max(m, std::fabs(static_cast<double>(v)));
+  return m;
+}
+double max_abs_diff(const float* a, const float* b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+class CudaModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaModel, Fp32MatchesTransformers) {
+  const std::string name = GetParam(), gold = repo() + "/tests/golden/" + name;
+  const std::vector<int32_t> ids = read_tokens(gold + "/tokens.json");
+  const NpyArray ref = read_npy(gold + "/logits.npy");
+  auto m = load(name, "cuda", false);
+  const int64_t V = m->model->config().vocab_size;
+  const size_t T = ids.size();
+  ASSERT_EQ(ref.f32.size(), T * static_cast<size_t>(V));
+  const std::vector<float> lg = m->model->logits(ids);
+  const double scale = max_abs(ref.f32), d = max_abs_diff(lg.data(), ref.f32.data(), lg.size());
+  // Prefill of 16 tokens, then one cached decode step at a time (absorbed attention over the paged cache).
+  std::vector<float> dec(T * static_cast<size_t>(V));
+  KvCache cache(m->model->config());
+  m->model->forward(std::span<const int32_t>(ids.data(), 16), cache, dec.data(), true);
+  for (size_t t = 16; t < T; ++t) m->model->forward(std::span<const int32_t>(ids.data() + t, 1), cache, dec.data() + t * V, true);
+  const double dd = max_abs_diff(dec.data(), ref.f32.data(), dec.size());
+  std::printf("[cuda model] %-16s fp32 prefill vs HF max|d| %.3e, prefill 16 + decode %.3e (max|logit| %.3f)\n",
+              name.c_str(), d, dd, scale);
+  EXPECT_LE(d, 1e-4 * scale);
+  EXPECT_LE(dd, 1e-4 * scale);
+  // Greedy continuation (EOS disabled), as in greedy.json.
+  const std::string gp = gold + "/greedy.json";
+  if (fs::exists(gp)) {
+    std::ifstream f(gp);
+    const auto g = nlohmann::json::parse(f);
+    std::vector<int32_t> seq(ids.begin(), ids.begin() + 8), want;
+    for (const auto& v : g.at("generated")) want.push_back(v.get<int32_t>());
+    KvCache gc(m->model->config());
+    std::vector<float> row(static_cast<size_t>(V));
+    m->model->forward(seq, gc, row.data(), false);
+    std::vector<int32_t> got;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const int32_t next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      got.push_back(next);
+      m->model->forward(std::span<const int32_t>(&next, 1), gc, row.data(), false);
+    }
+    EXPECT_EQ(got, want) << name << " greedy";
+  }
+}
+
+TEST_P(CudaModel, Bf16MatchesRefEmulation) {
+  const std::string name = GetParam(), gold = repo() + "/tests/golden/" + name;
+  const std::vector<int32_t> ids = read_tokens(gold + "/tokens.json");
+  auto g = load(name, "cuda", true);
+  auto r = load(name, "ref", true);
+  const int64_t V = g->model->config().vocab_size;
+  const std::vector<float> lg = g->model->logits(ids), lr = r->model->logits(ids);
+  ASSERT_EQ(lg.size(), lr.size());
+  size_t agree = 0;
+  const size_t T = ids.size();
+  for (size_t t = 0; t < T; ++t) {
+    const float* a = lg.data() + t * V;
+    const float* b = lr.data() + t * V;
+    agree += (std::max_element(a, a + V) - a) == (std::max_element(b, b + V) - b);
+  }
+  double num = 0, den = 0;
+  for (size_t i = 0; i < lg.size(); ++i) {
+    num += (static_cast<double>(lg[i]) - lr[i]) * (static_cast<double>(lg[i]) - lr[i]);
+    den += static_cast<double>(lr[i]) * lr[i];
+  }
+  const double rel = std::sqrt(num / den), top1 = static_cast<double>(agree) / static_cast<double>(T);
+  std::printf("[cuda model] %-16s bf16 vs ref bf16 emulation: top-1 %.1f %% of %zu rows, relative error %.3e\n",
+              name.c_str(), 100.0 * top1, T, rel);
+  EXPECT_FALSE(std::isnan(rel));
+  EXPECT_GE(top1, 0.99);
+}
+
+std::vector<std::string> models() {
+  std::vector<std::string> v;
+  for (const char* n : {"glm5-tiny", "glm5-tiny-b", "glm5-tiny-mxfp4", "v3-tiny", "v3-tiny-fp8", "v32-tiny"}) v.push_back(n);
+  return v;
+}
+std::string param_name(const ::testing::TestParamInfo<std::string>& i) {
+  std::string s = i.param;
+  for (char& c : s)
+    if (c == '-') c = '_';
+  return s;
+}
+INSTANTIATE_TEST_SUITE_P(Tiny, CudaModel, ::testing::ValuesIn(models()), param_name);
+
+}  // namespace
+}  // namespace latent
