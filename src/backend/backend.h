@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -114,6 +115,8 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes);
   // Waits until every op issued so far has finished (CPU: no-op).
   virtual void sync() {}
+  // Free and total bytes of the backend's memory ({0, 0} for host memory: no budget is derived from it).
+  virtual std::pair<size_t, size_t> memory_info() const { return {0, 0}; }
   // The view an op receives for a checkpoint weight (CPU: `w` itself, in place; CUDA: uploaded once, as stored).
   virtual QuantWeight prepare_weight(const QuantWeight& w) { return w; }
 

@@ -176,6 +176,7 @@ void register_fidelity(CLI::App& app) {
                             : parse_rules(o->candidate, "--candidate");
     fo.max_tokens = o->max_tokens;
     fo.threads = o->model.threads;
+    fo.backend = o->model.backend_name();
 
     // The first line says what is compared, before the (possibly long) run.
     const std::string base_txt = rules_text(fo.baseline), cand_txt = rules_text(fo.candidate);

@@ -55,7 +55,7 @@ void register_logits(CLI::App& app) {
       fail("--decode-from {} must be in [1, {}] (the number of tokens)", o->decode_from, T);
     ModelFiles mf = open_model_files(o->model.model_dir(), o->model.plan_options());
     for (const auto& w : mf.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
-    auto be = make_backend(o->backend, o->model.threads);
+    auto be = make_backend(o->model.backend_name(o->backend), o->model.threads);
     ModelOptions mo;
     mo.bf16_activations = o->activations == "bf16";
     mo.disable_indexer = o->no_indexer;

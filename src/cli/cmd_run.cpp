@@ -62,7 +62,7 @@ void register_run(CLI::App& app) {
       so.model_dir = o->model.model_dir();
       so.plan = o->model.plan_options();
       so.threads = o->model.threads;
-      so.backend = o->backend;
+      so.backend = o->model.backend_name(o->backend);
       so.bf16_activations = o->activations == "bf16";
       so.prefault = false;
       auto m = server::load_serving_model(so);
@@ -93,7 +93,7 @@ void register_run(CLI::App& app) {
     if (prompt.empty()) fail("run: the prompt has no tokens");
     ModelFiles mf = open_model_files(dir, o->model.plan_options());
     for (const auto& w : mf.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
-    auto be = make_backend(o->backend, o->model.threads);
+    auto be = make_backend(o->model.backend_name(o->backend), o->model.threads);
     ModelOptions mo;
     mo.bf16_activations = o->activations == "bf16";
     Model model(*mf.cfg, *mf.plan, *be, mo);

@@ -40,7 +40,7 @@ struct ServeOpts {
   std::vector<std::string> served_names, api_keys;
   int64_t max_model_len = 0, max_num_seqs = 64, max_queue_len = 1024, max_batch_tokens = 512, prefill_chunk = 256,
           kv_block_tokens = 64, max_output_tokens = 0;
-  std::string kv_cache_bytes = "4G";
+  std::string kv_cache_bytes = "auto";
   double max_queue_wait = 600, request_timeout = 0, read_timeout = 60, sse_ping = 15,
          shutdown_timeout = 30, keep_alive_timeout = 60, write_timeout = 30;
   double gpu_memory_fraction = 0.9;  // --gpu-memory-utilization (0, 1]: for the CUDA backend's KV budget
@@ -151,7 +151,10 @@ void run_serve(const ServeOpts& o) {
     for (char c : o.metrics_prefix) ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':';
     if (!ok) fail("--metrics-prefix '{}': allowed are letters, digits, '_' and ':' (not starting with a digit)", o.metrics_prefix);
   }
-  const double kv_budget = parse_bytes(o.kv_cache_bytes);
+  // "auto": 4 GiB on the CPU; on a device, what --gpu-memory-utilization leaves after weights and workspace.
+  const bool kv_auto = o.kv_cache_bytes == "auto";
+  const double kv_budget =
+      kv_auto ? (o.model.device == "cuda" ? 0.0 : 4.0 * double(1ull << 30)) : parse_bytes(o.kv_cache_bytes);
   server::SamplingDefaults default_sampling;
   if (!o.default_sampling.empty())
     default_sampling = server::SamplingDefaults::from_flag(o.default_sampling, "--default-sampling-params");
@@ -216,7 +219,7 @@ void run_serve(const ServeOpts& o) {
     mo.model_dir = dir;
     mo.plan = o.model.plan_options();
     mo.threads = o.model.threads;
-    mo.backend = o.backend;
+    mo.backend = o.model.backend_name(o.backend);
     mo.bf16_activations = o.activations == "bf16";
     mo.served_names = o.served_names;
     mo.max_model_len = o.max_model_len;
@@ -248,7 +251,7 @@ void run_serve(const ServeOpts& o) {
     const double budget = kv_budget;
     so.max_context = m->info.max_model_len;
     so.kv_total_blocks = m->engine->configure(static_cast<int64_t>(budget), o.kv_block_tokens, so.max_batch_tokens,
-                                              so.max_num_seqs, so.max_context);
+                                              so.max_num_seqs, so.max_context, o.gpu_memory_fraction);
     const int64_t capacity = so.kv_total_blocks * o.kv_block_tokens;
     if (capacity < m->info.max_model_len) {
       log::warn("the KV cache budget holds {} tokens, less than the context length {}: serving max_model_len = {} "
@@ -384,7 +387,8 @@ void register_serve(CLI::App& app) {
       ->check(kPositive);
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt chunk size for chunked prefill (default 256)")
       ->check(kPositive);
-  cmd->add_option("--kv-cache-bytes", o->kv_cache_bytes, "KV cache budget, e.g. 4G, 512M (default 4G)");
+  cmd->add_option("--kv-cache-bytes", o->kv_cache_bytes, "KV cache budget, e.g. 4G, 512M; auto (default): 4G on the CPU, on a GPU the memory "
+                  "--gpu-memory-utilization leaves after weights and workspace");
   cmd->add_option("--kv-block-tokens", o->kv_block_tokens, "Tokens per KV cache block (default 64)")->check(kPositive);
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_fraction,
                   "Fraction of GPU memory (0, 1] the CUDA backend may use (default 0.9)")

@@ -17,6 +17,16 @@ void ModelFlags::add_to(CLI::App* cmd, bool model_required) {
                   "Refuse any --quantize transform whose relative Frobenius error exceeds this (default 0.05)");
   cmd->add_flag("--allow-lossy", allow_lossy, "Lift the --max-quant-error guard on --quantize (the plan says so)");
   cmd->add_option("--threads", threads, "Worker threads (0 = all cores)");
+  cmd->add_option("--device", device, "cpu (default) or cuda (the CUDA backend on GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+std::string ModelFlags::backend_name(const std::string& cpu_backend) const {
+  if (device == "cuda") {
+    if (cpu_backend == "ref") fail("--device cuda and --backend ref exclude each other (ref is the CPU oracle)");
+    return "cuda";
+  }
+  return cpu_backend;
 }
 
 PlanOptions ModelFlags::plan_options() const {

@@ -4,6 +4,8 @@
 //   --max-quant-error E    refuse a --quantize transform whose relative weight error exceeds E (default 0.05)
 //   --allow-lossy          lift that guard (the plan says so)
 //   --threads N            worker threads (0 = all cores)
+//   --device cpu|cuda      where the model runs (default cpu; cuda needs a CUDA build and a GPU: a clear error
+//                          otherwise)
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -20,7 +22,10 @@ struct ModelFlags {
   double max_quant_error = 0.05;
   bool allow_lossy = false;
   int threads = 0;
+  std::string device = "cpu";
 
+  // The backend to make: "cuda" for --device cuda, else the command's CPU backend choice (cpu or ref).
+  std::string backend_name(const std::string& cpu_backend = "cpu") const;
   void add_to(CLI::App* cmd, bool model_required = false);
   PlanOptions plan_options() const;  // parses --quantize rules (throws Error on a bad one)
   std::string model_dir() const;     // --model or the bundled default

@@ -115,7 +115,7 @@ Side open_side(const std::string& dir, const std::vector<LinearName>& stored, co
          "in fidelity, --quantize applies to both plans: to measure a transform, pass it as --candidate)",
          offenders.size(), opt.max_quant_error, list);
   }
-  s.backend = make_backend("cpu", opt.threads);
+  s.backend = make_backend(opt.backend, opt.threads);
   s.model = std::make_unique<Model>(*s.files.cfg, *s.files.plan, *s.backend);
   return s;
 }

@@ -27,6 +27,7 @@ struct FidelityOptions {
   std::vector<QuantizeRule> candidate;  // empty = as stored
   int64_t max_tokens = 32;              // greedy continuation length
   int threads = 0;
+  std::string backend = "cpu";  // "cpu" or "cuda" (--device)
   std::vector<int64_t> stop_ids;        // greedy continuations end at one of these (EOS); empty = never
 };
 

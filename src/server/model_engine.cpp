@@ -12,13 +12,25 @@ ModelEngine::ModelEngine(Model& model)
 int64_t ModelEngine::vocab_size() const { return model_.config().vocab_size; }
 
 int64_t ModelEngine::configure(int64_t budget_bytes, int64_t block_tokens, int64_t max_batch_tokens,
-                               int64_t max_seqs, int64_t max_context) {
+                               int64_t max_seqs, int64_t max_context, double mem_fraction) {
   const ModelConfig& c = model_.config();
-  const int64_t blocks = PagedKvCache::blocks_for_budget(c, budget_bytes, block_tokens, model_.cache_dtype());
   cache_.reset();
+  model_.reserve(max_batch_tokens, max_seqs, max_context, (max_context + block_tokens - 1) / block_tokens);
+  if (budget_bytes <= 0) {
+    const auto [free_b, total_b] = model_.backend().memory_info();
+    if (total_b == 0) fail("--kv-cache-bytes auto: the {} backend has no device memory to size it from",
+                           model_.backend().name());
+    if (!(mem_fraction > 0.0 && mem_fraction <= 1.0))
+      fail("--gpu-memory-utilization must be in (0, 1] (got {})", mem_fraction);
+    const double keep = (1.0 - mem_fraction) * static_cast<double>(total_b);
+    budget_bytes = static_cast<int64_t>(static_cast<double>(free_b) - keep);
+    if (budget_bytes <= 0)
+      fail("KV cache: {:.1f} MiB of {:.1f} MiB device memory is free after the weights and the step workspace; "
+           "--gpu-memory-utilization {} leaves none for the KV cache",
+           free_b / 1048576.0, total_b / 1048576.0, mem_fraction);
+  }
+  const int64_t blocks = PagedKvCache::blocks_for_budget(c, budget_bytes, block_tokens, model_.cache_dtype());
   cache_ = std::make_unique<PagedKvCache>(c, model_.backend(), blocks, block_tokens, model_.cache_dtype());
-  const int64_t ctx = std::min(max_context, blocks * block_tokens);
-  model_.reserve(max_batch_tokens, max_seqs, ctx, (ctx + block_tokens - 1) / block_tokens);
   tokens_.reserve(static_cast<size_t>(max_batch_tokens));
   seqs_.reserve(static_cast<size_t>(max_seqs));
   return blocks;

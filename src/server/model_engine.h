@@ -18,10 +18,12 @@ class ModelEngine : public Engine {
   void copy_block(int32_t src, int32_t dst, int64_t n_tokens) override;
   void step(std::span<const EngineStepItem> items, float* logits) override;
 
-  // Allocates the block pool from a byte budget (blocks of block_tokens tokens) and reserves the model's step
-  // workspace for the scheduler's limits, so that no step allocates. Returns the number of blocks.
+  // Reserves the model's step workspace for the scheduler's limits (so that no step allocates), then allocates the
+  // block pool from a byte budget (blocks of block_tokens tokens). budget_bytes <= 0: from the device's free
+  // memory after weights and workspace, leaving (1 - mem_fraction) of its total free (a device backend only).
+  // Returns the number of blocks.
   int64_t configure(int64_t budget_bytes, int64_t block_tokens, int64_t max_batch_tokens, int64_t max_seqs,
-                    int64_t max_context);
+                    int64_t max_context, double mem_fraction = 0.9);
   const PagedKvCache* cache() const { return cache_.get(); }
 
  private:

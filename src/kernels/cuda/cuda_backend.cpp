@@ -57,6 +57,11 @@ class CudaBackend final : public Backend {
     }
     return p;
   }
+  std::pair<size_t, size_t> memory_info() const override {
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return {free_b, total_b};
+  }
   void dealloc(void* p) override {
     if (p) check(cudaFree(p), "cudaFree");
   }
