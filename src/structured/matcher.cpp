@@ -1,0 +1,318 @@
+#include "structured/matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace latent::structured {
+
+TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> stop_ids)
+    : bytes_(std::move(bytes)), stop_ids_(std::move(stop_ids)), is_stop_(bytes_.size(), false) {
+  for (int32_t s : stop_ids_)
+    if (s >= 0 && static_cast<size_t>(s) < bytes_.size()) is_stop_[static_cast<size_t>(s)] = true;
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < bytes_.size(); ++i)
+    if (!bytes_[i].empty() && !is_stop_[i]) order.push_back(static_cast<int32_t>(i));
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const int c = bytes_[static_cast<size_t>(a)].compare(bytes_[static_cast<size_t>(b)]);
+    return c < 0 || (c == 0 && a < b);
+  });
+  std::vector<int32_t> path;
+  std::string_view prev;
+  for (int32_t id : order) {
+    std::string_view s = bytes_[static_cast<size_t>(id)];
+    if (s.size() > 65535) s = s.substr(0, 65535);
+    size_t lcp = 0;
+    while (lcp < s.size() && lcp < prev.size() && s[lcp] == prev[lcp]) ++lcp;
+    while (path.size() > lcp) {
+      end_[static_cast<size_t>(path.back())] = static_cast<int32_t>(byte_.size());
+      path.pop_back();
+    }
+    for (size_t d = lcp; d < s.size(); ++d) {
+      path.push_back(static_cast<int32_t>(byte_.size()));
+      byte_.push_back(static_cast<uint8_t>(s[d]));
+      depth_.push_back(static_cast<uint16_t>(d + 1));
+      end_.push_back(0);
+      tok_lo_.push_back(static_cast<int32_t>(ids_.size()));
+      max_depth_ = std::max<uint16_t>(max_depth_, static_cast<uint16_t>(d + 1));
+    }
+    ids_.push_back(id);
+    prev = s;
+  }
+  while (!path.empty()) {
+    end_[static_cast<size_t>(path.back())] = static_cast<int32_t>(byte_.size());
+    path.pop_back();
+  }
+  tok_lo_.push_back(static_cast<int32_t>(ids_.size()));
+}
+
+std::shared_ptr<const NodeMaskCache::Entry> NodeMaskCache::get(int32_t node) const {
+  std::lock_guard lk(mu_);
+  auto it = map_.find(node);
+  return it == map_.end() ? nullptr : it->second;
+}
+
+void NodeMaskCache::put(int32_t node, std::shared_ptr<const Entry> e) {
+  std::lock_guard lk(mu_);
+  map_.emplace(node, std::move(e));
+}
+
+namespace {
+inline void set_bit(uint64_t* m, int32_t id) { m[id >> 6] |= uint64_t{1} << (id & 63); }
+inline bool get_bit(const uint64_t* m, int32_t id) { return (m[id >> 6] >> (id & 63)) & 1u; }
+}  // namespace
+
+Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g) : cg_(std::move(g)), g_(*cg_->grammar) {
+  stack_nodes_ = {{-1, -1}, {-1, -1}};  // kEmpty, kMarker
+  states_.emplace_back();               // state 0: dead
+  flags_.push_back(0);
+  walk_states_.assign(static_cast<size_t>(cg_->vocab->max_depth_) + 1, 0);
+  walk_maybe_.assign(walk_states_.size(), 0);
+  work_ = {stack(g_.rule_start[static_cast<size_t>(g_.root)], kEmpty)};
+  out_.clear();
+  uint8_t flags = 0;
+  closure(work_, out_, flags);
+  cur_ = intern(out_, flags);
+}
+
+int32_t Matcher::stack(int32_t node, int32_t parent) {
+  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(node)) << 32) | static_cast<uint32_t>(parent);
+  auto [it, fresh] = stack_ids_.try_emplace(key, static_cast<int32_t>(stack_nodes_.size()));
+  if (fresh) stack_nodes_.emplace_back(node, parent);
+  return it->second;
+}
+
+int32_t Matcher::intern(std::vector<int32_t>& stacks, uint8_t flags) {
+  std::sort(stacks.begin(), stacks.end());
+  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+  if (!stacks.empty()) flags |= kLive;
+  if (!flags) return 0;
+  std::string key(stacks.size() * sizeof(int32_t) + 1, '\0');
+  std::memcpy(key.data(), stacks.data(), stacks.size() * sizeof(int32_t));
+  key.back() = static_cast<char>(flags);
+  auto [it, fresh] = state_ids_.try_emplace(std::move(key), static_cast<int32_t>(states_.size()));
+  if (fresh) {
+    states_.emplace_back();
+    states_.back().stacks = stacks;
+    flags_.push_back(flags);
+  }
+  return it->second;
+}
+
+void Matcher::closure(std::vector<int32_t>& work, std::vector<int32_t>& out, uint8_t& flags) {
+  ++seen_gen_;
+  while (!work.empty()) {
+    const int32_t y = work.back();
+    work.pop_back();
+    if (y == kEmpty) {
+      flags |= kCanEnd;
+      continue;
+    }
+    if (y == kMarker) {
+      flags |= kPopped;
+      continue;
+    }
+    if (static_cast<size_t>(y) >= seen_mark_.size()) seen_mark_.resize(static_cast<size_t>(y) * 2 + 16, 0);
+    if (seen_mark_[static_cast<size_t>(y)] == seen_gen_) continue;
+    seen_mark_[static_cast<size_t>(y)] = seen_gen_;
+    const auto [n, p] = stack_nodes_[static_cast<size_t>(y)];
+    const Grammar::Node& nd = g_.nodes[static_cast<size_t>(n)];
+    if (!nd.edges.empty()) out.push_back(y);
+    for (const auto& c : nd.calls) work.push_back(stack(g_.rule_start[static_cast<size_t>(c.rule)], stack(c.ret, p)));
+    if (nd.final) work.push_back(p);
+  }
+}
+
+int32_t Matcher::step(int32_t s, uint8_t b) {
+  if (s == 0) return 0;
+  {
+    const int32_t* nx = states_[static_cast<size_t>(s)].next.get();
+    if (nx && nx[b] >= 0) return nx[b];
+  }
+  std::vector<int32_t> stacks = states_[static_cast<size_t>(s)].stacks;
+  std::vector<int32_t> work, out;
+  for (int32_t y : stacks) {
+    const auto [n, p] = stack_nodes_[static_cast<size_t>(y)];
+    for (const auto& e : g_.nodes[static_cast<size_t>(n)].edges)
+      if (e.set.test(b)) work.push_back(stack(e.to, p));
+  }
+  uint8_t flags = 0;
+  closure(work, out, flags);
+  const int32_t t = intern(out, flags);
+  State& st = states_[static_cast<size_t>(s)];
+  if (!st.next) {
+    st.next = std::make_unique<int32_t[]>(256);
+    std::fill(st.next.get(), st.next.get() + 256, -1);
+  }
+  st.next[b] = t;
+  return t;
+}
+
+int32_t Matcher::run(int32_t s, std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    s = step(s, c);
+    if (s == 0) return 0;
+  }
+  return s;
+}
+
+bool Matcher::accept_bytes(std::string_view bytes) {
+  if (stopped_) return false;
+  const int32_t t = run(cur_, bytes);
+  if (t == 0) return false;
+  cur_ = t;
+  return true;
+}
+
+bool Matcher::viable(std::string_view bytes) {
+  if (stopped_) return false;
+  return run(cur_, bytes) != 0;
+}
+
+bool Matcher::accept_token(int32_t id) {
+  if (stopped_ || id < 0 || static_cast<size_t>(id) >= cg_->vocab->size()) return false;
+  if (cg_->vocab->is_stop(id)) {
+    if (!can_end()) return false;
+    stopped_ = true;
+    return true;
+  }
+  const std::string& b = cg_->vocab->bytes(id);
+  if (b.empty()) return false;
+  return accept_bytes(b);
+}
+
+bool Matcher::can_end() const { return !stopped_ && (flags_[static_cast<size_t>(cur_)] & kCanEnd); }
+
+bool Matcher::is_complete() const { return stopped_ || flags_[static_cast<size_t>(cur_)] == kCanEnd; }
+
+void Matcher::walk(int32_t start, uint64_t* mask) {
+  const TokenVocab& v = *cg_->vocab;
+  const int32_t N = static_cast<int32_t>(v.trie_nodes());
+  walk_states_[0] = start;
+  int32_t i = 0;
+  while (i < N) {
+    const size_t d = v.depth_[static_cast<size_t>(i)];
+    const int32_t p = walk_states_[d - 1];
+    const uint8_t b = v.byte_[static_cast<size_t>(i)];
+    const int32_t* nx = states_[static_cast<size_t>(p)].next.get();
+    const int32_t t = nx && nx[b] >= 0 ? nx[b] : step(p, b);
+    const uint8_t fl = flags_[static_cast<size_t>(t)];
+    if (!fl) {
+      i = v.end_[static_cast<size_t>(i)];
+      continue;
+    }
+    for (int32_t k = v.tok_lo_[static_cast<size_t>(i)]; k < v.tok_lo_[static_cast<size_t>(i) + 1]; ++k)
+      set_bit(mask, v.ids_[static_cast<size_t>(k)]);
+    if (fl & kLive) {
+      walk_states_[d] = t;
+      ++i;
+    } else {
+      i = v.end_[static_cast<size_t>(i)];
+    }
+  }
+}
+
+std::shared_ptr<const NodeMaskCache::Entry> Matcher::node_entry(int32_t node) {
+  if (auto e = cg_->cache->get(node)) return e;
+  const TokenVocab& v = *cg_->vocab;
+  auto e = std::make_shared<NodeMaskCache::Entry>();
+  e->accepted.assign(v.mask_words(), 0);
+  std::vector<int32_t> s0{stack(node, kMarker)};
+  walk_states_[0] = intern(s0, kLive);
+  walk_maybe_[0] = 0;
+  const int32_t N = static_cast<int32_t>(v.trie_nodes());
+  const size_t limit = std::max<size_t>(v.size() / 16, 256);
+  auto add_uncertain = [&](int32_t lo, int32_t hi) {
+    for (int32_t k = lo; k < hi; ++k) e->uncertain.push_back(v.ids_[static_cast<size_t>(k)]);
+  };
+  int32_t i = 0;
+  while (i < N && e->uncertain.size() <= limit) {
+    const size_t d = v.depth_[static_cast<size_t>(i)];
+    const int32_t p = walk_states_[d - 1];
+    const uint8_t m = walk_maybe_[d - 1];
+    const int32_t t = step(p, v.byte_[static_cast<size_t>(i)]);
+    const uint8_t fl = flags_[static_cast<size_t>(t)];
+    const int32_t lo = v.tok_lo_[static_cast<size_t>(i)], own_hi = v.tok_lo_[static_cast<size_t>(i) + 1];
+    const int32_t sub_hi = v.tok_lo_[static_cast<size_t>(v.end_[static_cast<size_t>(i)])];
+    if (!fl) {
+      if (m) add_uncertain(lo, sub_hi);
+      i = v.end_[static_cast<size_t>(i)];
+      continue;
+    }
+    if (fl & (kLive | kPopped)) {
+      for (int32_t k = lo; k < own_hi; ++k) set_bit(e->accepted.data(), v.ids_[static_cast<size_t>(k)]);
+    } else if (m) {
+      add_uncertain(lo, own_hi);
+    }
+    const uint8_t mm = m | ((fl & kPopped) ? 1 : 0);
+    if (fl & kLive) {
+      walk_states_[d] = t;
+      walk_maybe_[d] = mm;
+      ++i;
+    } else {
+      if (mm) add_uncertain(own_hi, sub_hi);
+      i = v.end_[static_cast<size_t>(i)];
+    }
+  }
+  if (e->uncertain.size() > limit) {
+    e->full_walk = true;
+    e->uncertain.clear();
+    e->uncertain.shrink_to_fit();
+    e->accepted.clear();
+    e->accepted.shrink_to_fit();
+  }
+  cg_->cache->put(node, e);
+  return e;
+}
+
+void Matcher::compute_mask(int32_t s, uint64_t* mask) {
+  const TokenVocab& v = *cg_->vocab;
+  const size_t W = v.mask_words();
+  std::fill(mask, mask + W, 0);
+  if (s == 0) return;
+  const std::vector<int32_t> stacks = states_[static_cast<size_t>(s)].stacks;
+  bool full = false;
+  std::vector<std::shared_ptr<const NodeMaskCache::Entry>> entries;
+  for (int32_t y : stacks) {
+    const auto [n, p] = stack_nodes_[static_cast<size_t>(y)];
+    if (p == kEmpty) {  // the root rule: nothing outside to depend on; the walk is exact
+      full = true;
+      break;
+    }
+    auto e = node_entry(n);
+    if (e->full_walk) {
+      full = true;
+      break;
+    }
+    entries.push_back(std::move(e));
+  }
+  if (full) {
+    walk(s, mask);
+  } else {
+    for (const auto& e : entries)
+      for (size_t w = 0; w < W; ++w) mask[w] |= e->accepted[w];
+    for (const auto& e : entries)
+      for (int32_t id : e->uncertain)
+        if (!get_bit(mask, id) && run(s, v.bytes(id)) != 0) set_bit(mask, id);
+  }
+  if (flags_[static_cast<size_t>(s)] & kCanEnd)
+    for (int32_t id : v.stop_ids())
+      if (id >= 0 && static_cast<size_t>(id) < v.size()) set_bit(mask, id);
+}
+
+void Matcher::fill_mask(uint64_t* mask) {
+  const size_t W = cg_->vocab->mask_words();
+  if (stopped_) {
+    std::fill(mask, mask + W, 0);
+    return;
+  }
+  auto it = mask_cache_.find(cur_);
+  if (it == mask_cache_.end()) {
+    if (mask_cache_.size() >= 64) mask_cache_.clear();
+    std::vector<uint64_t> m(W);
+    compute_mask(cur_, m.data());
+    it = mask_cache_.emplace(cur_, std::move(m)).first;
+  }
+  std::copy(it->second.begin(), it->second.end(), mask);
+}
+
+}  // namespace latent::structured
