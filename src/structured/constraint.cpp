@@ -28,6 +28,10 @@ void GrammarConstraint::mask(std::span<float> logits) {
     const uint64_t bits = words_[w];
     if (bits == ~uint64_t{0}) continue;
     const size_t end = std::min(V, w * 64 + 64);
+    if (bits == 0) {
+      std::fill(logits.begin() + static_cast<std::ptrdiff_t>(w * 64), logits.begin() + static_cast<std::ptrdiff_t>(end), kNegInf);
+      continue;
+    }
     for (size_t i = w * 64; i < end; ++i)
       if (!((bits >> (i & 63)) & 1u)) logits[i] = kNegInf;
   }

@@ -221,11 +221,14 @@ std::shared_ptr<const NodeMaskCache::Entry> Matcher::node_entry(int32_t node) {
   walk_maybe_[0] = 0;
   const int32_t N = static_cast<int32_t>(v.trie_nodes());
   const size_t limit = std::max<size_t>(v.size() / 16, 256);
+  bool overflow = false;
   auto add_uncertain = [&](int32_t lo, int32_t hi) {
+    if (overflow) return;
     for (int32_t k = lo; k < hi; ++k) e->uncertain.push_back(v.ids_[static_cast<size_t>(k)]);
+    if (e->uncertain.size() > limit) overflow = true;
   };
   int32_t i = 0;
-  while (i < N && e->uncertain.size() <= limit) {
+  while (i < N) {
     const size_t d = v.depth_[static_cast<size_t>(i)];
     const int32_t p = walk_states_[d - 1];
     const uint8_t m = walk_maybe_[d - 1];
@@ -253,12 +256,10 @@ std::shared_ptr<const NodeMaskCache::Entry> Matcher::node_entry(int32_t node) {
       i = v.end_[static_cast<size_t>(i)];
     }
   }
-  if (e->uncertain.size() > limit) {
+  if (overflow) {
     e->full_walk = true;
     e->uncertain.clear();
     e->uncertain.shrink_to_fit();
-    e->accepted.clear();
-    e->accepted.shrink_to_fit();
   }
   cg_->cache->put(node, e);
   return e;
@@ -271,28 +272,29 @@ void Matcher::compute_mask(int32_t s, uint64_t* mask) {
   if (s == 0) return;
   const std::vector<int32_t> stacks = states_[static_cast<size_t>(s)].stacks;
   bool full = false;
-  std::vector<std::shared_ptr<const NodeMaskCache::Entry>> entries;
+  std::vector<std::pair<std::shared_ptr<const NodeMaskCache::Entry>, bool>> entries;  // (entry, needs callers)
   for (int32_t y : stacks) {
     const auto [n, p] = stack_nodes_[static_cast<size_t>(y)];
-    if (p == kEmpty) {  // the root rule: nothing outside to depend on; the walk is exact
-      full = true;
-      break;
-    }
     auto e = node_entry(n);
-    if (e->full_walk) {
+    // In the root rule nothing follows its end: a token that runs past it is rejected, so the accepted set is the
+    // stack's whole mask.
+    const bool callers = p != kEmpty;
+    if (callers && e->full_walk) {
       full = true;
       break;
     }
-    entries.push_back(std::move(e));
+    entries.emplace_back(std::move(e), callers);
   }
   if (full) {
+    ++full_walks_;
     walk(s, mask);
   } else {
-    for (const auto& e : entries)
+    for (const auto& [e, callers] : entries)
       for (size_t w = 0; w < W; ++w) mask[w] |= e->accepted[w];
-    for (const auto& e : entries)
-      for (int32_t id : e->uncertain)
-        if (!get_bit(mask, id) && run(s, v.bytes(id)) != 0) set_bit(mask, id);
+    for (const auto& [e, callers] : entries)
+      if (callers)
+        for (int32_t id : e->uncertain)
+          if (!get_bit(mask, id) && run(s, v.bytes(id)) != 0) set_bit(mask, id);
   }
   if (flags_[static_cast<size_t>(s)] & kCanEnd)
     for (int32_t id : v.stop_ids())

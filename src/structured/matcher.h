@@ -96,6 +96,8 @@ class Matcher {
   bool viable(std::string_view bytes);
 
   size_t states() const { return states_.size(); }
+  // Masks computed by a whole-trie walk (the per-node cache could not decide them).
+  size_t full_walks() const { return full_walks_; }
   const TokenVocab& vocab() const { return *cg_->vocab; }
 
  private:
@@ -126,6 +128,7 @@ class Matcher {
   std::unordered_map<int32_t, std::vector<uint64_t>> mask_cache_;
   int32_t cur_ = 0;
   bool stopped_ = false;
+  size_t full_walks_ = 0;
   // scratch
   std::vector<int32_t> work_, out_;
   std::vector<int32_t> seen_;
