@@ -26,6 +26,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/kv_blocks.h"
+#include "runtime/logit_constraint.h"
 #include "runtime/metrics.h"
 #include "runtime/sampler.h"
 
@@ -60,6 +61,9 @@ struct GenerationRequest {
   std::vector<int32_t> stop_ids;  // EOS set (unless ignore_eos) + stop_token_ids
   std::shared_ptr<GenerationSink> sink;
   Clock::time_point arrival = Clock::now();
+  // Optional: one LogitConstraint per choice (structured output); it masks the logits before sampling and ends
+  // the choice (Stop) when it is finished.
+  LogitConstraintFactory constraint;
 };
 
 // Why submit() refused a request.
