@@ -9,8 +9,8 @@
 //    (oneOf is treated as anyOf), a one-element allOf, $ref to "#", "#/$defs/..." or "#/definitions/...",
 //    pattern, minLength / maxLength. Annotations (title, description, default, examples, $schema, $id, $comment,
 //    deprecated, readOnly, writeOnly, strict, discriminator) are ignored; any other keyword is a GrammarError
-//    naming it. Properties come out in schema order; whitespace between tokens is limited to a few characters so
-//    that a model cannot pad forever.
+//    naming it. Properties come out in schema order; between tokens at most one space is allowed (compact JSON
+//    or Python's json.dumps layout), so that a model cannot pad the output with whitespace.
 //  - choice: exactly one of the given strings.
 //  - GBNF (llama.cpp grammar syntax): `name ::= alternatives`, "literals", [classes], [^negated], `.`, ( groups ),
 //    * + ? {m} {m,} {m,n}, comments `#`; the start rule is `root`.

@@ -50,11 +50,7 @@ int32_t JsonSchemaCompiler::new_rule(const std::string& kind) {
   return b_.declare(fmt::format("{}{}{}", prefix_, kind, rule_counter_++));
 }
 
-ExprId JsonSchemaCompiler::ws() {
-  ByteSet s;
-  for (char c : {' ', '\t', '\n', '\r'}) s.set(static_cast<uint8_t>(c));
-  return b_.repeat(b_.bytes(s), 0, 8);
-}
+ExprId JsonSchemaCompiler::ws() { return b_.opt(b_.byte(' ')); }
 
 ExprId JsonSchemaCompiler::json_char() {
   ByteSet plain = ByteSet::range(0x20, 0x7F);

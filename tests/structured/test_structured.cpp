@@ -298,14 +298,27 @@ TEST(JsonSchema, AcceptedTextIsValidAndValidInstancesAreAccepted) {
     for (int i = 0; i < 200; ++i) {
       const ojson v = generate(schema, schema, rng);
       ASSERT_TRUE(valid(schema, v, schema)) << v.dump();
-      // The compiler writes properties in schema order, which ordered_json keeps.
-      for (int indent : {-1, 1, 2}) {
-        const std::string text = v.dump(indent);
-        if (indent > 0 && text.find("\n      ") != std::string::npos && text.find("\n         ") != std::string::npos)
-          continue;  // whitespace runs longer than the grammar allows
+      // The compiler writes properties in schema order, which ordered_json keeps; compact and spaced layouts.
+      const std::string compact_text = v.dump();
+      std::string spaced;  // a space after every ',' and ':' outside strings (Python's json.dumps layout)
+      bool in_str = false, escaped = false;
+      for (const char ch : compact_text) {
+        spaced += ch;
+        if (in_str) {
+          if (escaped) escaped = false;
+          else if (ch == '\\') escaped = true;
+          else if (ch == '"') in_str = false;
+        } else if (ch == '"') {
+          in_str = true;
+        } else if (ch == ',' || ch == ':') {
+          spaced += ' ';
+        }
+      }
+      for (const std::string& text : {compact_text, spaced, " " + compact_text}) {
         ASSERT_TRUE(accepts(c, text)) << "schema " << k << ": " << text;
         valid_texts.push_back(text);
       }
+      EXPECT_FALSE(accepts(c, "  " + compact_text));  // at most one space between tokens
     }
     // Mutations of valid texts and random strings: whatever the grammar accepts must parse and validate.
     const std::string alphabet = "{}[]\",:0123456789-.eE abxyk\\ntrufalsn";
@@ -333,9 +346,10 @@ TEST(JsonSchema, AcceptedTextIsValidAndValidInstancesAreAccepted) {
 
 TEST(JsonSchema, JsonObjectIsAnyObject) {
   auto c = bind_vocab(json_object_grammar(), byte_vocab());
-  for (const char* s : {"{}", "{\"a\":[1,2,{\"b\":null}],\"c\":\"x\\u00e9\"}", " { \"k\" : true }", "{\"\":-0.5e+3}"})
+  for (const char* s : {"{}", "{\"a\":[1,2,{\"b\":null}],\"c\":\"x\\u00e9\"}", " { \"k\" : true }", "{\"\":-0.5e+3}",
+                        "{\"a\": [1, 2], \"b\": {\"c\": \"d\"}}"})
     EXPECT_TRUE(accepts(c, s)) << s;
-  for (const char* s : {"[]", "{", "{\"a\"}", "{\"a\":01}", "{'a':1}", "\"x\"", "{\"a\":1,}"}) EXPECT_FALSE(accepts(c, s)) << s;
+  for (const char* s : {"[]", "{", "{\"a\"}", "{\"a\":01}", "{'a':1}", "\"x\"", "{\"a\":1,}", "{\n\"a\":1}", "{   }"}) EXPECT_FALSE(accepts(c, s)) << s;
 }
 
 TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
