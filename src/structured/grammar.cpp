@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <map>
 
@@ -343,6 +344,8 @@ std::shared_ptr<const Grammar> compile(const GrammarBuilder& b, int32_t root, si
   if (root < 0 || static_cast<size_t>(root) >= b.n_rules() || !b.defined(root))
     throw GrammarError("the grammar has no root rule");
   auto g = std::make_shared<Grammar>();
+  static std::atomic<uint64_t> next_uid{1};
+  g->uid = next_uid.fetch_add(1);
   const size_t R = b.n_rules();
   g->rule_start.assign(R, -1);
   for (size_t r = 0; r < R; ++r) g->rule_names.push_back(b.rule_name(static_cast<int32_t>(r)));

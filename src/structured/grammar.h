@@ -132,6 +132,7 @@ struct Grammar {
   std::vector<int32_t> rule_start;  // per rule
   std::vector<std::string> rule_names;
   int32_t root = 0;
+  uint64_t uid = 0;  // unique per compiled grammar in this process
 };
 
 // Lowers `b` with `root` as the start rule. Throws GrammarError: undefined rule, left recursion, a rule (reachable

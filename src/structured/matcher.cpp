@@ -45,15 +45,26 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> stop
   tok_lo_.push_back(static_cast<int32_t>(ids_.size()));
 }
 
-std::shared_ptr<const NodeMaskCache::Entry> NodeMaskCache::get(int32_t node) const {
+std::shared_ptr<const NodeMaskCache::Entry> NodeMaskCache::get(const std::string& key) const {
   std::lock_guard lk(mu_);
-  auto it = map_.find(node);
+  auto it = map_.find(key);
   return it == map_.end() ? nullptr : it->second;
 }
 
-void NodeMaskCache::put(int32_t node, std::shared_ptr<const Entry> e) {
+void NodeMaskCache::put(const std::string& key, std::shared_ptr<const Entry> e) {
   std::lock_guard lk(mu_);
-  map_.emplace(node, std::move(e));
+  if (map_.size() >= capacity_) map_.clear();
+  map_.emplace(key, std::move(e));
+}
+
+void NodeMaskCache::clear() {
+  std::lock_guard lk(mu_);
+  map_.clear();
+}
+
+size_t NodeMaskCache::size() const {
+  std::lock_guard lk(mu_);
+  return map_.size();
 }
 
 namespace {
@@ -211,8 +222,48 @@ void Matcher::walk(int32_t start, uint64_t* mask) {
   }
 }
 
+// The sub-grammar reachable from `node` (byte edges, calls into callee rules and the return points), numbered in
+// discovery order: equal strings mean equal behaviour from that node whatever the callers are.
+const std::string& Matcher::node_key(int32_t node) {
+  auto it = node_keys_.find(node);
+  if (it != node_keys_.end()) return it->second;
+  std::unordered_map<int32_t, int32_t> local;
+  std::vector<int32_t> order{node};
+  local.emplace(node, 0);
+  std::string key;
+  auto id = [&](int32_t n) {
+    auto [jt, fresh] = local.try_emplace(n, static_cast<int32_t>(order.size()));
+    if (fresh) order.push_back(n);
+    return jt->second;
+  };
+  auto put = [&](uint64_t x) { key.append(reinterpret_cast<const char*>(&x), sizeof x); };
+  constexpr size_t kMaxShared = 512;  // larger sub-grammars are keyed by (grammar, node): no sharing, bounded keys
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order.size() > kMaxShared) {
+      key = "g";
+      put(g_.uid);
+      put(static_cast<uint64_t>(node));
+      break;
+    }
+    const Grammar::Node& nd = g_.nodes[static_cast<size_t>(order[i])];
+    put(nd.final ? 1 : 0);
+    put(nd.edges.size() | (nd.calls.size() << 32));
+    for (const auto& e : nd.edges) {
+      for (uint64_t w : e.set.w) put(w);
+      put(static_cast<uint64_t>(id(e.to)));
+    }
+    for (const auto& c : nd.calls) {
+      put(static_cast<uint64_t>(id(g_.rule_start[static_cast<size_t>(c.rule)])));
+      put(static_cast<uint64_t>(id(c.ret)));
+    }
+  }
+  return node_keys_.emplace(node, std::move(key)).first->second;
+}
+
 std::shared_ptr<const NodeMaskCache::Entry> Matcher::node_entry(int32_t node) {
-  if (auto e = cg_->cache->get(node)) return e;
+  if (auto it = entries_.find(node); it != entries_.end()) return it->second;
+  const std::string& key = node_key(node);
+  if (auto e = cg_->vocab->cache().get(key)) return entries_[node] = e;
   const TokenVocab& v = *cg_->vocab;
   auto e = std::make_shared<NodeMaskCache::Entry>();
   e->accepted.assign(v.mask_words(), 0);
@@ -261,7 +312,8 @@ std::shared_ptr<const NodeMaskCache::Entry> Matcher::node_entry(int32_t node) {
     e->uncertain.clear();
     e->uncertain.shrink_to_fit();
   }
-  cg_->cache->put(node, e);
+  cg_->vocab->cache().put(key, e);
+  entries_[node] = e;
   return e;
 }
 

@@ -10,7 +10,8 @@
 // over the pushdown configurations. The mask of a state is the union over its stacks; for a stack with top node n
 // the tokens split (as in xgrammar's adaptive token mask cache) into those decided inside n's rule - accepted or
 // rejected whatever the callers are - and the few that run past the end of the rule and need the callers. The
-// first set is computed once per node and vocabulary and shared between requests (NodeMaskCache); the second is
+// first set is computed once per structurally distinct node and vocabulary and shared between requests
+// (NodeMaskCache); the second is
 // checked per state against the real stacks, and a whole-trie walk is used when it is large. Masks are cached per
 // state.
 #pragma once
@@ -27,6 +28,29 @@
 
 namespace latent::structured {
 
+// The context-independent part of a node's mask, per vocabulary. Keyed by the node's canonical form (the
+// sub-grammar reachable from it, numbered in discovery order), so that structurally equal nodes share one entry
+// across rules, grammars and requests (every JSON string, number or tool-argument rule is computed once per
+// process). Thread-safe; bounded (cleared when it exceeds its capacity).
+class NodeMaskCache {
+ public:
+  struct Entry {
+    std::vector<uint64_t> accepted;   // decided inside the rule: allowed whatever the callers are
+    std::vector<int32_t> uncertain;   // need the callers (run past the rule's end)
+    bool full_walk = false;           // `uncertain` too large: walk the trie with the real state instead
+  };
+  explicit NodeMaskCache(size_t capacity = 2048) : capacity_(capacity) {}
+  std::shared_ptr<const Entry> get(const std::string& key) const;
+  void put(const std::string& key, std::shared_ptr<const Entry> e);
+  void clear();
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  size_t capacity_;
+  std::unordered_map<std::string, std::shared_ptr<const Entry>> map_;
+};
+
 class TokenVocab {
  public:
   // bytes[id]: the token's bytes ("" = never allowed). stop_ids: allowed only where the grammar can end.
@@ -37,6 +61,7 @@ class TokenVocab {
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
   bool is_stop(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < is_stop_.size() && is_stop_[static_cast<size_t>(id)]; }
   size_t trie_nodes() const { return byte_.size(); }
+  NodeMaskCache& cache() const { return cache_; }
 
   // Pre-order trie (the root is implicit): node i consumes byte_[i] at depth_[i] (>= 1); its subtree ends at
   // end_[i]; the ids whose bytes end exactly here are ids_[tok_lo_[i] .. tok_lo_[i + 1]), and the ids of the
@@ -52,29 +77,13 @@ class TokenVocab {
   std::vector<std::string> bytes_;
   std::vector<int32_t> stop_ids_;
   std::vector<bool> is_stop_;
-};
-
-// Per (grammar, vocabulary): the context-independent part of each node's mask. Shared, thread-safe.
-class NodeMaskCache {
- public:
-  struct Entry {
-    std::vector<uint64_t> accepted;   // decided inside the rule: allowed whatever the callers are
-    std::vector<int32_t> uncertain;   // need the callers (run past the rule's end)
-    bool full_walk = false;           // `uncertain` too large: walk the trie with the real state instead
-  };
-  std::shared_ptr<const Entry> get(int32_t node) const;
-  void put(int32_t node, std::shared_ptr<const Entry> e);
-
- private:
-  mutable std::mutex mu_;
-  std::unordered_map<int32_t, std::shared_ptr<const Entry>> map_;
+  mutable NodeMaskCache cache_;
 };
 
 // A grammar bound to a vocabulary: what a request compiles once and every choice's Matcher shares.
 struct CompiledGrammar {
   std::shared_ptr<const Grammar> grammar;
   std::shared_ptr<const TokenVocab> vocab;
-  std::shared_ptr<NodeMaskCache> cache = std::make_shared<NodeMaskCache>();
 };
 
 class Matcher {
@@ -113,6 +122,7 @@ class Matcher {
   int32_t step(int32_t s, uint8_t b);
   int32_t run(int32_t s, std::string_view bytes);
   std::shared_ptr<const NodeMaskCache::Entry> node_entry(int32_t node);
+  const std::string& node_key(int32_t node);
   void walk(int32_t start, uint64_t* mask);
   void compute_mask(int32_t s, uint64_t* mask);
 
@@ -126,6 +136,8 @@ class Matcher {
   std::vector<int32_t> walk_states_;
   std::vector<uint8_t> walk_maybe_;
   std::unordered_map<int32_t, std::vector<uint64_t>> mask_cache_;
+  std::unordered_map<int32_t, std::string> node_keys_;
+  std::unordered_map<int32_t, std::shared_ptr<const NodeMaskCache::Entry>> entries_;
   int32_t cur_ = 0;
   bool stopped_ = false;
   size_t full_walks_ = 0;

@@ -81,6 +81,11 @@ class RegexParser {
   bool at_end() const { return i_ >= p_.size(); }
 
   ExprId alternation() {
+    if (++depth_ > 200) fail("groups nested too deeply");
+    struct Guard {
+      int& d;
+      ~Guard() { --d; }
+    } guard{depth_};
     std::vector<ExprId> alts{sequence()};
     while (!at_end() && p_[i_] == '|') {
       ++i_;
@@ -304,6 +309,7 @@ class RegexParser {
   std::string_view p_;
   bool json_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -349,6 +355,7 @@ class GbnfParser {
       i_ += 3;
       skip(true);
       const int32_t r = b_.declare(name);
+      if (b_.n_rules() > 5000) fail("more than 5000 rules");
       if (b_.defined(r)) {
         i_ = at;
         fail(fmt::format("rule '{}' is defined twice", name));
@@ -413,6 +420,11 @@ class GbnfParser {
   }
 
   ExprId alternatives(bool nested) {
+    if (++depth_ > 200) fail("groups nested too deeply");
+    struct Guard {
+      int& d;
+      ~Guard() { --d; }
+    } guard{depth_};
     std::vector<ExprId> alts{sequence(nested)};
     while (true) {
       skip(nested);
@@ -596,6 +608,7 @@ class GbnfParser {
   GrammarBuilder& b_;
   std::string_view t_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -379,6 +379,44 @@ TEST(JsonSchema, InvalidSchemasAreErrors) {
   }
 }
 
+TEST(Compilers, BadInputIsAGrammarErrorNeverACrash) {
+  std::mt19937 rng(17);
+  const std::string gbnf_alpha = "root::=\"ab|()[]^-*+?{}0123,.# \n\\x";
+  const std::string regex_alpha = "ab|()[]^$-*+?{}0123,.\\dws:?<>=!";
+  int compiled = 0;
+  for (int i = 0; i < 3000; ++i) {
+    for (const auto& [alpha, is_gbnf] : {std::pair{gbnf_alpha, true}, std::pair{regex_alpha, false}}) {
+      std::string t = random_string(rng, alpha, 24);
+      if (is_gbnf) t = "root ::= " + t;
+      try {
+        auto g = is_gbnf ? gbnf_grammar(t) : regex_grammar(t);
+        ++compiled;
+        Matcher m(bind_vocab(g, byte_vocab()));
+        m.accept_bytes("ab");
+      } catch (const GrammarError&) {
+      }
+    }
+  }
+  EXPECT_GT(compiled, 100);
+  EXPECT_THROW(regex_grammar(std::string(1000, '(') + "a" + std::string(1000, ')')), GrammarError);
+  EXPECT_THROW(gbnf_grammar("root ::= " + std::string(1000, '(') + "\"a\"" + std::string(1000, ')')), GrammarError);
+  EXPECT_THROW(regex_grammar("(a{1,100000}){1,100000}"), GrammarError);  // too many states
+  // Random JSON values as schemas: compile or GrammarError.
+  for (int i = 0; i < 2000; ++i) {
+    std::string t = random_string(rng, "{}[]\":,tyeobjcrinpsxaml0123", 30);
+    ojson s;
+    try {
+      s = ojson::parse(t);
+    } catch (const nlohmann::json::exception&) {
+      continue;
+    }
+    try {
+      json_schema_grammar(s);
+    } catch (const GrammarError&) {
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ masks
 
 // A small vocabulary with multi-byte tokens that cross grammar boundaries ("\",", "{\"", "}]"...).
