@@ -1,6 +1,7 @@
 #include "structured/matcher.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 namespace latent::structured {
@@ -43,6 +44,44 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> stop
     path.pop_back();
   }
   tok_lo_.push_back(static_cast<int32_t>(ids_.size()));
+  // Subtree class summaries, children before parents (reverse pre-order).
+  const size_t N = byte_.size();
+  desc_.assign(N, 0);
+  std::vector<int32_t> parent(N, -1), open;
+  for (size_t i = 0; i < N; ++i) {
+    while (open.size() >= depth_[i]) open.pop_back();
+    if (!open.empty()) parent[i] = open.back();
+    open.push_back(static_cast<int32_t>(i));
+  }
+  for (size_t i = N; i-- > 0;)
+    if (parent[i] >= 0)
+      desc_[static_cast<size_t>(parent[i])] |= desc_[i] | (uint64_t{1} << byte_class(byte_[i]));
+}
+
+int TokenVocab::byte_class(uint8_t b) {
+  static const std::array<int8_t, 256> table = [] {
+    std::array<int8_t, 256> t{};
+    int next = 0;
+    const int lower = next++, upper = next++, digit = next++, space = next++, nl = next++, tab = next++, ctl = next++,
+              del = next++, cont = next++, lead2 = next++, lead3 = next++, lead4 = next++;
+    for (int c = 0; c < 256; ++c) {
+      if (c >= 'a' && c <= 'z') t[c] = static_cast<int8_t>(lower);
+      else if (c >= 'A' && c <= 'Z') t[c] = static_cast<int8_t>(upper);
+      else if (c >= '0' && c <= '9') t[c] = static_cast<int8_t>(digit);
+      else if (c == ' ') t[c] = static_cast<int8_t>(space);
+      else if (c == '\n') t[c] = static_cast<int8_t>(nl);
+      else if (c == '\t') t[c] = static_cast<int8_t>(tab);
+      else if (c < 0x20) t[c] = static_cast<int8_t>(ctl);
+      else if (c == 0x7F) t[c] = static_cast<int8_t>(del);
+      else if (c >= 0x80 && c < 0xC0) t[c] = static_cast<int8_t>(cont);
+      else if (c >= 0xC0 && c < 0xE0) t[c] = static_cast<int8_t>(lead2);
+      else if (c >= 0xE0 && c < 0xF0) t[c] = static_cast<int8_t>(lead3);
+      else if (c >= 0xF0) t[c] = static_cast<int8_t>(lead4);
+      else t[c] = static_cast<int8_t>(next++);  // each ASCII punctuation character on its own (32 of them)
+    }
+    return t;
+  }();
+  return table[b];
 }
 
 std::shared_ptr<const NodeMaskCache::Entry> NodeMaskCache::get(const std::string& key) const {
@@ -68,6 +107,7 @@ size_t NodeMaskCache::size() const {
 }
 
 namespace {
+constexpr int32_t kBulkMin = 16;  // subtrees at least this large are tried for a bulk accept
 inline void set_bit(uint64_t* m, int32_t id) { m[id >> 6] |= uint64_t{1} << (id & 63); }
 inline bool get_bit(const uint64_t* m, int32_t id) { return (m[id >> 6] >> (id & 63)) & 1u; }
 }  // namespace
@@ -76,6 +116,7 @@ Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g) : cg_(std::move(g)), 
   stack_nodes_ = {{-1, -1}, {-1, -1}};  // kEmpty, kMarker
   states_.emplace_back();               // state 0: dead
   flags_.push_back(0);
+  loops_.push_back(0);
   walk_states_.assign(static_cast<size_t>(cg_->vocab->max_depth_) + 1, 0);
   walk_maybe_.assign(walk_states_.size(), 0);
   work_ = {stack(g_.rule_start[static_cast<size_t>(g_.root)], kEmpty)};
@@ -105,6 +146,7 @@ int32_t Matcher::intern(std::vector<int32_t>& stacks, uint8_t flags) {
     states_.emplace_back();
     states_.back().stacks = stacks;
     flags_.push_back(flags);
+    loops_.push_back(0);
   }
   return it->second;
 }
@@ -158,6 +200,20 @@ int32_t Matcher::step(int32_t s, uint8_t b) {
   return t;
 }
 
+uint64_t Matcher::loop_classes(int32_t s) {
+  constexpr uint64_t kKnown = uint64_t{1} << 63;
+  if (loops_[static_cast<size_t>(s)] & kKnown) return loops_[static_cast<size_t>(s)] & ~kKnown;
+  uint64_t ok = ~uint64_t{0} & ~kKnown, seen = 0;
+  for (int b = 0; b < 256; ++b) {
+    const uint64_t bit = uint64_t{1} << TokenVocab::byte_class(static_cast<uint8_t>(b));
+    seen |= bit;
+    if ((ok & bit) && step(s, static_cast<uint8_t>(b)) != s) ok &= ~bit;
+  }
+  ok &= seen;
+  loops_[static_cast<size_t>(s)] = ok | kKnown;
+  return ok;
+}
+
 int32_t Matcher::run(int32_t s, std::string_view bytes) {
   for (unsigned char c : bytes) {
     s = step(s, c);
@@ -208,6 +264,14 @@ void Matcher::walk(int32_t start, uint64_t* mask) {
     const int32_t t = nx && nx[b] >= 0 ? nx[b] : step(p, b);
     const uint8_t fl = flags_[static_cast<size_t>(t)];
     if (!fl) {
+      i = v.end_[static_cast<size_t>(i)];
+      continue;
+    }
+    if ((fl & kLive) && v.end_[static_cast<size_t>(i)] - i > kBulkMin &&
+        (v.desc_[static_cast<size_t>(i)] & ~loop_classes(t)) == 0) {
+      // Every byte below keeps the state at t (live): the whole subtree is allowed.
+      for (int32_t k = v.tok_lo_[static_cast<size_t>(i)]; k < v.tok_lo_[static_cast<size_t>(v.end_[static_cast<size_t>(i)])]; ++k)
+        set_bit(mask, v.ids_[static_cast<size_t>(k)]);
       i = v.end_[static_cast<size_t>(i)];
       continue;
     }
@@ -289,6 +353,13 @@ std::shared_ptr<const NodeMaskCache::Entry> Matcher::node_entry(int32_t node) {
     const int32_t sub_hi = v.tok_lo_[static_cast<size_t>(v.end_[static_cast<size_t>(i)])];
     if (!fl) {
       if (m) add_uncertain(lo, sub_hi);
+      i = v.end_[static_cast<size_t>(i)];
+      continue;
+    }
+    if ((fl & kLive) && v.end_[static_cast<size_t>(i)] - i > kBulkMin &&
+        (v.desc_[static_cast<size_t>(i)] & ~loop_classes(t)) == 0) {
+      // Every byte below keeps the state at t (live, no further pop): the whole subtree is accepted.
+      for (int32_t k = lo; k < sub_hi; ++k) set_bit(e->accepted.data(), v.ids_[static_cast<size_t>(k)]);
       i = v.end_[static_cast<size_t>(i)];
       continue;
     }

@@ -72,6 +72,11 @@ class TokenVocab {
   std::vector<int32_t> tok_lo_;  // size trie_nodes() + 1
   std::vector<int32_t> ids_;
   uint16_t max_depth_ = 0;
+  // Byte classes (letters, digits, each ASCII punctuation, UTF-8 lead / continuation ranges, ...): desc_[i] has the
+  // bit of every class that occurs strictly below node i, so a walk can accept a whole subtree at once when its
+  // state loops on all of them.
+  static int byte_class(uint8_t b);
+  std::vector<uint64_t> desc_;
 
  private:
   std::vector<std::string> bytes_;
@@ -120,6 +125,7 @@ class Matcher {
   int32_t intern(std::vector<int32_t>& stacks, uint8_t flags);
   void closure(std::vector<int32_t>& work, std::vector<int32_t>& out, uint8_t& flags);
   int32_t step(int32_t s, uint8_t b);
+  uint64_t loop_classes(int32_t s);  // byte classes on which state s goes back to s
   int32_t run(int32_t s, std::string_view bytes);
   std::shared_ptr<const NodeMaskCache::Entry> node_entry(int32_t node);
   const std::string& node_key(int32_t node);
@@ -132,6 +138,7 @@ class Matcher {
   std::unordered_map<uint64_t, int32_t> stack_ids_;
   std::vector<State> states_;
   std::vector<uint8_t> flags_;
+  std::vector<uint64_t> loops_;       // per state: loop_classes, bit 63 = computed
   std::unordered_map<std::string, int32_t> state_ids_;
   std::vector<int32_t> walk_states_;
   std::vector<uint8_t> walk_maybe_;

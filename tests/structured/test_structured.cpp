@@ -57,11 +57,9 @@ TEST(Regex, AcceptsExactlyWhatStdRegexMatches) {
   for (const auto& p : patterns) {
     auto c = bind_vocab(regex_grammar(p), byte_vocab());
     const std::regex re(p, std::regex::ECMAScript);
-    int matched = 0;
     for (int i = 0; i < 3000; ++i) {
       const std::string s = random_string(rng, alphabet, 7);
       const bool want = std::regex_match(s, re);
-      matched += want;
       ASSERT_EQ(accepts(c, s), want) << "pattern " << p << " string '" << s << "'";
     }
     // Strings built from the pattern's own literal characters, so that matches are common too.
@@ -490,10 +488,15 @@ TEST(Mask, LargeVocabularyWalkMatchesBruteForce) {
   const std::string alphabet = "{}[]\",: abcnrtuelsx0123456789-.\\";
   for (int c = 0x20; c < 0x7F; ++c) v.push_back(std::string(1, static_cast<char>(c)));
   for (int i = 0; i < 6000; ++i) v.push_back(random_string(rng, alphabet, 5));
+  // Word-like tokens: subtrees whose bytes all keep a string state where it is (the walk's bulk accept).
+  for (int i = 0; i < 4000; ++i) v.push_back(" " + random_string(rng, "abcdefghijklmnopqrstuvwxyz", 7));
+  for (int i = 0; i < 1000; ++i) v.push_back(random_string(rng, "abcdefghijklmnopqrstuvwxyz", 6) + "\",");
   v.push_back("<eos>");
   auto vocab = std::make_shared<TokenVocab>(v, std::vector<int32_t>{static_cast<int32_t>(v.size() - 1)});
-  auto c = bind_vocab(json_schema_grammar(test_schemas()[1]), vocab);
+  for (const auto& g : {json_schema_grammar(test_schemas()[1]), json_schema_grammar(test_schemas()[0]),
+                        regex_grammar("[a-z ]{0,30}!"), gbnf_grammar("root ::= \"\\\"\" [a-z ]* \"\\\",\"")})
   for (int w = 0; w < 3; ++w) {
+    auto c = bind_vocab(g, vocab);
     Matcher m(c), brute(c);
     std::vector<uint64_t> mask(vocab->mask_words());
     for (int step = 0; step < 40 && !m.is_complete(); ++step) {
