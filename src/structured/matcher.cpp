@@ -139,7 +139,7 @@ int32_t Matcher::intern(std::vector<int32_t>& stacks, uint8_t flags) {
   if (!stacks.empty()) flags |= kLive;
   if (!flags) return 0;
   std::string key(stacks.size() * sizeof(int32_t) + 1, '\0');
-  std::memcpy(key.data(), stacks.data(), stacks.size() * sizeof(int32_t));
+  if (!stacks.empty()) std::memcpy(key.data(), stacks.data(), stacks.size() * sizeof(int32_t));
   key.back() = static_cast<char>(flags);
   auto [it, fresh] = state_ids_.try_emplace(std::move(key), static_cast<int32_t>(states_.size()));
   if (fresh) {
