@@ -145,7 +145,8 @@ SampleResult Sampler::sample(std::span<float> logits, std::span<const int32_t> p
       const size_t n = std::min<size_t>(static_cast<size_t>(p_.top_logprobs), all.size());
       std::partial_sort(all.begin(), all.begin() + static_cast<int64_t>(n), all.end(),
                         [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-      for (size_t i = 0; i < n; ++i) res.top.emplace_back(all[i].second, all[i].first - lse);
+      // Ids masked out (a grammar constraint, banned padding) are not alternatives: fewer than n may be listed.
+      for (size_t i = 0; i < n && all[i].first > kNegInf; ++i) res.top.emplace_back(all[i].second, all[i].first - lse);
     }
   }
   return res;

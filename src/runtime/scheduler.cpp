@@ -37,6 +37,7 @@ struct Scheduler::Seq {
   std::unique_ptr<LoopDetector> loop;
   bool loop_seen = false;
   bool cache_reported = false;  // choice 0 told its sink how many prompt tokens came from the prefix cache
+  std::unique_ptr<LogitConstraint> constraint;
   Seq(const SamplingParams& p, uint64_t stream) : sampler(p, stream) {}
   int choice() const;
 };
@@ -297,6 +298,7 @@ void Scheduler::admit(Clock::time_point now) {
       s->await_fork = j > 0;
       s->order = next_order_++;
       if (opt_.stop_on_loop || metrics_) s->loop = std::make_unique<LoopDetector>();
+      if (r.g.constraint) s->constraint = r.g.constraint(r.g.choice_offset + j);
       active_.push_back(s.get());
       r.seqs.push_back(std::move(s));
     }
@@ -387,7 +389,9 @@ void Scheduler::sample_and_emit(Seq& s, float* row, Clock::time_point now) {
   const int64_t V = engine_.vocab_size();
   const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.n_prompt));
   const std::span<const int32_t> gen(s.tokens.data() + s.n_prompt, static_cast<size_t>(s.generated));
+  if (s.constraint) s.constraint->mask(std::span<float>(row, static_cast<size_t>(V)));
   SampleResult res = s.sampler.sample(std::span<float>(row, static_cast<size_t>(V)), prompt, gen, opt_.banned);
+  if (s.constraint) s.constraint->accept(res.token);
   s.tokens.push_back(res.token);
   ++s.generated;
   ++r.generated;
@@ -408,7 +412,7 @@ void Scheduler::sample_and_emit(Seq& s, float* row, Clock::time_point now) {
     abort_request(r, AbortReason::EngineError, "internal error while processing the output");
     return;
   }
-  if (is_stop || end) return finish_seq(s, FinishReason::Stop);
+  if (is_stop || end || (s.constraint && s.constraint->finished())) return finish_seq(s, FinishReason::Stop);
   if (s.generated >= r.g.max_tokens || static_cast<int64_t>(s.tokens.size()) >= opt_.max_context)
     return finish_seq(s, FinishReason::Length);
   if (s.loop) {

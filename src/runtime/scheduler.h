@@ -27,6 +27,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/kv_blocks.h"
+#include "runtime/logit_constraint.h"
 #include "runtime/metrics.h"
 #include "runtime/sampler.h"
 
@@ -64,6 +65,9 @@ struct GenerationRequest {
   bool ignore_eos = false;        // runs past EOS on purpose (benchmarks): a repetition loop is not warned about
   std::shared_ptr<GenerationSink> sink;
   Clock::time_point arrival = Clock::now();
+  // Optional: one LogitConstraint per choice (structured output); it masks the logits before sampling and ends
+  // the choice (Stop) when it is finished.
+  LogitConstraintFactory constraint;
 };
 
 // Why submit() refused a request.

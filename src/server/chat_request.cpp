@@ -213,15 +213,7 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
   r.tools = parse_tools(b);
   const auto tool_choice = parse_tool_choice(b);
   r.parallel_tool_calls = opt_bool(b, "parallel_tool_calls", "parallel_tool_calls").value_or(true);
-  std::string response_format_type;
-  if (const ojson* rf = get(b, "response_format")) {
-    if (!rf->is_object()) invalid_type("response_format", "an object");
-    auto t = opt_string(*rf, "type", "response_format.type");
-    if (!t) missing_param("response_format.type");
-    if (*t != "text" && *t != "json_object" && *t != "json_schema")
-      invalid_value("response_format.type", fmt::format("Invalid 'response_format.type' '{}'.", *t));
-    response_format_type = *t;
-  }
+  parse_structured(b, r.structured);
   if (auto e = opt_string(b, "reasoning_effort", "reasoning_effort")) {
     static const std::set<std::string> kEfforts = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
     if (!kEfforts.count(*e))
@@ -284,12 +276,16 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
     if (r.messages.back()["role"] != "assistant")
       invalid_value("continue_final_message", "'continue_final_message' requires the last message to be from the assistant.");
   }
-  if (tool_choice && (tool_choice->mode == "required" || tool_choice->mode == "named"))
-    unsupported("tool_choice", "'tool_choice' 'required' and named functions are not supported yet; use 'auto' or 'none'.");
-  if (response_format_type == "json_object" || response_format_type == "json_schema")
-    unsupported("response_format", fmt::format("'response_format' type '{}' is not supported yet.", response_format_type));
   r.tool_choice = r.tools.is_null() ? ToolChoice::None
-                                    : (tool_choice && tool_choice->mode == "none" ? ToolChoice::None : ToolChoice::Auto);
+                  : !tool_choice || tool_choice->mode == "auto" ? ToolChoice::Auto
+                  : tool_choice->mode == "none"                ? ToolChoice::None
+                  : tool_choice->mode == "required"            ? ToolChoice::Required
+                                                               : ToolChoice::Named;
+  if (r.tool_choice == ToolChoice::Named) r.tool_choice_name = tool_choice->name;
+  if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named) &&
+      r.structured.kind != StructuredSpec::Kind::None)
+    invalid_value(r.structured.param, fmt::format("'{}' cannot be combined with 'tool_choice' {}.", r.structured.param,
+                                                  r.tool_choice == ToolChoice::Required ? "'required'" : "naming a function"));
 
   count_unknown(b, c, {"messages", "model", "stream", "stream_options", "max_completion_tokens", "max_tokens",
                        "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -299,7 +295,8 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
                        "add_generation_prompt", "continue_final_message", "skip_special_tokens", "user", "metadata",
                        "store", "service_tier", "safety_identifier", "prompt_cache_key", "modalities", "audio",
                        "prediction", "web_search_options", "functions", "function_call", "thinking_token_budget",
-                       "include_stop_str_in_output", "echo"});
+                       "include_stop_str_in_output", "echo", "guided_json", "guided_regex", "guided_choice",
+                       "guided_grammar", "structured_outputs"});
   c.model = resolve_model(c.model, c.model_given, ctx);
   return r;
 }

@@ -84,13 +84,15 @@ CompletionRequest parse_completion_request(const ojson& b, const ValidationConte
   if (auto bo = opt_int(b, "best_of", "best_of"); bo && *bo != c.n)
     unsupported("best_of", "'best_of' is supported only when equal to 'n'.");
   r.add_special_tokens = opt_bool(b, "add_special_tokens", "add_special_tokens").value_or(true);
+  parse_structured(b, r.structured);
   c.skip_special_tokens = opt_bool(b, "skip_special_tokens", "skip_special_tokens").value_or(true);
   if (get(b, "stream_options") && !c.stream)
     invalid_value("stream_options", "'stream_options' is only allowed when 'stream' is true.");
   count_unknown(b, c, {"prompt", "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k",
                        "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "n",
                        "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "echo", "suffix", "best_of",
-                       "add_special_tokens", "skip_special_tokens", "user"});
+                       "add_special_tokens", "skip_special_tokens", "user", "response_format", "guided_json",
+                       "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"});
   c.model = resolve_model(c.model, c.model_given, ctx);
   return r;
 }

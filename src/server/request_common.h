@@ -14,6 +14,8 @@ void parse_sampling_fields(const ojson& b, CommonParams& c, const ValidationCont
 void parse_n(const ojson& b, CommonParams& c, const ValidationContext& ctx);
 // seed, stop, stop_token_ids, ignore_eos
 void parse_stop_fields(const ojson& b, CommonParams& c, const ValidationContext& ctx);
+// response_format, guided_json / guided_regex / guided_choice / guided_grammar, structured_outputs: at most one.
+void parse_structured(const ojson& b, StructuredSpec& s);
 void count_unknown(const ojson& b, CommonParams& c, std::initializer_list<const char*> known);
 // 400 unsupported_parameter when the field is set to anything but null / false / 0.
 void reject_set(const ojson& b, const char* key, const char* why);

@@ -44,7 +44,18 @@ struct CommonParams {
   int unknown_fields = 0;
 };
 
-enum class ToolChoice { None, Auto };
+enum class ToolChoice { None, Auto, Required, Named };
+
+// Constrained decoding requested by response_format (json_object / json_schema), vLLM's guided_json /
+// guided_regex / guided_choice / guided_grammar or structured_outputs {json, regex, choice, grammar}.
+struct StructuredSpec {
+  enum class Kind { None, JsonObject, JsonSchema, Regex, Choice, Grammar };
+  Kind kind = Kind::None;
+  ojson schema;                      // JsonSchema
+  std::string text;                  // Regex, Grammar
+  std::vector<std::string> choices;  // Choice
+  std::string param;                 // the request field it came from (errors name it)
+};
 
 struct ChatRequest {
   CommonParams c;
@@ -54,7 +65,9 @@ struct ChatRequest {
   int top_logprobs = 0;
   ojson tools = nullptr;  // array of {type:"function", function:{...}} or null
   ToolChoice tool_choice = ToolChoice::None;
+  std::string tool_choice_name;  // ToolChoice::Named
   bool parallel_tool_calls = true;
+  StructuredSpec structured;
   std::optional<std::string> reasoning_effort;
   ojson chat_template_kwargs = ojson::object();
   std::optional<bool> thinking;  // from "thinking": {"type": "enabled"|"disabled"}
@@ -71,6 +84,7 @@ struct CompletionRequest {
   std::vector<std::vector<int32_t>> prompt_tokens;    // when prompt_is_tokens
   std::optional<int> logprobs;                        // legacy 0..5
   bool add_special_tokens = true;
+  StructuredSpec structured;
   size_t n_prompts() const { return prompt_is_tokens ? prompt_tokens.size() : prompt_texts.size(); }
 };
 

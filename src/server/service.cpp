@@ -9,6 +9,8 @@
 #include "core/log.h"
 #include "server/api_error.h"
 #include "server/request_common.h"
+#include "structured/compilers.h"
+#include "structured/constraint.h"
 
 namespace latent::server {
 
@@ -264,7 +266,8 @@ ApiError rejection_error(const SchedulerRejected& r) {
 
 GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
                               const std::vector<int64_t>& max_tokens,
-                              std::vector<OutputConfig> configs, const SamplingParams& sp) {
+                              std::vector<OutputConfig> configs, const SamplingParams& sp,
+                              LogitConstraintFactory constraint) {
   GenerationJob job;
   job.model = c.model;
   job.n_choices = static_cast<int>(configs.size());
@@ -284,6 +287,7 @@ GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const C
       g.ignore_eos = c.ignore_eos;
       g.sink = job.state;
       g.arrival = arrival;
+      g.constraint = constraint;
       job.handles.push_back(scheduler_.submit(std::move(g)));
     }
   } catch (const SchedulerRejected& r) {
@@ -292,6 +296,86 @@ GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const C
     throw rejection_error(r);
   }
   return job;
+}
+
+std::shared_ptr<const structured::TokenVocab> Service::structured_vocab() {
+  if (vocab_) return vocab_;
+  if (!codec_.byte_level())
+    unsupported("response_format", "Constrained decoding needs a byte-level BPE tokenizer; this model's tokenizer is not one.");
+  std::vector<std::string> bytes(static_cast<size_t>(codec_.id_limit()));
+  for (int32_t id = 0; id < static_cast<int32_t>(bytes.size()); ++id) {
+    // Reasoning markers never appear in constrained output; special tokens only where a tool syntax needs them.
+    if (id == rt_.think_start || id == rt_.think_end) continue;
+    if (codec_.is_special(id) && std::find(keep_ids_.begin(), keep_ids_.end(), id) == keep_ids_.end()) continue;
+    bytes[static_cast<size_t>(id)] = codec_.token_bytes(id);
+  }
+  vocab_ = std::make_shared<structured::TokenVocab>(std::move(bytes), info_.eos_ids);
+  return vocab_;
+}
+
+std::shared_ptr<const structured::CompiledGrammar> Service::compiled(
+    const std::string& key, const std::function<std::shared_ptr<const structured::Grammar>()>& make,
+    const std::string& param) {
+  std::lock_guard lk(structured_mu_);
+  if (auto it = grammars_.find(key); it != grammars_.end()) return it->second;
+  auto cg = std::make_shared<structured::CompiledGrammar>();
+  try {
+    cg->grammar = make();
+  } catch (const structured::GrammarError& e) {
+    const std::string msg = fmt::format("'{}' cannot be used for constrained decoding: {}.", param, e.what());
+    if (!e.keyword().empty()) unsupported(param, msg);
+    invalid_value(param, msg);
+  }
+  cg->vocab = structured_vocab();
+  grammars_[key] = cg;
+  grammar_order_.push_back(key);
+  if (grammar_order_.size() > 64) {
+    grammars_.erase(grammar_order_.front());
+    grammar_order_.pop_front();
+  }
+  return cg;
+}
+
+LogitConstraintFactory Service::structured_constraint(const StructuredSpec& s, int32_t start_after) {
+  using K = StructuredSpec::Kind;
+  std::shared_ptr<const structured::CompiledGrammar> cg;
+  switch (s.kind) {
+    case K::None: return {};
+    case K::JsonObject: cg = compiled("json_object", [] { return structured::json_object_grammar(); }, s.param); break;
+    case K::JsonSchema:
+      cg = compiled("schema:" + s.schema.dump(), [&] { return structured::json_schema_grammar(s.schema); }, s.param);
+      break;
+    case K::Regex: cg = compiled("regex:" + s.text, [&] { return structured::regex_grammar(s.text); }, s.param); break;
+    case K::Choice:
+      cg = compiled("choice:" + ojson(s.choices).dump(), [&] { return structured::choice_grammar(s.choices); }, s.param);
+      break;
+    case K::Grammar: cg = compiled("gbnf:" + s.text, [&] { return structured::gbnf_grammar(s.text); }, s.param); break;
+  }
+  return structured::constraint_factory(cg, start_after);
+}
+
+LogitConstraintFactory Service::tool_constraint(const ChatRequest& r, int32_t start_after) {
+  const std::string param = r.tool_choice == ToolChoice::Named ? "tool_choice.function.name" : "tool_choice";
+  if (tool_format_ == ToolFormat::None)
+    unsupported(param, "This model has no tool-call format, so 'tool_choice' cannot require a call.");
+  structured::ToolSyntax syntax = structured::ToolSyntax::Glm;
+  if (tool_format_ == ToolFormat::DeepSeek) {
+    // V3 / R1 write "function<｜tool▁sep｜>NAME```json", V3.1 "NAME<｜tool▁sep｜>ARGS": ask the template.
+    syntax = structured::ToolSyntax::DeepSeekV3;
+    try {
+      ojson msgs = ojson::array({ojson{{"role", "user"}, {"content", "x"}},
+                                 ojson{{"role", "assistant"}, {"content", ""},
+                                       {"tool_calls", ojson::array({ojson{{"id", "call_0"}, {"type", "function"},
+                                                                          {"function", {{"name", "probe_tool"}, {"arguments", "{}"}}}}})}}});
+      const std::string text = codec_.render_chat(msgs, nullptr, false, ojson::object());
+      if (text.find("probe_tool<｜tool▁sep｜>") != std::string::npos) syntax = structured::ToolSyntax::DeepSeekV31;
+    } catch (const std::exception&) {
+    }
+  }
+  const bool parallel = r.parallel_tool_calls && r.tool_choice == ToolChoice::Required;
+  const std::string key = fmt::format("tools:{}:{}:{}:{}", static_cast<int>(syntax), r.tool_choice_name, parallel, r.tools.dump());
+  auto cg = compiled(key, [&] { return structured::tool_call_grammar(syntax, r.tools, r.tool_choice_name, parallel); }, "tools");
+  return structured::constraint_factory(cg, start_after);
 }
 
 GenerationJob Service::start_chat(const ChatRequest& r) {
@@ -306,7 +390,12 @@ GenerationJob Service::start_chat(const ChatRequest& r) {
   oc.reasoning_tokens = &rt_;
   oc.reasoning_enabled = reasoning_enabled_;
   oc.initial = initial_channel(prompt, rt_);
-  oc.tool_format = r.tool_choice == ToolChoice::Auto ? tool_format_ : ToolFormat::None;
+  const bool tools_forced = r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named;
+  oc.tool_format = r.tool_choice == ToolChoice::Auto || tools_forced ? tool_format_ : ToolFormat::None;
+  // Reasoning stays free: the constraint starts after </think> when the prompt leaves the model thinking.
+  const int32_t start_after = reasoning_enabled_ && oc.initial == Channel::Reasoning ? rt_.think_end : -1;
+  LogitConstraintFactory constraint =
+      tools_forced ? tool_constraint(r, start_after) : structured_constraint(r.structured, start_after);
   oc.tools = r.tools;
   oc.parallel_tool_calls = r.parallel_tool_calls;
   oc.stop = r.c.stop;
@@ -316,7 +405,7 @@ GenerationJob Service::start_chat(const ChatRequest& r) {
   std::vector<OutputConfig> configs(static_cast<size_t>(r.c.n), oc);
   std::vector<std::vector<int32_t>> prompts;
   prompts.push_back(std::move(prompt));
-  return submit(std::move(prompts), r.c, {M}, std::move(configs), sp);
+  return submit(std::move(prompts), r.c, {M}, std::move(configs), sp, std::move(constraint));
 }
 
 GenerationJob Service::start_completion(const CompletionRequest& r) {
@@ -343,7 +432,7 @@ GenerationJob Service::start_completion(const CompletionRequest& r) {
   oc.skip_special = r.c.skip_special_tokens;
   oc.logprobs = r.logprobs.has_value();
   std::vector<OutputConfig> configs(prompts.size() * static_cast<size_t>(r.c.n), oc);
-  return submit(std::move(prompts), r.c, M, std::move(configs), sp);
+  return submit(std::move(prompts), r.c, M, std::move(configs), sp, structured_constraint(r.structured, -1));
 }
 
 }  // namespace latent::server

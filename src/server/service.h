@@ -4,7 +4,11 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +22,7 @@
 #include "server/request_state.h"
 #include "server/text_codec.h"
 #include "server/tool_parser.h"
+#include "structured/matcher.h"
 
 namespace latent::server {
 
@@ -100,7 +105,16 @@ class Service {
   std::vector<int32_t> stop_ids(const CommonParams& c) const;
   GenerationJob submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
                        const std::vector<int64_t>& max_tokens,
-                       std::vector<OutputConfig> configs, const SamplingParams& sp);
+                       std::vector<OutputConfig> configs, const SamplingParams& sp,
+                       LogitConstraintFactory constraint = {});
+  // Constrained decoding: the compiled grammar for a request (cached by its text), or 400 naming `param` when it
+  // cannot be compiled. start_after: the constraint begins after this token (the reasoning end), -1 = at once.
+  LogitConstraintFactory structured_constraint(const StructuredSpec& s, int32_t start_after);
+  LogitConstraintFactory tool_constraint(const ChatRequest& r, int32_t start_after);
+  std::shared_ptr<const structured::CompiledGrammar> compiled(
+      const std::string& key, const std::function<std::shared_ptr<const structured::Grammar>()>& make,
+      const std::string& param);
+  std::shared_ptr<const structured::TokenVocab> structured_vocab();  // under structured_mu_
 
   ModelInfo info_;
   ServiceOptions opt_;
@@ -111,6 +125,10 @@ class Service {
   bool reasoning_enabled_ = false;
   ToolFormat tool_format_ = ToolFormat::None;
   std::vector<int32_t> keep_ids_;  // tool-call marker ids shown even when special
+  std::mutex structured_mu_;       // guards vocab_, grammars_, grammar_order_
+  std::shared_ptr<const structured::TokenVocab> vocab_;
+  std::map<std::string, std::shared_ptr<const structured::CompiledGrammar>> grammars_;
+  std::deque<std::string> grammar_order_;  // oldest first (the cache keeps 64)
 };
 
 // Maps a scheduler refusal to the spec's error (503 overloaded / draining / engine_dead, 400 for too large).

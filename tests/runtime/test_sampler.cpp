@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "runtime/sampler.h"
@@ -25,6 +26,22 @@ TEST(Sampler, BannedIdsNeverSampled) {
   std::vector<bool> banned = {false, true, false};
   auto l = logits_of({1, 9, 2});
   EXPECT_EQ(s.sample(l, {}, {}, &banned).token, 2);
+}
+
+TEST(Sampler, MaskedIdsAreNotTopLogprobAlternatives) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = true;
+  p.top_logprobs = 3;
+  Sampler s(p, 0);
+  const float inf = std::numeric_limits<float>::infinity();
+  auto l = logits_of({-inf, 1.0f, -inf, 0.0f});  // a constraint allowed ids 1 and 3 only
+  const SampleResult r = s.sample(l, {}, {});
+  EXPECT_EQ(r.token, 1);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].first, 1);
+  EXPECT_EQ(r.top[1].first, 3);
+  EXPECT_TRUE(std::isfinite(r.top[1].second));
 }
 
 TEST(Sampler, SeedIsReproduciblePerStream) {

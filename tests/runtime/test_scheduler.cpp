@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -179,6 +180,50 @@ TEST(Scheduler, SinkStopStringEndsChoice) {
   ASSERT_TRUE(sink->wait(1));
   EXPECT_EQ(sink->reasons[0], FinishReason::Stop);
   EXPECT_EQ(sink->toks[0].size(), 4u);
+}
+
+// Allows only the ids of a fixed script, one per step; finished once the script is done.
+class ScriptConstraint : public LogitConstraint {
+ public:
+  ScriptConstraint(std::vector<int32_t> script, std::vector<int32_t>* seen) : script_(std::move(script)), seen_(seen) {}
+  void mask(std::span<float> logits) override {
+    ++masks;
+    for (size_t i = 0; i < logits.size(); ++i)
+      if (pos_ >= script_.size() || static_cast<int32_t>(i) != script_[pos_]) logits[i] = -std::numeric_limits<float>::infinity();
+  }
+  void accept(int32_t t) override {
+    seen_->push_back(t);
+    ++pos_;
+  }
+  bool finished() const override { return pos_ >= script_.size(); }
+  int masks = 0;
+
+ private:
+  std::vector<int32_t> script_;
+  std::vector<int32_t>* seen_;
+  size_t pos_ = 0;
+};
+
+TEST(Scheduler, LogitConstraintMasksBeforeSamplingAndEndsTheChoice) {
+  FakeEngine e;
+  Scheduler s(e, {});
+  s.start();
+  auto sink = std::make_shared<CollectSink>(2);
+  auto g = make_req(prompt_of(6, 9), 50, sink, /*n=*/2);
+  g.sampling.temperature = 1.0f;  // sampling, not greedy: only the mask can force the script
+  g.sampling.seed = 3;
+  std::vector<int32_t> seen[2];
+  g.constraint = [&](int choice) -> std::unique_ptr<LogitConstraint> {
+    std::vector<int32_t> script = choice == 0 ? std::vector<int32_t>{5, 9, 33} : std::vector<int32_t>{40, 41};
+    return std::make_unique<ScriptConstraint>(script, &seen[choice]);
+  };
+  s.submit(std::move(g));
+  ASSERT_TRUE(sink->wait(2));
+  EXPECT_EQ(sink->toks[0], (std::vector<int32_t>{5, 9, 33}));
+  EXPECT_EQ(sink->toks[1], (std::vector<int32_t>{40, 41}));
+  EXPECT_EQ(seen[0], sink->toks[0]);
+  EXPECT_EQ(sink->reasons[0], FinishReason::Stop);
+  EXPECT_EQ(sink->reasons[1], FinishReason::Stop);
 }
 
 TEST(Scheduler, ContextLimitIsLength) {

@@ -180,13 +180,22 @@ std::vector<Row> cases() {
   bad(Ep::Chat, chat(R"("tool_choice":"auto")"), "invalid_value", "tool_choice");
   bad(Ep::Chat, chat(R"("tool_choice":"sometimes","tools":[)" + tool + "]"), "invalid_value", "tool_choice");
   bad(Ep::Chat, chat(R"("tool_choice":{"type":"function","function":{"name":"other"}},"tools":[)" + tool + "]"), "invalid_value", "tool_choice.function.name");
-  bad(Ep::Chat, chat(R"("tool_choice":"required","tools":[)" + tool + "]"), "unsupported_parameter", "tool_choice");
-  bad(Ep::Chat, chat(R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},"tools":[)" + tool + "]"), "unsupported_parameter", "tool_choice");
+  bad(Ep::Chat, chat(R"("tool_choice":"required","guided_regex":"a","tools":[)" + tool + "]"), "invalid_value", "guided_regex");
   bad(Ep::Chat, chat(R"("tool_choice":5)"), "invalid_type", "tool_choice");
   bad(Ep::Chat, chat(R"("parallel_tool_calls":"no")"), "invalid_type", "parallel_tool_calls");
   // --- format / reasoning / templates ---------------------------------------------------------------------------
-  bad(Ep::Chat, chat(R"("response_format":{"type":"json_object"})"), "unsupported_parameter", "response_format");
-  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema","json_schema":{}})"), "unsupported_parameter", "response_format");
+  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema"})"), "missing_required_parameter", "response_format.json_schema");
+  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema","json_schema":{"schema":3}})"), "invalid_type", "response_format.json_schema.schema");
+  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema","json_schema":{"name":""}})"), "invalid_value", "response_format.json_schema.name");
+  bad(Ep::Chat, chat(R"("guided_choice":[])"), "invalid_value", "guided_choice");
+  bad(Ep::Chat, chat(R"("guided_choice":["a",1])"), "invalid_type", "guided_choice[1]");
+  bad(Ep::Chat, chat(R"("guided_regex":5)"), "invalid_type", "guided_regex");
+  bad(Ep::Chat, chat(R"("guided_grammar":"")"), "invalid_value", "guided_grammar");
+  bad(Ep::Chat, chat(R"("guided_json":"{not json")"), "invalid_value", "guided_json");
+  bad(Ep::Chat, chat(R"("guided_regex":"a","guided_choice":["b"])"), "invalid_value", "guided_choice");
+  bad(Ep::Chat, chat(R"("structured_outputs":{"regex":"a","choice":["b"]})"), "invalid_value", "structured_outputs");
+  bad(Ep::Chat, chat(R"("structured_outputs":{"xml":"a"})"), "unsupported_parameter", "structured_outputs.xml");
+  bad(Ep::Completions, R"({"prompt":"x","guided_regex":[1]})", "invalid_type", "guided_regex");
   bad(Ep::Chat, chat(R"("response_format":{"type":"xml"})"), "invalid_value", "response_format.type");
   bad(Ep::Chat, chat(R"("response_format":"json")"), "invalid_type", "response_format");
   bad(Ep::Chat, chat(R"("reasoning_effort":"bogus")"), "invalid_value", "reasoning_effort");
@@ -330,6 +339,39 @@ TEST(RequestSchema, ThinkingPrecedence) {
   EXPECT_EQ(vars(R"("chat_template_kwargs":{"thinking":false})")["enable_thinking"], false);
   EXPECT_FALSE(vars(R"("chat_template_kwargs":{"enable_thinking":null})").contains("enable_thinking"));
   EXPECT_EQ(vars(R"("chat_template_kwargs":{"clear_thinking":false})")["clear_thinking"], false);
+}
+
+TEST(RequestSchema, StructuredOutputFields) {
+  using K = StructuredSpec::Kind;
+  auto spec = [](const std::string& extra) { return parse_chat_request(parse_json_body(chat(extra)), ctx()).structured; };
+  EXPECT_EQ(spec("").kind, K::None);
+  EXPECT_EQ(spec(R"("response_format":{"type":"text"})").kind, K::None);
+  EXPECT_EQ(spec(R"("response_format":{"type":"json_object"})").kind, K::JsonObject);
+  auto s = spec(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"integer"}}})");
+  EXPECT_EQ(s.kind, K::JsonSchema);
+  EXPECT_EQ(s.schema, ojson::parse(R"({"type":"integer"})"));
+  EXPECT_EQ(s.param, "response_format.json_schema.schema");
+  EXPECT_EQ(spec(R"("response_format":{"type":"json_schema","json_schema":{"name":"x"}})").kind, K::JsonObject);
+  s = spec(R"("guided_json":"{\"type\":\"string\"}")");
+  EXPECT_EQ(s.kind, K::JsonSchema);
+  EXPECT_EQ(s.schema["type"], "string");
+  s = spec(R"("guided_choice":["a","b"])");
+  EXPECT_EQ(s.kind, K::Choice);
+  EXPECT_EQ(s.choices, (std::vector<std::string>{"a", "b"}));
+  s = spec(R"("structured_outputs":{"regex":"[0-9]+"})");
+  EXPECT_EQ(s.kind, K::Regex);
+  EXPECT_EQ(s.text, "[0-9]+");
+  EXPECT_EQ(s.param, "structured_outputs.regex");
+  EXPECT_EQ(spec(R"("guided_grammar":"root ::= \"a\"")").kind, K::Grammar);
+  const std::string tool = R"({"type":"function","function":{"name":"get_weather"}})";
+  auto r = parse_chat_request(parse_json_body(chat(R"("tool_choice":"required","tools":[)" + tool + "]")), ctx());
+  EXPECT_EQ(r.tool_choice, ToolChoice::Required);
+  r = parse_chat_request(parse_json_body(chat(R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},"tools":[)" + tool + "]")), ctx());
+  EXPECT_EQ(r.tool_choice, ToolChoice::Named);
+  EXPECT_EQ(r.tool_choice_name, "get_weather");
+  EXPECT_EQ(r.c.unknown_fields, 0);
+  auto c = parse_completion_request(parse_json_body(R"({"prompt":"x","guided_choice":["y"]})"), ctx());
+  EXPECT_EQ(c.structured.kind, K::Choice);
 }
 
 TEST(RequestSchema, ToolChoiceNoneHidesTools) {

@@ -58,8 +58,9 @@ def test_error_table(server):
     assert_error(*server.json("POST", "/v1/chat/completions", {"messages": USER, "n": "2"}), 400, "invalid_type", "n")
     assert_error(*server.json("POST", "/v1/chat/completions", {"messages": USER, "temperature": 3}), 400, "invalid_value",
                  "temperature")
-    assert_error(*server.json("POST", "/v1/chat/completions", {"messages": USER, "response_format": {"type": "json_object"}}),
-                 400, "unsupported_parameter", "response_format")
+    assert_error(*server.json("POST", "/v1/chat/completions", {"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "d", "schema": {"type": "string", "format": "date"}}}}),
+                 400, "unsupported_parameter", "response_format.json_schema.schema")
     assert_error(*server.json("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 1100}]}),
                  400, "context_length_exceeded", "messages")
     assert_error(*server.json("POST", "/v1/chat/completions", {"messages": USER, "model": "nope"}), 404,
