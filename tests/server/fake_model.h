@@ -107,10 +107,10 @@ class ScriptEngine : public Engine {
     int64_t row = 0;
     for (const auto& it : items) {
       const std::vector<int32_t> hist = store_.apply(it);
-      // The prompt length: known when a choice's cache was shared (it starts after the prompt) or when the
-      // first logits are asked for.
+      // The prompt length: known when a choice's cache was shared (its first item decodes right after the prompt)
+      // or when the first logits are asked for (a prompt whose prefix came from the prefix cache starts later).
       auto [pl, first] = prompt_len_.try_emplace(it.seq, -1);
-      if (first && it.start > 0) pl->second = it.start;
+      if (first && it.start > 0 && it.decode) pl->second = it.start;
       if (!it.want_logits) continue;
       if (pl->second < 0) pl->second = static_cast<int64_t>(hist.size());
       float* r = logits + row * kV;
