@@ -202,6 +202,10 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
 
 void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64_t max_blocks) {
   const Dims d = dims_for(max_tokens, max_seqs, max_ctx, max_blocks, max_tokens);
+  // Host staging of the step metadata, at its largest.
+  const size_t n32 = static_cast<size_t>(d.N + (d.S + 1) + d.S + d.S * d.MB + d.R);
+  if (host_i32_.size() < n32) host_i32_.resize(n32);
+  if (host_i64_.size() < static_cast<size_t>(2 * d.N)) host_i64_.resize(static_cast<size_t>(2 * d.N));
   Buffers b{};
   const size_t need = carve(d, nullptr, b);
   if (need <= ws_cap_) return;

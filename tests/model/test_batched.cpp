@@ -5,12 +5,17 @@
 //  * a bad step is refused before it touches the cache; the workspace does not grow once reserved.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <random>
 
 #include "core/error.h"
 #include "model_test_util.h"
+
+#include "alloc_counter.h"
 
 namespace latent::testing {
 namespace {
@@ -261,6 +266,45 @@ TEST(BatchedStep, ReservedWorkspaceDoesNotGrow) {
   }
   EXPECT_EQ(m.workspace_grows(), 0);
   EXPECT_EQ(m.workspace_bytes(), bytes);
+}
+
+// The serving backend (cpu) only; the ref oracle allocates freely.
+TEST(BatchedStep, NoHeapAllocationOnTheStepPathOnceWarm) {
+  for (const char* be : {"cpu"}) {
+    auto lm = load_model(model_dir("glm5-tiny"), {}, 2, be);
+    Model& m = *lm->model;
+    const ModelConfig& cfg = m.config();
+    const int64_t bt = 4, S = 4, max_ctx = 32;
+    m.reserve(64, S, max_ctx, max_ctx / bt);
+    PagedKvCache pool(cfg, *lm->backend, S * (max_ctx / bt), bt, m.cache_dtype());
+    std::vector<std::vector<int32_t>> table(S);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t j = 0; j < max_ctx / bt; ++j) table[s].push_back(static_cast<int32_t>(s * (max_ctx / bt) + j));
+    std::vector<float> lg(static_cast<size_t>(64 * cfg.vocab_size));
+    std::vector<int32_t> tokens;
+    std::vector<StepSequence> seqs;
+    tokens.reserve(64);
+    seqs.reserve(S);
+    std::vector<int64_t> len(S, 0);
+    int64_t counted = 0;
+    for (int step = 0; step < 14; ++step) {
+      tokens.clear();
+      seqs.clear();
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t n = step == 0 ? 10 : 1;  // a prefill past index_topk (sparse DSA), then decodes
+        for (int64_t i = 0; i < n; ++i) tokens.push_back(static_cast<int32_t>((step * 31 + s * 7 + i) % 200));
+        seqs.push_back({len[s], n, table[s], LogitRows::Last, step > 0});
+        len[s] += n;
+      }
+      // Steps 0..3 warm the grow-only scratch; the rest are counted.
+      latent::testing::g_allocs.store(0);
+      latent::testing::g_count_allocs.store(step >= 4);
+      m.step(Step{tokens, seqs}, pool, lg.data());
+      latent::testing::g_count_allocs.store(false);
+      counted += latent::testing::g_allocs.load();
+    }
+    EXPECT_EQ(counted, 0) << be << ": heap allocations during 10 warm steps";
+  }
 }
 
 }  // namespace

@@ -129,6 +129,11 @@ void Backend::mla_attention_absorbed_paged(const MlaDims& d, const float* q, con
   for (int64_t s = 0; s < seqs.n_seqs; ++s) {
     const int64_t b = seqs.q_begin[s], n = seqs.q_begin[s + 1] - b, T = seqs.ctx_len[s];
     if (n <= 0) continue;
+    // Grow-only, by doubling: a step path that does not allocate once the context stopped growing past it.
+    const size_t need_c = static_cast<size_t>(std::max<int64_t>(std::max<int64_t>(T, seqs.max_ctx), 64) * dc);
+    if (c.capacity() < need_c) c.reserve(std::max(need_c, 2 * c.capacity()));
+    const size_t need_k = static_cast<size_t>(std::max<int64_t>(std::max<int64_t>(T, seqs.max_ctx), 64) * dr);
+    if (kpe.capacity() < need_k) kpe.reserve(std::max(need_k, 2 * kpe.capacity()));
     c.resize(static_cast<size_t>(std::max<int64_t>(T, 1) * dc));
     kpe.resize(static_cast<size_t>(std::max<int64_t>(T, 1) * dr));
     const int32_t* blocks = seqs.block_table + s * seqs.max_blocks;

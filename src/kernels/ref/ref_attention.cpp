@@ -174,7 +174,7 @@ void RefBackend::indexer_scores(const float* q, const float* w, const float* k, 
 void RefBackend::topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos,
                              int32_t* sel, int32_t* count) {
   pool_.parallel_for(S, 4, [&](int64_t s0, int64_t s1) {
-    std::vector<int32_t> idx;
+    thread_local std::vector<int32_t> idx;  // grow-only: no allocation per call once warm
     for (int64_t s = s0; s < s1; ++s) {
       const float* row = scores + s * T;
       const int64_t n = std::min<int64_t>(q_pos[s] + 1, T);
