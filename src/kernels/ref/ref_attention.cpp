@@ -178,7 +178,9 @@ void RefBackend::topk_select(const float* scores, int64_t S, int64_t T, int64_t 
     for (int64_t s = s0; s < s1; ++s) {
       const float* row = scores + s * T;
       const int64_t n = std::min<int64_t>(q_pos[s] + 1, T);
-      idx.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
+      const size_t want = static_cast<size_t>(std::max<int64_t>(n, 0));
+      if (idx.capacity() < want) idx.reserve(std::max<size_t>({want, 2 * idx.capacity(), 4096}));
+      idx.resize(want);
       std::iota(idx.begin(), idx.end(), 0);
       const int64_t kk = std::min<int64_t>(k, n);
       // NaN sorts last.
