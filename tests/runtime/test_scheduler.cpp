@@ -396,9 +396,25 @@ TEST(Scheduler, QueueWaitExpires) {
   EXPECT_EQ(*b->aborted, AbortReason::QueueTimeout);
 }
 
+// Records the KV blocks in use when each choice receives its first token (on the scheduler thread).
+class UsageSink : public CollectSink {
+ public:
+  UsageSink() : CollectSink(1) {}
+  bool on_token(int c, const SampleResult& r, bool stop_token) override {
+    bool first;
+    {
+      std::lock_guard lk(mu);
+      first = toks[0].empty();
+    }
+    if (first && sched) used_at_first.store(sched->stats().kv_used);
+    return CollectSink::on_token(c, r, stop_token);
+  }
+  Scheduler* sched = nullptr;
+  std::atomic<int64_t> used_at_first{-1};
+};
+
 TEST(Scheduler, EightSequencesOfAThousandTokensOccupyExactlyTheirBlocks) {
   FakeEngine e;
-  e.delay = 2ms;
   SchedulerOptions o;
   o.kv_block_tokens = 64;
   o.kv_total_blocks = 1000;
@@ -406,25 +422,17 @@ TEST(Scheduler, EightSequencesOfAThousandTokensOccupyExactlyTheirBlocks) {
   o.prefill_chunk = 1024;
   o.max_context = 4096;
   Scheduler s(e, o);
-  s.start();
-  std::vector<std::shared_ptr<CollectSink>> sinks;
+  std::vector<std::shared_ptr<UsageSink>> sinks;
   for (int i = 0; i < 8; ++i) {
-    sinks.push_back(std::make_shared<CollectSink>(1));
-    s.submit(make_req(prompt_of(999, i), 1000, sinks.back()));
+    sinks.push_back(std::make_shared<UsageSink>());
+    sinks.back()->sched = &s;
+    s.submit(make_req(prompt_of(999, i), 8, sinks.back()));
   }
-  // Once every sequence holds 1,000 tokens (999 prompt + 1 sampled, fed back in the next step), each owns
-  // ceil(1000 / 64) = 16 blocks: 128 in all.
-  bool seen = false;
-  for (int i = 0; i < 5000 && !seen; ++i) {
-    int at_one = 0;
-    for (auto& k : sinks) {
-      std::lock_guard lk(k->mu);
-      at_one += k->toks[0].size() == 1;
-    }
-    if (at_one == 8 && s.stats().kv_used == 8 * 16) seen = true;
-    if (!seen) std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  EXPECT_TRUE(seen) << "kv_used " << s.stats().kv_used;
+  s.start();  // all eight are queued: their prompts are prefilled in one step and sampled in that step
+  for (auto& k : sinks) ASSERT_TRUE(k->wait(1));
+  // When each sampled its first token, all eight held blocks for 1,000 tokens (999 prompt + the next one):
+  // ceil(1000 / 64) = 16 blocks each, 128 in all.
+  for (auto& k : sinks) EXPECT_EQ(k->used_at_first.load(), 8 * 16);
   s.stop();
   EXPECT_EQ(s.stats().kv_used, 0);
 }
