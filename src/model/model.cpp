@@ -208,16 +208,19 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
   if (host_i64_.size() < static_cast<size_t>(2 * d.N)) host_i64_.resize(static_cast<size_t>(2 * d.N));
   Buffers b{};
   const size_t need = carve(d, nullptr, b);
-  if (need <= ws_cap_) return;
+  if (need > ws_cap_) replace_workspace(need);
+}
+
+void Model::replace_workspace(size_t bytes) {
   if (ws_) {
     be_.dealloc(ws_);
     owned_.erase(std::remove(owned_.begin(), owned_.end(), static_cast<void*>(ws_)), owned_.end());
     ws_ = nullptr;
     ws_cap_ = 0;
   }
-  ws_ = static_cast<char*>(be_.alloc(need, "the step workspace (activations and scratch)"));
+  ws_ = static_cast<char*>(be_.alloc(bytes, "the step workspace (activations and scratch)"));
   owned_.push_back(ws_);
-  ws_cap_ = need;
+  ws_cap_ = bytes;
 }
 
 void Model::ensure_workspace(const Dims& d) {
@@ -226,16 +229,7 @@ void Model::ensure_workspace(const Dims& d) {
   if (need <= ws_cap_) return;
   // A step larger than any reserved: grow (counted; the server reserves its limits so this never happens there).
   ++ws_grows_;
-  if (ws_) {
-    be_.dealloc(ws_);
-    owned_.erase(std::remove(owned_.begin(), owned_.end(), static_cast<void*>(ws_)), owned_.end());
-    ws_ = nullptr;
-    ws_cap_ = 0;
-  }
-  const size_t cap = std::max(need, ws_cap_ * 2);
-  ws_ = static_cast<char*>(be_.alloc(cap, "the step workspace (activations and scratch)"));
-  owned_.push_back(ws_);
-  ws_cap_ = cap;
+  replace_workspace(std::max(need, ws_cap_ * 2));  // doubling: a few growths at most
 }
 
 // ---------------------------------------------------------------------------------------------------------------

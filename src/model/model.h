@@ -113,6 +113,7 @@ class Model {
   size_t carve(const Dims& d, char* base, Buffers& b) const;
   Dims dims_for(int64_t n_tokens, int64_t n_seqs, int64_t max_ctx, int64_t max_blocks, int64_t logit_rows) const;
   void ensure_workspace(const Dims& d);
+  void replace_workspace(size_t bytes);  // frees the workspace and allocates `bytes` of backend memory
   void forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
                     std::vector<float>* hidden);
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
