@@ -267,7 +267,7 @@ ApiError rejection_error(const SchedulerRejected& r) {
 GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
                               const std::vector<int64_t>& max_tokens,
                               std::vector<OutputConfig> configs, const SamplingParams& sp,
-                              LogitConstraintFactory constraint) {
+                              LogitConstraintFactory constraint, int prompt_logprobs) {
   GenerationJob job;
   job.model = c.model;
   job.n_choices = static_cast<int>(configs.size());
@@ -288,6 +288,7 @@ GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const C
       g.sink = job.state;
       g.arrival = arrival;
       g.constraint = constraint;
+      g.prompt_logprobs = prompt_logprobs;
       job.handles.push_back(scheduler_.submit(std::move(g)));
     }
   } catch (const SchedulerRejected& r) {
@@ -431,8 +432,20 @@ GenerationJob Service::start_completion(const CompletionRequest& r) {
   oc.stop = r.c.stop;
   oc.skip_special = r.c.skip_special_tokens;
   oc.logprobs = r.logprobs.has_value();
-  std::vector<OutputConfig> configs(prompts.size() * static_cast<size_t>(r.c.n), oc);
-  return submit(std::move(prompts), r.c, M, std::move(configs), sp, structured_constraint(r.structured, -1));
+  std::vector<OutputConfig> configs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    OutputConfig pc = oc;
+    if (r.echo) {
+      // The prompt as the client gave it (token prompts: their text); its tokens' logprobs come from the engine.
+      pc.echo = true;
+      pc.echo_text = r.prompt_is_tokens ? codec_.decode(prompts[i], false) : r.prompt_texts[i];
+      pc.echo_first_token = prompts[i].front();
+    }
+    for (int j = 0; j < r.c.n; ++j) configs.push_back(pc);
+  }
+  const int prompt_lp = r.echo ? r.logprobs.value_or(0) : -1;
+  return submit(std::move(prompts), r.c, M, std::move(configs), sp, structured_constraint(r.structured, -1),
+                prompt_lp);
 }
 
 }  // namespace latent::server
