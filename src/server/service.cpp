@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -386,6 +387,10 @@ GenerationJob Service::start_chat(const ChatRequest& r) {
   SamplingParams sp = sampling(r.c);
   sp.logprobs = r.logprobs;
   sp.top_logprobs = r.top_logprobs;
+  // tool_choice "none" with tools given: the model may not start a call (its tool-call start token is masked), so
+  // it answers in text instead of writing call markup into the content.
+  if (r.tool_choice == ToolChoice::None && r.tools.is_array() && !r.tools.empty())
+    for (int32_t id : rt_.tool_start) sp.logit_bias.emplace_back(id, -std::numeric_limits<float>::infinity());
   OutputConfig oc;
   oc.codec = &codec_;
   oc.reasoning_tokens = &rt_;
