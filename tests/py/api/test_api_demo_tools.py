@@ -244,3 +244,27 @@ def test_logprobs_without_echo_unchanged(client):
     assert ch.logprobs.text_offset[0] == 0
     e = client.completions.create(model="tiny-glm", prompt=prompt, max_tokens=3, temperature=0, echo=False)
     assert e.choices[0].text == ch.text and e.choices[0].logprobs is None
+
+
+def test_echo_logprobs_equal_latent_logits(client, tmp_path):
+    """The echoed prompt logprobs are log_softmax of `latent logits` (the same model, every position) at the next
+    prompt token, and the top alternatives are its argmax."""
+    import subprocess
+
+    import numpy as np
+
+    from conftest import _latent_bin
+    prompt = [4013, 4015, 4018] + list(range(300, 340))  # [gMASK]<sop><|user|> + 40 ordinary tokens
+    r = client.completions.create(model="tiny-glm", prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    lp = r.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(prompt) and lp.token_logprobs[0] is None
+    out = tmp_path / "logits.npy"
+    subprocess.run([_latent_bin(), "logits", "--model", str(DEMO), "--tokens", " ".join(map(str, prompt)),
+                    "--out", str(out)], check=True, capture_output=True, timeout=120)
+    x = np.load(out).astype(np.float64)
+    ls = x - x.max(-1, keepdims=True)
+    ls = ls - np.log(np.exp(ls).sum(-1, keepdims=True))
+    for p in range(1, len(prompt)):
+        assert abs(lp.token_logprobs[p] - ls[p - 1, prompt[p]]) < 2e-3, p
+        (best_lp,) = lp.top_logprobs[p].values()
+        assert abs(best_lp - ls[p - 1].max()) < 2e-3, p
