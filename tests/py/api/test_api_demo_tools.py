@@ -268,3 +268,21 @@ def test_echo_logprobs_equal_latent_logits(client, tmp_path):
         assert abs(lp.token_logprobs[p] - ls[p - 1, prompt[p]]) < 2e-3, p
         (best_lp,) = lp.top_logprobs[p].values()
         assert abs(best_lp - ls[p - 1].max()) < 2e-3, p
+
+
+def test_echo_several_prompts_and_choices(client):
+    """Each prompt's choices echo that prompt (its own logprobs); streaming gives the same texts."""
+    prompts = ["The capital of France is", "Hello"]
+    r = client.completions.create(model="tiny-glm", prompt=prompts, max_tokens=0, echo=True, logprobs=0, n=2)
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == [prompts[0]] * 2 + [prompts[1]] * 2
+    by = {c.index: c.logprobs.token_logprobs for c in r.choices}
+    assert by[0] == by[1] and by[2] == by[3] == [None] and len(by[0]) == 5
+    g = client.completions.create(model="tiny-glm", prompt=prompts, max_tokens=3, echo=True, n=2, temperature=0)
+    texts = {c.index: c.text for c in g.choices}
+    assert all(texts[i].startswith(prompts[i // 2]) and len(texts[i]) > len(prompts[i // 2]) for i in range(4))
+    streamed = {}
+    for ch in client.completions.create(model="tiny-glm", prompt=prompts, max_tokens=3, echo=True, n=2,
+                                        temperature=0, stream=True):
+        for c in ch.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == texts
