@@ -254,7 +254,8 @@ def test_echo_logprobs_equal_latent_logits(client, tmp_path):
     import numpy as np
 
     from conftest import _latent_bin
-    prompt = [4013, 4015, 4018] + list(range(300, 340))  # [gMASK]<sop><|user|> + 40 ordinary tokens
+    # [gMASK]<sop><|user|> + 300 ordinary tokens: more than one prefill chunk (256), past index_topk (16)
+    prompt = [4013, 4015, 4018] + list(range(300, 600))
     r = client.completions.create(model="tiny-glm", prompt=prompt, max_tokens=0, echo=True, logprobs=1)
     lp = r.choices[0].logprobs
     assert len(lp.token_logprobs) == len(prompt) and lp.token_logprobs[0] is None
