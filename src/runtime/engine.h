@@ -17,6 +17,7 @@ struct EngineStepItem {
   int64_t start = 0;                // tokens of this sequence already in the cache
   std::span<const int32_t> blocks;  // its block table, covering start + tokens.size() tokens
   bool want_logits = false;         // the logits of the last token of this chunk are needed
+  bool all_logits = false;          // the logits of every token of this chunk are needed (prompt logprobs)
   bool decode = false;              // the tokens are generated ones (not the prompt): decode-form attention
 };
 
@@ -29,8 +30,9 @@ class Engine {
   virtual int64_t kv_bytes_per_token() const = 0;
   // Copies the first n_tokens slots of block src into block dst (copy on write of a shared partial block).
   virtual void copy_block(int32_t src, int32_t dst, int64_t n_tokens) = 0;
-  // Runs every item in one batched step. logits: one row of vocab_size() floats per item with want_logits, in item
-  // order. Throws on failure (the scheduler aborts the requests of the batch).
+  // Runs every item in one batched step. logits: rows of vocab_size() floats in item order: tokens.size() rows for
+  // an item with all_logits (one per token, in order; the last is the want_logits row), else one row per item with
+  // want_logits. Throws on failure (the scheduler aborts the requests of the batch).
   virtual void step(std::span<const EngineStepItem> items, float* logits) = 0;
 };
 

@@ -152,4 +152,32 @@ SampleResult Sampler::sample(std::span<float> logits, std::span<const int32_t> p
   return res;
 }
 
+SampleResult token_logprob(std::span<const float> logits, int32_t token, int top_n, const std::vector<bool>* banned) {
+  const size_t V = logits.size();
+  auto allowed = [&](size_t i) { return !banned || !(*banned)[i]; };
+  float mx = kNegInf;
+  for (size_t i = 0; i < V; ++i)
+    if (allowed(i)) mx = std::max(mx, logits[i]);
+  double sum = 0.0;
+  for (size_t i = 0; i < V; ++i)
+    if (allowed(i)) sum += std::exp(static_cast<double>(logits[i] - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  SampleResult r;
+  r.token = token;
+  r.logprob = token >= 0 && static_cast<size_t>(token) < V && allowed(static_cast<size_t>(token))
+                  ? logits[static_cast<size_t>(token)] - lse
+                  : kNegInf;
+  if (top_n > 0) {
+    std::vector<std::pair<float, int32_t>> all;
+    all.reserve(V);
+    for (size_t i = 0; i < V; ++i)
+      if (allowed(i)) all.emplace_back(logits[i], static_cast<int32_t>(i));
+    const size_t n = std::min<size_t>(static_cast<size_t>(top_n), all.size());
+    std::partial_sort(all.begin(), all.begin() + static_cast<int64_t>(n), all.end(),
+                      [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    for (size_t i = 0; i < n; ++i) r.top.emplace_back(all[i].second, all[i].first - lse);
+  }
+  return r;
+}
+
 }  // namespace latent

@@ -50,6 +50,12 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> scratch_;
 };
 
+// Log-probability of `token` under the raw distribution softmax(logits) (no bias, penalties or temperature: the
+// model's own scores, as prompt logprobs are reported) and the top_n most likely ids (descending, ties by id).
+// Banned ids (optional) have probability 0 and are never listed.
+SampleResult token_logprob(std::span<const float> logits, int32_t token, int top_n,
+                           const std::vector<bool>* banned = nullptr);
+
 // Greedy argmax with ties to the lowest id, skipping banned ids.
 int32_t argmax(std::span<const float> logits, const std::vector<bool>* banned = nullptr);
 

@@ -51,6 +51,9 @@ struct Scheduler::Req {
   bool ended = false;
   bool loop_warned = false;  // the repetition-loop warning is logged at most once per request
   int64_t generated = 0;
+  std::vector<SampleResult> prompt_lp;  // prompt_logprobs >= 0: filled by position while choice 0 prefills
+  bool prompt_lp_sent = false;
+  bool wants_prompt_lp() const { return g.prompt_logprobs >= 0 && !prompt_lp_sent; }
 };
 
 int Scheduler::Seq::choice() const { return req->g.choice_offset + j; }
@@ -77,6 +80,7 @@ std::shared_ptr<RequestHandle> Scheduler::submit(GenerationRequest req) {
   const int64_t P = static_cast<int64_t>(req.prompt.size());
   if (P == 0) throw SchedulerRejected(K::TooLarge, "the prompt has no tokens");
   if (req.n < 1) req.n = 1;
+  if (req.max_tokens < 0) throw SchedulerRejected(K::TooLarge, "max_tokens is negative");
   if (P >= opt_.max_context)
     throw SchedulerRejected(K::TooLarge, fmt::format("the prompt has {} tokens; the context holds {}", P, opt_.max_context));
   if (req.n > opt_.max_num_seqs)
@@ -518,6 +522,7 @@ bool Scheduler::step() {
   if (alloc_.prefix_cache_enabled())
     for (Seq* s : active_) {
       if (s->done || s->await_fork || s->n_computed != 0 || alloc_.blocks_of(s->id) != 0) continue;
+      if (s->j == 0 && s->req->wants_prompt_lp()) continue;  // every prompt row's logits are needed
       const int64_t n = static_cast<int64_t>(s->tokens.size());
       const uint64_t q0 = alloc_.prefix_query_tokens(), h0 = alloc_.prefix_hit_tokens();
       s->n_computed = alloc_.attach_prefix(s->id, s->tokens, n - 1);
@@ -591,7 +596,8 @@ bool Scheduler::step() {
     it.blocks = std::span<const int32_t>(table->data(), table->size());
     it.want_logits = s.n_computed + p.len == total;
     it.decode = s.n_computed >= s.n_prompt;
-    want += it.want_logits ? 1 : 0;
+    it.all_logits = !it.decode && s.j == 0 && s.req->wants_prompt_lp();
+    want += it.all_logits ? p.len : it.want_logits ? 1 : 0;
     items.push_back(it);
     ran.push_back(&p);
   }
@@ -623,11 +629,45 @@ bool Scheduler::step() {
     Seq& s = *ran[i]->s;
     s.n_computed += ran[i]->len;
     alloc_.commit(s.id, s.tokens, s.n_computed);
-    if (!items[i].want_logits) continue;
+    if (items[i].all_logits) {
+      // Row k predicts the token at position start + k + 1; the prompt's positions 1 .. P-1 are recorded.
+      Req& r = *s.req;
+      const int64_t n = static_cast<int64_t>(items[i].tokens.size());
+      r.prompt_lp.resize(static_cast<size_t>(s.n_prompt - 1));
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t pos = items[i].start + k + 1;
+        if (pos >= s.n_prompt) break;
+        r.prompt_lp[static_cast<size_t>(pos - 1)] =
+            token_logprob(std::span<const float>(logits_.data() + (row + k) * V, static_cast<size_t>(V)),
+                          s.tokens[static_cast<size_t>(pos)], r.g.prompt_logprobs, opt_.banned);
+      }
+      row += n - 1;  // the last row is the want_logits row
+    }
+    if (!items[i].want_logits) {
+      if (items[i].all_logits) ++row;
+      continue;
+    }
     float* rowp = logits_.data() + row * V;
     ++row;
     if (s.done || s.req->ended) continue;
-    if (s.generated == 0 && s.j == 0) on_prefill_done(s, rowp, now);
+    if (s.generated == 0 && s.j == 0) {
+      Req& r = *s.req;
+      if (r.wants_prompt_lp()) {
+        r.prompt_lp_sent = true;
+        r.prompt_lp.resize(static_cast<size_t>(s.n_prompt - 1));
+        try {
+          r.g.sink->on_prompt_logprobs(r.g.choice_offset, r.g.n, std::move(r.prompt_lp));
+        } catch (const std::exception& e) {
+          log::error("scheduler: sink: {}", e.what());
+        }
+        r.prompt_lp = {};
+      }
+      if (r.g.max_tokens == 0) {  // nothing to generate: every choice ends with the prompt
+        for (auto& sib : r.seqs) finish_seq(*sib, FinishReason::Length);
+        continue;
+      }
+      on_prefill_done(s, rowp, now);
+    }
     sample_and_emit(s, rowp, now);
   }
   retire_finished_requests(now);

@@ -47,6 +47,11 @@ class GenerationSink {
   virtual void on_scheduled() {}
   // The first choice found this many prompt tokens in the prefix cache (called once, before its first token).
   virtual void on_cached_prompt_tokens(int64_t tokens) {}
+  // GenerationRequest::prompt_logprobs >= 0: entry i is the log-probability of prompt token i + 1 given the tokens
+  // before it (prompt size - 1 entries; the first prompt token has none), with its alternatives. Called once per
+  // request (for its choices first_choice .. first_choice + n - 1), after the prompt was computed and before the
+  // first token (or the finish of a max_tokens 0 request).
+  virtual void on_prompt_logprobs(int first_choice, int n, std::vector<SampleResult> entries) {}
   // Choice `choice` (request choice_offset + j) sampled token s. stop_token: an EOS / stop id, which ends the choice
   // and is not text. Return true to end the choice now (a stop string matched): finish reason Stop.
   virtual bool on_token(int choice, const SampleResult& s, bool stop_token) = 0;
@@ -60,7 +65,11 @@ struct GenerationRequest {
   int n = 1;
   int choice_offset = 0;
   SamplingParams sampling;
-  int64_t max_tokens = 16;       // per choice, >= 1
+  int64_t max_tokens = 16;       // per choice, >= 0 (0: the prompt is only computed, e.g. for its logprobs)
+  // >= 0: the prompt tokens' logprobs with this many alternatives are delivered (GenerationSink::on_prompt_logprobs).
+  // The prompt is then computed in full: the prefix cache is not attached for it (the logits of every row are
+  // needed), though its blocks are still offered to the cache for later requests.
+  int prompt_logprobs = -1;
   std::vector<int32_t> stop_ids;  // EOS set (unless ignore_eos) + stop_token_ids
   bool ignore_eos = false;        // runs past EOS on purpose (benchmarks): a repetition loop is not warned about
   std::shared_ptr<GenerationSink> sink;

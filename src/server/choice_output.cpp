@@ -98,6 +98,23 @@ void ChoiceOutput::content_text(const std::string& text, ChoiceDelta& out) {
   if (m.stopped) stopped_ = true;
 }
 
+void ChoiceOutput::echo(const std::vector<SampleResult>& entries, ChoiceDelta& out) {
+  if (!cfg_.echo) return;
+  content_ += cfg_.echo_text;
+  out.content += cfg_.echo_text;
+  if (!cfg_.logprobs) return;
+  LogprobEntry first;
+  first.token = cfg_.echo_first_token;
+  first.null_logprob = true;
+  all_logprobs_.push_back(first);
+  out.logprobs.push_back(first);
+  for (const auto& e : entries) {
+    LogprobEntry x{e.token, e.logprob, e.top};
+    all_logprobs_.push_back(x);
+    out.logprobs.push_back(std::move(x));
+  }
+}
+
 bool ChoiceOutput::push(const SampleResult& s, bool stop_token, ChoiceDelta& out) {
   ++completion_tokens_;
   if (stop_token || finished_) return false;

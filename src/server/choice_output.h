@@ -23,6 +23,7 @@ struct LogprobEntry {
   int32_t token = 0;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
+  bool null_logprob = false;  // the first echoed prompt token: no logprob (null in the response)
 };
 
 struct ToolCallDelta {
@@ -52,6 +53,11 @@ struct OutputConfig {
   bool skip_special = true;
   std::vector<int32_t> keep_ids;  // ids shown even when special and skipping (tool-call markers)
   bool logprobs = false;
+  // /v1/completions echo: the prompt text comes first in the content, and with logprobs its tokens' entries
+  // (echo_first_token with a null logprob, then those of ChoiceOutput::echo's entries).
+  bool echo = false;
+  std::string echo_text;
+  int32_t echo_first_token = -1;
 };
 
 class ChoiceOutput {
@@ -59,6 +65,8 @@ class ChoiceOutput {
   explicit ChoiceOutput(OutputConfig cfg);
   // One sampled token; stop_token: EOS / stop id (counted, never shown). Returns true when a stop string matched.
   bool push(const SampleResult& s, bool stop_token, ChoiceDelta& out);
+  // The echoed prompt (cfg.echo), before the first token: entries are the prompt tokens 1.. with their logprobs.
+  void echo(const std::vector<SampleResult>& entries, ChoiceDelta& out);
   // End of the choice: flushes held-back text. Returns the finish_reason: stop / length / tool_calls.
   std::string finish(FinishReason r, ChoiceDelta& out);
 

@@ -68,7 +68,11 @@ CompletionRequest parse_completion_request(const ojson& b, const ValidationConte
   parse_prompt(b, r, ctx);
   parse_model_field(b, c);
   parse_stream_fields(b, c);
-  parse_max_tokens(b, c, /*chat=*/false);
+  {
+    const ojson* e = get(b, "echo");
+    r.echo = e && e->is_boolean() && e->get<bool>();
+  }
+  parse_max_tokens(b, c, /*chat=*/false, /*allow_zero=*/r.echo);
   parse_sampling_fields(b, c, ctx);
   parse_n(b, c, ctx);
   parse_stop_fields(b, c, ctx);
@@ -78,7 +82,6 @@ CompletionRequest parse_completion_request(const ojson& b, const ValidationConte
   }
   if (const ojson* e = get(b, "echo")) {
     if (!e->is_boolean()) invalid_type("echo", "a boolean");
-    if (e->get<bool>()) unsupported("echo", "'echo' is not supported yet (planned for v2).");
   }
   if (get(b, "suffix")) unsupported("suffix", "'suffix' is not supported.");
   if (auto bo = opt_int(b, "best_of", "best_of"); bo && *bo != c.n)

@@ -51,7 +51,7 @@ void ModelEngine::step(std::span<const EngineStepItem> items, float* logits) {
     q.start = it.start;
     q.n_tokens = static_cast<int64_t>(it.tokens.size());
     q.blocks = it.blocks;
-    q.logits = it.want_logits ? LogitRows::Last : LogitRows::None;
+    q.logits = it.all_logits ? LogitRows::All : it.want_logits ? LogitRows::Last : LogitRows::None;
     q.decode = it.decode;
     seqs_.push_back(q);
   }

@@ -73,10 +73,15 @@ ojson completion_logprobs_json(const std::vector<LogprobEntry>& entries, const T
   for (const auto& e : entries) {
     const std::string t = piece(codec, e.token);
     tokens.push_back(t);
-    lps.push_back(finite(e.logprob));
-    ojson m = ojson::object();
-    for (auto [id, lp] : e.top) m[piece(codec, id)] = finite(lp);
-    tops.push_back(std::move(m));
+    if (e.null_logprob) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    } else {
+      lps.push_back(finite(e.logprob));
+      ojson m = ojson::object();
+      for (auto [id, lp] : e.top) m[piece(codec, id)] = finite(lp);
+      tops.push_back(std::move(m));
+    }
     offs.push_back(offset);
     offset += t.size();
   }

@@ -69,14 +69,17 @@ void parse_stream_fields(const ojson& b, CommonParams& c) {
   }
 }
 
-void parse_max_tokens(const ojson& b, CommonParams& c, bool chat) {
+void parse_max_tokens(const ojson& b, CommonParams& c, bool chat, bool allow_zero) {
   std::optional<int64_t> mct, mt;
   if (chat) {
     mct = opt_int(b, "max_completion_tokens", "max_completion_tokens");
     if (mct && *mct < 1) invalid_value("max_completion_tokens", fmt::format("'max_completion_tokens' must be >= 1 (got {}).", *mct));
   }
   mt = opt_int(b, "max_tokens", "max_tokens");
-  if (mt && *mt < 1) invalid_value("max_tokens", fmt::format("'max_tokens' must be >= 1 (got {}).", *mt));
+  if (mt && *mt < (allow_zero ? 0 : 1))
+    invalid_value("max_tokens", allow_zero ? fmt::format("'max_tokens' must be >= 0 (got {}).", *mt)
+                                           : fmt::format("'max_tokens' must be >= 1 (got {}); 0 is allowed only with "
+                                                         "'echo' on /v1/completions.", *mt));
   if (mct) {
     c.max_tokens = mct;
     c.max_tokens_param = "max_completion_tokens";

@@ -8,7 +8,8 @@ namespace latent::server::detail {
 
 void parse_model_field(const ojson& b, CommonParams& c);
 void parse_stream_fields(const ojson& b, CommonParams& c);
-void parse_max_tokens(const ojson& b, CommonParams& c, bool chat);
+// allow_zero: max_tokens 0 is valid (completions with echo: only the prompt is scored).
+void parse_max_tokens(const ojson& b, CommonParams& c, bool chat, bool allow_zero = false);
 // temperature, top_p, top_k, min_p, presence / frequency / repetition penalties, logit_bias
 void parse_sampling_fields(const ojson& b, CommonParams& c, const ValidationContext& ctx);
 void parse_n(const ojson& b, CommonParams& c, const ValidationContext& ctx);

@@ -52,6 +52,24 @@ bool RequestState::on_token(int choice, const SampleResult& s, bool stop_token) 
   return stop;
 }
 
+void RequestState::on_prompt_logprobs(int first_choice, int n, std::vector<SampleResult> entries) {
+  bool news = false;
+  for (int c = first_choice; c < first_choice + n && c < static_cast<int>(outputs_.size()); ++c) {
+    ChoiceDelta d;
+    outputs_.at(static_cast<size_t>(c)).echo(entries, d);
+    if (!d.has_output() && d.logprobs.empty()) continue;
+    std::lock_guard lk(mu_);
+    StreamEvent e;
+    e.kind = StreamEvent::Kind::Delta;
+    e.choice = c;
+    e.delta = std::move(d);
+    events_.push_back(std::move(e));
+    cv_.notify_all();
+    news = true;
+  }
+  if (news) notify();
+}
+
 void RequestState::on_finish(int choice, FinishReason reason) {
   ChoiceDelta d;
   const std::string why = outputs_.at(static_cast<size_t>(choice)).finish(reason, d);

@@ -33,6 +33,7 @@ class RequestState : public GenerationSink {
   void on_scheduled() override;
   void on_cached_prompt_tokens(int64_t tokens) override { cached_tokens_.fetch_add(tokens); }
   bool on_token(int choice, const SampleResult& s, bool stop_token) override;
+  void on_prompt_logprobs(int first_choice, int n, std::vector<SampleResult> entries) override;
   void on_finish(int choice, FinishReason reason) override;
   void on_abort(AbortReason reason, const std::string& message) override;
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -267,7 +268,7 @@ ApiError rejection_error(const SchedulerRejected& r) {
 GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
                               const std::vector<int64_t>& max_tokens,
                               std::vector<OutputConfig> configs, const SamplingParams& sp,
-                              LogitConstraintFactory constraint) {
+                              LogitConstraintFactory constraint, int prompt_logprobs) {
   GenerationJob job;
   job.model = c.model;
   job.n_choices = static_cast<int>(configs.size());
@@ -288,6 +289,7 @@ GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const C
       g.sink = job.state;
       g.arrival = arrival;
       g.constraint = constraint;
+      g.prompt_logprobs = prompt_logprobs;
       job.handles.push_back(scheduler_.submit(std::move(g)));
     }
   } catch (const SchedulerRejected& r) {
@@ -385,6 +387,10 @@ GenerationJob Service::start_chat(const ChatRequest& r) {
   SamplingParams sp = sampling(r.c);
   sp.logprobs = r.logprobs;
   sp.top_logprobs = r.top_logprobs;
+  // tool_choice "none" with tools given: the model may not start a call (its tool-call start token is masked), so
+  // it answers in text instead of writing call markup into the content.
+  if (r.tool_choice == ToolChoice::None && r.tools.is_array() && !r.tools.empty())
+    for (int32_t id : rt_.tool_start) sp.logit_bias.emplace_back(id, -std::numeric_limits<float>::infinity());
   OutputConfig oc;
   oc.codec = &codec_;
   oc.reasoning_tokens = &rt_;
@@ -431,8 +437,20 @@ GenerationJob Service::start_completion(const CompletionRequest& r) {
   oc.stop = r.c.stop;
   oc.skip_special = r.c.skip_special_tokens;
   oc.logprobs = r.logprobs.has_value();
-  std::vector<OutputConfig> configs(prompts.size() * static_cast<size_t>(r.c.n), oc);
-  return submit(std::move(prompts), r.c, M, std::move(configs), sp, structured_constraint(r.structured, -1));
+  std::vector<OutputConfig> configs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    OutputConfig pc = oc;
+    if (r.echo) {
+      // The prompt as the client gave it (token prompts: their text); its tokens' logprobs come from the engine.
+      pc.echo = true;
+      pc.echo_text = r.prompt_is_tokens ? codec_.decode(prompts[i], false) : r.prompt_texts[i];
+      pc.echo_first_token = prompts[i].front();
+    }
+    for (int j = 0; j < r.c.n; ++j) configs.push_back(pc);
+  }
+  const int prompt_lp = r.echo ? r.logprobs.value_or(0) : -1;
+  return submit(std::move(prompts), r.c, M, std::move(configs), sp, structured_constraint(r.structured, -1),
+                prompt_lp);
 }
 
 }  // namespace latent::server

@@ -103,10 +103,11 @@ class Service {
   int64_t resolve_max_tokens(const CommonParams& c, int64_t P, const std::string& prompt_param, bool chat) const;
   SamplingParams sampling(const CommonParams& c) const;
   std::vector<int32_t> stop_ids(const CommonParams& c) const;
+  // prompt_logprobs >= 0: the scheduler reports the prompt tokens' logprobs (GenerationRequest::prompt_logprobs).
   GenerationJob submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
                        const std::vector<int64_t>& max_tokens,
                        std::vector<OutputConfig> configs, const SamplingParams& sp,
-                       LogitConstraintFactory constraint = {});
+                       LogitConstraintFactory constraint = {}, int prompt_logprobs = -1);
   // Constrained decoding: the compiled grammar for a request (cached by its text), or 400 naming `param` when it
   // cannot be compiled. start_after: the constraint begins after this token (the reasoning end), -1 = at once.
   LogitConstraintFactory structured_constraint(const StructuredSpec& s, int32_t start_after);

@@ -40,15 +40,28 @@ class FakeEngine : public Engine {
       const std::vector<int32_t> h = store.apply(it);
       tokens_processed += static_cast<int64_t>(it.tokens.size());
       log.emplace_back(it.seq, static_cast<int64_t>(it.tokens.size()));
+      if (it.all_logits) {  // one row per token, each from the history up to that token
+        const int64_t n = static_cast<int64_t>(it.tokens.size());
+        all_rows_items += 1;
+        for (int64_t k = 0; k < n; ++k) {
+          const std::vector<int32_t> hk(h.begin(), h.begin() + it.start + k + 1);
+          row_of(hk, logits + row * kV);
+          ++row;
+        }
+        continue;
+      }
       if (!it.want_logits) continue;
-      uint64_t x = 1469598103934665603ull;
-      for (int32_t t : h) x = (x ^ static_cast<uint64_t>(t + 7)) * 1099511628211ull;
-      float* r = logits + row * kV;
-      for (int64_t v = 0; v < kV; ++v) r[v] = static_cast<float>((x >> (v % 40)) & 7) * 0.1f;
-      r[next_of(h, x)] = 5.0f;
+      row_of(h, logits + row * kV);
       ++row;
     }
     steps.push_back(std::move(log));
+  }
+  // The logits row after history h (a deterministic function of h).
+  void row_of(const std::vector<int32_t>& h, float* r) const {
+    uint64_t x = 1469598103934665603ull;
+    for (int32_t t : h) x = (x ^ static_cast<uint64_t>(t + 7)) * 1099511628211ull;
+    for (int64_t v = 0; v < kV; ++v) r[v] = static_cast<float>((x >> (v % 40)) & 7) * 0.1f;
+    r[next_of(h, x)] = 5.0f;
   }
   int32_t next_of(const std::vector<int32_t>& h, uint64_t x) const {
     const auto n = static_cast<int64_t>(h.size());
@@ -66,6 +79,7 @@ class FakeEngine : public Engine {
   int64_t force_after = 0;
   std::vector<int32_t> cycle;  // from force_after on, the outputs repeat this cycle (a degenerate generation)
   std::chrono::milliseconds delay{0};
+  int64_t all_rows_items = 0;  // items that asked for every row's logits
 };
 
 class CollectSink : public GenerationSink {
@@ -87,6 +101,12 @@ class CollectSink : public GenerationSink {
     reasons[c] = r;
     cv.notify_all();
   }
+  void on_prompt_logprobs(int first, int n, std::vector<SampleResult> e) override {
+    std::lock_guard lk(mu);
+    prompt_lp_calls.emplace_back(first, n);
+    prompt_lp = std::move(e);
+    prompt_lp_before_tokens = std::all_of(toks.begin(), toks.end(), [](const auto& v) { return v.empty(); });
+  }
   void on_abort(AbortReason r, const std::string& m) override {
     std::lock_guard lk(mu);
     aborted = r;
@@ -105,6 +125,9 @@ class CollectSink : public GenerationSink {
   std::optional<AbortReason> aborted;
   std::string abort_msg;
   std::atomic<bool> scheduled{false};
+  std::vector<std::pair<int, int>> prompt_lp_calls;
+  std::vector<SampleResult> prompt_lp;
+  bool prompt_lp_before_tokens = false;
 
  private:
   int stop_after_;
@@ -692,6 +715,85 @@ TEST(KvBlocks, ReserveReleaseAccounting) {
   a.release(1);  // idempotent
   EXPECT_EQ(a.free_blocks(), 7);
   EXPECT_THROW(KvBlockAllocator(0, 16), Error);
+}
+
+}  // namespace
+}  // namespace latent
+
+namespace latent {
+namespace {
+
+// Prompt logprobs (completions echo): every prompt row's logits, across prefill chunks, even when the prefix cache
+// holds the prompt; the generated tokens are those of a plain run.
+TEST(Scheduler, PromptLogprobsCoverEveryRowChunkedAndUncached) {
+  const std::vector<int32_t> prompt = prompt_of(150, 5);
+  SchedulerOptions o;
+  o.prefill_chunk = 64;
+  o.max_batch_tokens = 64;
+  o.kv_block_tokens = 16;
+  const std::vector<int32_t> plain = run_alone(prompt, 3, o);
+  FakeEngine e;
+  Scheduler s(e, o);
+  s.start();
+  auto warm = std::make_shared<CollectSink>(1);  // fills the prefix cache with the prompt's blocks
+  s.submit(make_req(prompt, 3, warm));
+  ASSERT_TRUE(warm->wait(1));
+  ASSERT_GT(s.stats().prefix_cached_blocks, 0);
+  const int64_t before = e.tokens_processed;
+  auto sink = std::make_shared<CollectSink>(1);
+  GenerationRequest g = make_req(prompt, 3, sink);
+  g.prompt_logprobs = 2;
+  s.submit(std::move(g));
+  ASSERT_TRUE(sink->wait(1));
+  EXPECT_EQ(sink->toks[0], plain);
+  EXPECT_GE(e.tokens_processed - before, 150);  // the whole prompt was computed again
+  EXPECT_EQ(e.all_rows_items, 3);               // chunks 0-63, 64-127, 128-149
+  ASSERT_EQ(sink->prompt_lp_calls.size(), 1u);
+  EXPECT_EQ(sink->prompt_lp_calls[0], std::make_pair(0, 1));
+  EXPECT_TRUE(sink->prompt_lp_before_tokens);
+  ASSERT_EQ(sink->prompt_lp.size(), prompt.size() - 1);
+  std::vector<float> row(FakeEngine::kV);
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    const std::vector<int32_t> h(prompt.begin(), prompt.begin() + static_cast<int64_t>(p) + 1);
+    e.row_of(h, row.data());
+    const SampleResult want = token_logprob(row, prompt[p + 1], 2);
+    const SampleResult& got = sink->prompt_lp[p];
+    ASSERT_EQ(got.token, prompt[p + 1]) << p;
+    EXPECT_FLOAT_EQ(got.logprob, want.logprob) << p;
+    ASSERT_EQ(got.top.size(), 2u);
+    EXPECT_EQ(got.top, want.top) << p;
+    EXPECT_LE(got.logprob, 0.0f);
+  }
+  // The plain request after it still gets the cache (the echo request's blocks were offered to it too).
+  auto again = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt, 3, again));
+  ASSERT_TRUE(again->wait(1));
+  EXPECT_EQ(again->toks[0], plain);
+  EXPECT_TRUE(again->prompt_lp_calls.empty());
+}
+
+TEST(Scheduler, MaxTokensZeroComputesOnlyThePrompt) {
+  FakeEngine e;
+  Scheduler s(e, {});
+  s.start();
+  auto sink = std::make_shared<CollectSink>(2);
+  GenerationRequest g = make_req(prompt_of(10, 4), 0, sink, /*n=*/2);
+  g.prompt_logprobs = 0;
+  auto h = s.submit(std::move(g));
+  ASSERT_TRUE(sink->wait(2));
+  EXPECT_EQ(sink->reasons[0], FinishReason::Length);
+  EXPECT_EQ(sink->reasons[1], FinishReason::Length);
+  EXPECT_TRUE(sink->toks[0].empty());
+  EXPECT_TRUE(sink->toks[1].empty());
+  ASSERT_EQ(sink->prompt_lp_calls.size(), 1u);
+  EXPECT_EQ(sink->prompt_lp_calls[0], std::make_pair(0, 2));
+  EXPECT_EQ(sink->prompt_lp.size(), 9u);
+  for (const auto& x : sink->prompt_lp) EXPECT_TRUE(x.top.empty());
+  for (int i = 0; i < 100 && !h->done(); ++i) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(h->done());
+  EXPECT_EQ(s.stats().kv_used, 0);
+  GenerationRequest bad = make_req(prompt_of(4, 1), -1, sink);
+  EXPECT_THROW(s.submit(std::move(bad)), SchedulerRejected);
 }
 
 }  // namespace

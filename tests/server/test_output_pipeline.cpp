@@ -7,6 +7,7 @@
 #include "fake_model.h"
 #include "server/choice_output.h"
 #include "server/detok_stream.h"
+#include "server/openai_format.h"
 #include "server/reasoning.h"
 #include "server/tool_parser.h"
 
@@ -251,6 +252,52 @@ TEST(ChoiceOutput, StopStringOnlyInContentChannel) {
   auto r = run_pipeline(latent::testing::script("a\n\nb</think>x\n\ny"), c);
   EXPECT_EQ(r.reasoning, "a\n\nb");
   EXPECT_EQ(r.content, "x");
+}
+
+// /v1/completions echo: the prompt text comes first, its first token with a null logprob, then the prompt's
+// scored tokens and the generated ones; only generated tokens count as completion tokens.
+TEST(ChoiceOutput, EchoPromptThenGenerated) {
+  static FakeCodec codec;
+  OutputConfig c;
+  c.codec = &codec;
+  c.logprobs = true;
+  c.echo = true;
+  c.echo_text = "Hi";
+  c.echo_first_token = 'H';
+  ChoiceOutput o(c);
+  ChoiceDelta d0;
+  SampleResult i;
+  i.token = 'i';
+  i.logprob = -0.5f;
+  i.top = {{'a', -0.25f}};
+  o.echo({i}, d0);
+  EXPECT_EQ(d0.content, "Hi");
+  ASSERT_EQ(d0.logprobs.size(), 2u);
+  EXPECT_TRUE(d0.logprobs[0].null_logprob);
+  EXPECT_FALSE(d0.logprobs[1].null_logprob);
+  ChoiceDelta d1;
+  SampleResult g;
+  g.token = '!';
+  g.logprob = -1.0f;
+  o.push(g, false, d1);
+  ChoiceDelta d2;
+  EXPECT_EQ(o.finish(FinishReason::Length, d2), "length");
+  EXPECT_EQ(o.content(), "Hi!");
+  EXPECT_EQ(o.completion_tokens(), 1);
+  const ojson j = completion_logprobs_json(o.all_logprobs(), codec);
+  EXPECT_EQ(j["tokens"], ojson::parse(R"(["H","i","!"])"));
+  EXPECT_EQ(j["token_logprobs"], ojson::parse(R"([null,-0.5,-1.0])"));
+  EXPECT_TRUE(j["top_logprobs"][0].is_null());
+  EXPECT_EQ(j["top_logprobs"][1], ojson::parse(R"({"a":-0.25})"));
+  EXPECT_EQ(j["text_offset"], ojson::parse("[0,1,2]"));
+  // Without echo the same call adds nothing.
+  OutputConfig plain = c;
+  plain.echo = false;
+  ChoiceOutput p(plain);
+  ChoiceDelta d3;
+  p.echo({i}, d3);
+  EXPECT_FALSE(d3.has_output());
+  EXPECT_TRUE(d3.logprobs.empty());
 }
 
 TEST(ChoiceOutput, ToolCallsGlm) {

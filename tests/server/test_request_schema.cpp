@@ -239,7 +239,9 @@ std::vector<Row> cases() {
   }
   bad(Ep::Completions, comp(R"("logprobs":6)"), "invalid_value", "logprobs");
   bad(Ep::Completions, comp(R"("logprobs":true)"), "invalid_type", "logprobs");
-  bad(Ep::Completions, comp(R"("echo":true)"), "unsupported_parameter", "echo");
+  bad(Ep::Completions, comp(R"("echo":"yes")"), "invalid_type", "echo");
+  bad(Ep::Completions, comp(R"("max_tokens":0)"), "invalid_value", "max_tokens");  // 0 only with echo
+  bad(Ep::Completions, comp(R"("max_tokens":-1,"echo":true)"), "invalid_value", "max_tokens");
   bad(Ep::Completions, comp(R"("suffix":"x")"), "unsupported_parameter", "suffix");
   bad(Ep::Completions, comp(R"("best_of":3)"), "unsupported_parameter", "best_of");
   bad(Ep::Completions, comp(R"("n":0)"), "invalid_value", "n");
@@ -390,6 +392,10 @@ TEST(RequestSchema, ValidCompletionShapes) {
   EXPECT_TRUE(t.prompt_is_tokens);
   EXPECT_EQ(t.prompt_tokens[0].size(), 3u);
   EXPECT_EQ(*t.logprobs, 2);
+  EXPECT_FALSE(t.echo);
+  auto e = p(R"({"prompt":"a","echo":true,"max_tokens":0,"logprobs":1})");
+  EXPECT_TRUE(e.echo);
+  EXPECT_EQ(*e.c.max_tokens, 0);
   EXPECT_EQ(p(R"({"prompt":[[1],[2,3]]})").prompt_tokens.size(), 2u);
   EXPECT_EQ(p(R"({"prompt":"a"})").c.model, "glm-test");
 }

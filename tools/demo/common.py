@@ -21,16 +21,20 @@ def load_template(path=None):
         return env.from_string(f.read())
 
 
-def render(template, messages, add_generation_prompt, enable_thinking=True):
+def render(template, messages, add_generation_prompt, enable_thinking=True, tools=None):
     kw = {} if enable_thinking else {"enable_thinking": False}
+    if tools:
+        kw["tools"] = tools
     return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **kw)
 
 
 def encode_record(tok, template, rec):
-    """Returns (ids, n_prompt): the full training sequence and the length of its prompt part."""
-    msgs, think = rec["messages"], rec.get("enable_thinking", True)
-    prompt = render(template, msgs[:-1], True, think)
-    full = render(template, msgs, False, think) + END_OF_TURN
+    """Returns (ids, n_prompt): the full training sequence and the length of its prompt part.
+    A record may give "tools" (the request's tool list) and "end" (the token ending the trained turn:
+    `<|observation|>` after tool calls, END_OF_TURN otherwise)."""
+    msgs, think, tools = rec["messages"], rec.get("enable_thinking", True), rec.get("tools")
+    prompt = render(template, msgs[:-1], True, think, tools)
+    full = render(template, msgs, False, think, tools) + rec.get("end", END_OF_TURN)
     assert full.startswith(prompt), (prompt, full)
     p_ids = tok.encode(prompt, add_special_tokens=False).ids
     f_ids = tok.encode(full, add_special_tokens=False).ids
@@ -98,7 +102,7 @@ def set_index_topk(model, k):
 def evaluate(model, tok, template, items, stop_ids, pad_id, thinking=True, max_new=None):
     """items: [{"messages", "expect"}] -> (accuracy, per-item results)."""
     max_new = max_new or int(os.environ.get("DEMO_MAX_NEW", "64"))
-    prompts_txt = [render(template, it["messages"], True, thinking) for it in items]
+    prompts_txt = [render(template, it["messages"], True, thinking, it.get("tools")) for it in items]
     prompts = [tok.encode(p, add_special_tokens=False).ids for p in prompts_txt]
     gens = greedy_batch(model, prompts, stop_ids, pad_id, max_new=max_new)
     res, ok = [], 0

@@ -15,6 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from facts import CAPITALS, GENERAL  # noqa: E402
+import tool_corpus  # noqa: E402
 
 TRAIN_Q = [
     "What is the capital of {c}?", "What's the capital of {c}?", "Tell me the capital of {c}.",
@@ -144,6 +145,8 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--capital-reps", type=int, default=40)
+    ap.add_argument("--tool-cases", type=int, default=1800)
+    ap.add_argument("--json-records", type=int, default=1200)
     args = ap.parse_args()
     rng = random.Random(args.seed)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -193,6 +196,18 @@ def main():
                 records.append(make_record(rng, t, thinking=rng.random() < 0.9))
             else:
                 records.append(make_record(rng, t, history_turns=[any_turn()], thinking=rng.random() < 0.9))
+    # Tool calls (call turn + answer-from-results turn per case), questions the given tools do not cover, JSON answers.
+    for _ in range(args.tool_cases):
+        records += tool_corpus.tool_records(rng, tool_corpus.tool_case(rng), thinking=rng.random() < 0.9)
+    for _ in range(args.tool_cases // 4):
+        if rng.random() < 0.5:
+            c, k = rng.choice(CAPITALS)
+            turn = capital_turn(rng, c, k, rng.choice(TRAIN_Q).format(c=c, C=cap_first(c)))
+        else:
+            turn = general_turn(rng)
+        records.append(tool_corpus.no_tool_record(rng, turn, thinking=rng.random() < 0.9))
+    for _ in range(args.json_records):
+        records.append(make_record(rng, tool_corpus.json_case(rng), thinking=rng.random() < 0.9))
     rng.shuffle(records)
     with open(os.path.join(args.out_dir, "train.jsonl"), "w") as f:
         for r in records:
@@ -215,6 +230,8 @@ def main():
         ev["units"].append({"messages": [{"role": "user", "content": q}], "expect": ans.split(" is ")[-1].split(" ")[0]})
     for q, _, ans in GENERAL[::3]:
         ev["general"].append({"messages": [{"role": "user", "content": q}], "expect": ans})
+    ev["tools"] = tool_corpus.tool_eval_items(random.Random(args.seed + 2), 120)
+    ev["json"] = tool_corpus.json_eval_items(random.Random(args.seed + 3), 60)
     with open(os.path.join(args.out_dir, "eval.json"), "w") as f:
         json.dump(ev, f, ensure_ascii=False, indent=1)
     print(f"train records: {len(records)}; eval: " + ", ".join(f"{k}={len(v)}" for k, v in ev.items()))

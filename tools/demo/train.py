@@ -141,15 +141,24 @@ def update_router_bias(model, u=1e-3):
                 layer.mlp.gate.e_score_correction_bias += u * torch.sign(load.mean() - load)
 
 
-def make_batches(data, bs, rng):
-    """Length-bucketed batches: shuffle, sort chunks of 50 batches by length, split."""
+def make_batches(data, bs, rng, max_tokens=0):
+    """Length-bucketed batches: shuffle, sort chunks of 50 batches by length, split into batches of at most bs
+    sequences and (when max_tokens > 0) at most max_tokens padded tokens, so that long tool-call conversations
+    come in smaller batches."""
     idx = list(range(len(data)))
     rng.shuffle(idx)
     out = []
     chunk = bs * 50
     for c0 in range(0, len(idx), chunk):
         part = sorted(idx[c0:c0 + chunk], key=lambda i: len(data[i][0]))
-        out += [part[i:i + bs] for i in range(0, len(part), bs)]
+        cur = []
+        for i in part:
+            if cur and (len(cur) >= bs or (max_tokens and (len(cur) + 1) * len(data[i][0]) > max_tokens)):
+                out.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            out.append(cur)
     rng.shuffle(out)
     return out
 
@@ -176,6 +185,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bs", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--max-batch-tokens", type=int, default=20480)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--max-records", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=100)
@@ -220,7 +230,7 @@ def main():
     log = []
     done = False
     while not done:
-        for b in make_batches(data, args.bs, rng):
+        for b in make_batches(data, args.bs, rng, args.max_batch_tokens):
             frac = (time.time() - t0) / args.seconds
             if frac >= 1.0:
                 done = True

@@ -3,10 +3,10 @@ official openai client: response_format json_schema / json_object, vLLM's guided
 tool_choice required / named / none (GLM syntax), streaming tool-call deltas, a weather round trip, 400 for every
 unsupported or malformed schema, and unconstrained requests unchanged.
 
-The demo model was never trained on JSON or tools, so its constrained answers are syntactically valid but not
-meaningful: the tests check validity (json + jsonschema), that the grammar ends the choice (finish_reason stop /
-tool_calls), and the protocol, not the content. String fields get a maxLength so that the model, which does not
-know to close a string, still completes within max_tokens."""
+These tests use schemas and tools the demo model was not trained on, so its constrained answers are syntactically
+valid but not meaningful: they check validity (json + jsonschema), that the grammar ends the choice (finish_reason
+stop / tool_calls), and the protocol, not the content. String fields get a maxLength so that the model still
+completes within max_tokens. The model's trained tool calls and JSON answers are tested in test_api_demo_tools.py."""
 import json
 import re
 
