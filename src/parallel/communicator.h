@@ -18,12 +18,19 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace latent {
 
 class Backend;
+
+// Thrown by a collective of a group another rank has aborted (the peer's own error is the one to report).
+class CollectiveAborted : public std::runtime_error {
+ public:
+  CollectiveAborted() : std::runtime_error("collective aborted: another rank failed") {}
+};
 
 class Communicator {
  public:
@@ -49,7 +56,7 @@ class Communicator {
 // size-1, whichever thread computes it, so results never depend on thread timing. Each collective is two
 // barriers: (1) every rank has published its buffers; each rank then computes its share of the result; (2) every
 // rank has finished reading its peers' buffers, which may be reused after the call returns.
-// A rank that fails inside a step calls abort(): the peers blocked in a collective (now or later) throw Error
+// A rank that fails inside a step calls abort(): the peers blocked in a collective (now or later) throw CollectiveAborted
 // instead of waiting forever; reset() re-arms the group once every rank has returned.
 class InProcessGroup {
  public:
@@ -62,7 +69,7 @@ class InProcessGroup {
 
  private:
   friend class InProcessCommunicator;
-  // Barrier; the last rank to arrive runs `last` before releasing the others. Throws Error when aborted.
+  // Barrier; the last rank to arrive runs `last` before releasing the others. Throws CollectiveAborted.
   template <class F>
   void arrive_and_wait(F&& last);
   void arrive_and_wait();

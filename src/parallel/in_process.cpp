@@ -15,7 +15,7 @@ InProcessGroup::InProcessGroup(int size) : size_(size) {
 template <class F>
 void InProcessGroup::arrive_and_wait(F&& last) {
   std::unique_lock<std::mutex> lk(mu_);
-  if (aborted_) fail("collective aborted: another rank failed");
+  if (aborted_) throw CollectiveAborted();
   const uint64_t gen = generation_;
   if (++arrived_ == size_) {
     last();
@@ -25,7 +25,7 @@ void InProcessGroup::arrive_and_wait(F&& last) {
     return;
   }
   cv_.wait(lk, [&] { return generation_ != gen || aborted_; });
-  if (generation_ == gen) fail("collective aborted: another rank failed");
+  if (generation_ == gen) throw CollectiveAborted();
 }
 
 void InProcessGroup::arrive_and_wait() {

@@ -159,7 +159,7 @@ TEST(InProcessCommunicator, AbortWakesPeersWithAnError) {
       }
       float x = 1.0f;
       c.all_reduce_sum(&x, 1);
-    } catch (const Error& e) {
+    } catch (const CollectiveAborted& e) {
       errors[static_cast<size_t>(r)] = e.what();
     }
   });
