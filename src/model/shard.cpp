@@ -282,4 +282,71 @@ void shard_weights(const ModelConfig& cfg, const ParallelConfig& pc, int rank, c
   }
 }
 
+namespace {
+
+struct ShardTable {
+  std::vector<std::string> names, placement;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> shapes;  // [tensor][rank], {-1,-1}: not on the rank
+};
+
+ShardTable sharding_table(const ModelConfig& cfg, const PrecisionPlan& plan, const ParallelConfig& pc) {
+  ShardTable t;
+  const int W = std::max(1, pc.ranks);
+  for (int r = 0; r < W; ++r) {
+    ModelWeights w = resolve_weights(cfg, plan);
+    const ShardDims sd = shard_dims(cfg, pc, r, w);
+    std::vector<ShardRecord> log;
+    shard_weights(cfg, pc, r, sd, w, nullptr, &log);
+    if (r == 0) {
+      t.shapes.assign(log.size(), std::vector<std::pair<int64_t, int64_t>>(static_cast<size_t>(W), {-1, -1}));
+      for (const ShardRecord& x : log) {
+        t.names.push_back(x.tensor);
+        t.placement.push_back(x.how);
+      }
+    }
+    for (size_t i = 0; i < log.size() && i < t.names.size(); ++i) {
+      if (log[i].how == "on another rank") continue;
+      t.shapes[i][static_cast<size_t>(r)] = {log[i].rows, log[i].cols};
+      if (r > 0 && t.placement[i] == "on another rank") t.placement[i] = log[i].how;  // the owner's expert line
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string format_sharding_text(const ModelConfig& cfg, const PrecisionPlan& plan, const ParallelConfig& pc) {
+  const ShardTable t = sharding_table(cfg, plan, pc);
+  size_t wn = 6;
+  for (const auto& n : t.names) wn = std::max(wn, n.size());
+  std::string s = fmt::format("\nsharding: {} (one thread per rank; placement as on rank 0; the latent KV cache and the DSA indexer are "
+                              "replicated on every rank)\n",
+                              pc.describe());
+  s += fmt::format("{:<{}}  {}\n", "tensor", wn, "placement per rank (rank shape)");
+  for (size_t i = 0; i < t.names.size(); ++i) {
+    std::string shapes;
+    for (size_t r = 0; r < t.shapes[i].size(); ++r) {
+      const auto [rows, cols] = t.shapes[i][r];
+      shapes += rows < 0 ? fmt::format(" r{}:-", r) : fmt::format(" r{}:[{}, {}]", r, rows, cols);
+    }
+    s += fmt::format("{:<{}}  {}  {}\n", t.names[i], wn, t.placement[i], shapes);
+  }
+  return s;
+}
+
+std::string format_sharding_json(const ModelConfig& cfg, const PrecisionPlan& plan, const ParallelConfig& pc) {
+  const ShardTable t = sharding_table(cfg, plan, pc);
+  std::string s = "[";
+  for (size_t i = 0; i < t.names.size(); ++i) {
+    std::string ranks;
+    for (size_t r = 0; r < t.shapes[i].size(); ++r) {
+      const auto [rows, cols] = t.shapes[i][r];
+      ranks += (r ? ", " : "") + (rows < 0 ? std::string("null") : fmt::format("[{}, {}]", rows, cols));
+    }
+    s += fmt::format("{}\n {{\"tensor\": \"{}\", \"placement\": \"{}\", \"ranks\": [{}]}}", i ? "," : "",
+                     t.names[i], t.placement[i], ranks);
+  }
+  return s + "\n]";
+}
+
 }  // namespace latent

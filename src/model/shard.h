@@ -81,6 +81,12 @@ struct ShardRecord {
 void shard_weights(const ModelConfig& cfg, const ParallelConfig& pc, int rank, const ShardDims& sd, ModelWeights& w,
                    ShardStorage* storage, std::vector<ShardRecord>* log = nullptr);
 
+// `latent plan --tensor-parallel-size N [--expert-parallel]`: per tensor, its placement and each rank's shape
+// (the dry run of what loading does, with the same errors). Text table, or one JSON object per tensor
+// {"tensor", "placement", "ranks": [[rows, cols] | null per rank]}.
+std::string format_sharding_text(const ModelConfig& cfg, const PrecisionPlan& plan, const ParallelConfig& pc);
+std::string format_sharding_json(const ModelConfig& cfg, const PrecisionPlan& plan, const ParallelConfig& pc);
+
 // Row / column slices of one weight (exposed for tests). Column slices copy into `storage` (null: no copy, the
 // returned view has data == nullptr).
 QuantWeight slice_rows(const QuantWeight& w, int64_t r0, int64_t r1, const std::string& name);

@@ -285,5 +285,67 @@ TEST(Shard, SlicesDequantizeToTheFullWeightsParts) {
   EXPECT_EQ(st.bytes, o.rows * 32 * 2);
 }
 
+// The CLI: ranks as threads on the CPU. `latent run --tensor-parallel-size 2` prints the one-rank greedy ids;
+// `latent plan --tensor-parallel-size 2 --expert-parallel` shows each tensor's placement; a refused layout exits
+// non-zero with the error on stderr.
+std::string latent_bin() {
+  const char* b = std::getenv("LATENT_BIN");
+  return b ? b : "";
+}
+std::string capture(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *rc = pclose(p);
+  return out;
+}
+
+TEST(ParallelCli, RunTensorParallelEqualsOneRank) {
+  const std::string bin = latent_bin();
+  ASSERT_FALSE(bin.empty()) << "LATENT_BIN not set (ctest sets it)";
+  for (const char* flags : {"--tensor-parallel-size 2", "--tensor-parallel-size 4 --expert-parallel",
+                            "--expert-parallel-size 2"}) {
+    const std::string base = bin + " run --model " + model_dir("glm5-tiny") +
+                             " --threads 2 --prompt-tokens \"5 17 3 99 42\" --max-tokens 8 2>&1";
+    int rc1 = -1, rc2 = -1;
+    const std::string one = capture(base, &rc1);
+    const std::string par = capture(base + " " + flags, &rc2);
+    ASSERT_EQ(rc1, 0) << one;
+    ASSERT_EQ(rc2, 0) << par;
+    EXPECT_EQ(par, one) << flags;
+    EXPECT_GE(one.size(), 16u);  // 8 ids
+  }
+  int rc = 0;
+  const std::string err = capture(bin + " run --model " + model_dir("glm5-tiny-b") +
+                                      " --prompt-tokens \"1 2\" --tensor-parallel-size 4 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(err.find("num_attention_heads 6 is not divisible by --tensor-parallel-size 4"), std::string::npos) << err;
+}
+
+TEST(ParallelCli, PlanShowsTheSharding) {
+  const std::string bin = latent_bin();
+  ASSERT_FALSE(bin.empty()) << "LATENT_BIN not set (ctest sets it)";
+  int rc = -1;
+  const std::string out =
+      capture(bin + " plan --model " + model_dir("glm5-tiny") + " --tensor-parallel-size 2 --expert-parallel 2>&1", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("sharding: tensor parallel 2 + expert parallel"), std::string::npos) << out;
+  EXPECT_NE(out.find("model.layers.0.self_attn.q_b_proj.weight"), std::string::npos);
+  EXPECT_NE(out.find("rows of heads 0..2 of 4"), std::string::npos) << out;
+  EXPECT_NE(out.find("columns of heads 0..2 of 4"), std::string::npos);
+  EXPECT_NE(out.find("expert 7 of 8 (rank 1)"), std::string::npos);
+  EXPECT_NE(out.find("vocab rows 0..128 of 256"), std::string::npos);
+  const std::string js = capture(bin + " plan --model " + model_dir("v3-tiny-fp8") + " --json --expert-parallel-size 2 2>&1", &rc);
+  ASSERT_EQ(rc, 0) << js;
+  EXPECT_NE(js.find("\"sharding\""), std::string::npos);
+  EXPECT_NE(js.find("expert parallel 2 (attention replicated)"), std::string::npos) << js;
+  const std::string bad = capture(bin + " plan --model " + model_dir("v3-tiny-fp8") + " --tensor-parallel-size 2 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(bad.find("cut a 128x128 scale block"), std::string::npos) << bad;
+}
+
 }  // namespace
 }  // namespace latent::testing
