@@ -52,8 +52,9 @@ ParallelModel::ParallelModel(const ModelConfig& cfg, const PrecisionPlan& plan, 
       for (int r = 0; r < W; ++r) comms_.push_back(group_->communicator(r));
     }
     run([&](int r) {
-      models_[static_cast<size_t>(r)] = std::make_unique<Model>(
-          cfg, plan, *backends_[static_cast<size_t>(r)], opt, RankContext{pc_, r, comms_[static_cast<size_t>(r)].get()});
+      models_[static_cast<size_t>(r)] = std::make_unique<Model>(cfg, plan, *backends_[static_cast<size_t>(r)],
+                                                                rank_options(opt, r),
+                                                                RankContext{pc_, r, comms_[static_cast<size_t>(r)].get()});
     });
   } catch (...) {
     run([&](int r) {  // free each rank's memory on its own thread (its GPU)
@@ -145,8 +146,13 @@ void ParallelModel::run(const std::function<void(int)>& fn) {
   }
 }
 
+ModelOptions ParallelModel::rank_options(ModelOptions o, int r) {
+  if (r != 0) o.record_decisions = nullptr;  // rank 0 records (the decisions are identical on every rank)
+  return o;
+}
+
 void ParallelModel::set_options(const ModelOptions& o) {
-  for (auto& m : models_) m->set_options(o);
+  for (int r = 0; r < pc_.ranks; ++r) models_[static_cast<size_t>(r)]->set_options(rank_options(o, r));
 }
 
 void ParallelModel::step(const Step& st, std::span<PagedKvCache* const> caches, float* logits,

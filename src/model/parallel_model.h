@@ -69,6 +69,7 @@ class ParallelModel {
 
  private:
   void worker(int r);
+  static ModelOptions rank_options(ModelOptions o, int r);
 
   const ModelConfig& cfg_;
   ParallelConfig pc_;

@@ -38,6 +38,8 @@ int64_t ModelEngine::configure(int64_t budget_bytes, int64_t block_tokens, int64
            "--gpu-memory-utilization {} leaves none for the KV cache",
            free_b / 1048576.0, total_b / 1048576.0, mem_fraction);
   }
+  // Every rank holds the whole (replicated) cache: a device budget is per GPU; ranks on host memory share it.
+  if (pm_ && model_.backend().device() == Device::Cpu) budget_bytes /= pm_->ranks();
   const int64_t blocks = PagedKvCache::blocks_for_budget(c, budget_bytes, block_tokens, model_.cache_dtype());
   if (pm_) {
     rank_caches_ = pm_->make_caches(blocks, block_tokens);

@@ -25,7 +25,8 @@ class ModelEngine : public Engine {
   // Reserves the model's step workspace for the scheduler's limits (so that no step allocates), then allocates the
   // block pool from a byte budget (blocks of block_tokens tokens). budget_bytes <= 0: from the device's free
   // memory after weights and workspace, leaving (1 - mem_fraction) of its total free (a device backend only).
-  // Returns the number of blocks.
+  // With a parallel model every rank holds the whole cache (replicated): on a device the budget is per GPU, on host
+  // memory it is shared by the ranks (divided). Returns the number of blocks.
   int64_t configure(int64_t budget_bytes, int64_t block_tokens, int64_t max_batch_tokens, int64_t max_seqs,
                     int64_t max_context, double mem_fraction = 0.9);
   const PagedKvCache* cache() const { return pm_ ? rank_caches_.front().get() : cache_.get(); }
