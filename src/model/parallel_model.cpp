@@ -16,8 +16,8 @@ void ParallelKvCache::truncate(int64_t n) {
   for (auto& c : caches_) c->truncate(n);
 }
 
-ParallelModel::ParallelModel(const ModelConfig& cfg, const PrecisionPlan& plan, const std::string& backend,
-                             int threads, const ParallelConfig& pc, ModelOptions opt)
+ParallelModel::ParallelModel(const ModelConfig& cfg, const PrecisionPlan& plan, const std::string& backend, int threads,
+                             const ParallelConfig& pc, ModelOptions opt)
     : cfg_(cfg), pc_(pc) {
   if (pc_.ranks < 1) fail("parallel model: ranks must be >= 1 (got {})", pc_.ranks);
   const int W = pc_.ranks;
@@ -52,9 +52,9 @@ ParallelModel::ParallelModel(const ModelConfig& cfg, const PrecisionPlan& plan, 
       for (int r = 0; r < W; ++r) comms_.push_back(group_->communicator(r));
     }
     run([&](int r) {
-      models_[static_cast<size_t>(r)] = std::make_unique<Model>(cfg, plan, *backends_[static_cast<size_t>(r)],
-                                                                rank_options(opt, r),
-                                                                RankContext{pc_, r, comms_[static_cast<size_t>(r)].get()});
+      models_[static_cast<size_t>(r)] =
+          std::make_unique<Model>(cfg, plan, *backends_[static_cast<size_t>(r)], rank_options(opt, r),
+                                  RankContext{pc_, r, comms_[static_cast<size_t>(r)].get()});
     });
   } catch (...) {
     run([&](int r) {  // free each rank's memory on its own thread (its GPU)
@@ -159,12 +159,16 @@ void ParallelModel::step(const Step& st, std::span<PagedKvCache* const> caches, 
                          std::vector<float>* hidden) {
   if (static_cast<int>(caches.size()) != pc_.ranks)
     fail("parallel step: {} caches for {} ranks", caches.size(), pc_.ranks);
-  run([&](int r) { models_[static_cast<size_t>(r)]->step(st, *caches[static_cast<size_t>(r)], logits, r == 0 ? hidden : nullptr); });
+  run([&](int r) {
+    models_[static_cast<size_t>(r)]->step(st, *caches[static_cast<size_t>(r)], logits, r == 0 ? hidden : nullptr);
+  });
 }
 
 void ParallelModel::forward(std::span<const int32_t> ids, ParallelKvCache& cache, float* logits, bool all_rows,
                             std::vector<float>* hidden) {
-  run([&](int r) { models_[static_cast<size_t>(r)]->forward(ids, cache.rank(r), logits, all_rows, r == 0 ? hidden : nullptr); });
+  run([&](int r) {
+    models_[static_cast<size_t>(r)]->forward(ids, cache.rank(r), logits, all_rows, r == 0 ? hidden : nullptr);
+  });
 }
 
 std::vector<float> ParallelModel::logits(std::span<const int32_t> ids) {
@@ -181,8 +185,8 @@ void ParallelModel::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ct
 std::vector<std::unique_ptr<PagedKvCache>> ParallelModel::make_caches(int64_t num_blocks, int64_t block_tokens) {
   std::vector<std::unique_ptr<PagedKvCache>> out(static_cast<size_t>(pc_.ranks));
   run([&](int r) {
-    out[static_cast<size_t>(r)] =
-        std::make_unique<PagedKvCache>(cfg_, *backends_[static_cast<size_t>(r)], num_blocks, block_tokens, cache_dtype());
+    out[static_cast<size_t>(r)] = std::make_unique<PagedKvCache>(cfg_, *backends_[static_cast<size_t>(r)], num_blocks,
+                                                                 block_tokens, cache_dtype());
   });
   return out;
 }

@@ -22,9 +22,11 @@ ParallelConfig parallel_config(int tp, bool ep, int ep_size) {
   if (ep_size < 0) fail("--expert-parallel-size must be >= 1 (got {})", ep_size);
   ParallelConfig pc;
   if (ep_size > 0) {
-    if (tp > 1) fail("--expert-parallel-size {} and --tensor-parallel-size {} exclude each other (use "
-                     "--tensor-parallel-size N --expert-parallel for experts over the tensor-parallel ranks)",
-                     ep_size, tp);
+    if (tp > 1)
+      fail(
+          "--expert-parallel-size {} and --tensor-parallel-size {} exclude each other (use "
+          "--tensor-parallel-size N --expert-parallel for experts over the tensor-parallel ranks)",
+          ep_size, tp);
     pc.ranks = ep_size;
     pc.expert = ep_size > 1;
     return pc;
@@ -68,8 +70,10 @@ ShardDims shard_dims(const ModelConfig& cfg, const ParallelConfig& pc, int rank,
     even_split(cfg.num_attention_heads, W, rank, "num_attention_heads", tpf, d.head0, d.heads);
     if (any_dense) even_split(cfg.intermediate_size, W, rank, "intermediate_size", tpf, d.inter0, d.inter);
     if (any_moe && cfg.n_shared_experts > 0)
-      even_split(d.shared_inter, W, rank, "the shared experts' intermediate size (moe_intermediate_size x "
-                 "n_shared_experts)", tpf, d.shared0, d.shared_inter);
+      even_split(d.shared_inter, W, rank,
+                 "the shared experts' intermediate size (moe_intermediate_size x "
+                 "n_shared_experts)",
+                 tpf, d.shared0, d.shared_inter);
     if (any_moe && !pc.expert)
       even_split(cfg.moe_intermediate_size, W, rank, "moe_intermediate_size", tpf, d.moe0, d.moe_inter);
     // Vocab slices: whole row blocks of a block-quantized lm_head (the embedding is a plain float table).
@@ -96,9 +100,10 @@ QuantWeight slice_rows(const QuantWeight& w, int64_t r0, int64_t r1, const std::
     const int64_t br = w.block_rows;
     auto cut = [&](int64_t r) { return r % br != 0 && r != w.rows; };
     if (cut(r0) || cut(r1))
-      fail("tensor '{}' ({} [{}, {}]): the shard rows [{}, {}) cut a {}x{} scale block (a shard must start and end "
-           "on a multiple of {} rows); choose a parallel size whose split falls on block boundaries",
-           name, fmt_name(w), w.rows, w.cols, r0, r1, br, w.block_cols, br);
+      fail(
+          "tensor '{}' ({} [{}, {}]): the shard rows [{}, {}) cut a {}x{} scale block (a shard must start and end "
+          "on a multiple of {} rows); choose a parallel size whose split falls on block boundaries",
+          name, fmt_name(w), w.rows, w.cols, r0, r1, br, w.block_cols, br);
   }
   QuantWeight s = w;
   s.rows = r1 - r0;
@@ -108,29 +113,35 @@ QuantWeight slice_rows(const QuantWeight& w, int64_t r0, int64_t r1, const std::
     case WeightFormat::FP8_E4M3_BLOCK:
       s.scale = static_cast<const float*>(w.scale) + (r0 / w.block_rows) * w.scale_cols();
       break;
-    case WeightFormat::FP8_E4M3_CHANNEL: s.scale = static_cast<const float*>(w.scale) + r0; break;
-    case WeightFormat::MXFP4: s.scale = static_cast<const uint8_t*>(w.scale) + r0 * w.scale_cols(); break;
-    default: break;  // plain floats; per-tensor FP8 keeps its one scale
+    case WeightFormat::FP8_E4M3_CHANNEL:
+      s.scale = static_cast<const float*>(w.scale) + r0;
+      break;
+    case WeightFormat::MXFP4:
+      s.scale = static_cast<const uint8_t*>(w.scale) + r0 * w.scale_cols();
+      break;
+    default:
+      break;  // plain floats; per-tensor FP8 keeps its one scale
   }
   return s;
 }
 
-QuantWeight slice_cols(const QuantWeight& w, int64_t c0, int64_t c1, const std::string& name,
-                       ShardStorage* storage) {
+QuantWeight slice_cols(const QuantWeight& w, int64_t c0, int64_t c1, const std::string& name, ShardStorage* storage) {
   if (c0 < 0 || c1 > w.cols || c0 > c1) fail("tensor '{}': columns [{}, {}) outside [0, {})", name, c0, c1, w.cols);
   if (w.format == WeightFormat::FP8_E4M3_BLOCK) {
     const int64_t bc = w.block_cols;
     auto cut = [&](int64_t c) { return c % bc != 0 && c != w.cols; };
     if (cut(c0) || cut(c1))
-      fail("tensor '{}' ({} [{}, {}]): the shard columns [{}, {}) cut a {}x{} scale block (a shard must start and "
-           "end on a multiple of {} input columns); choose a parallel size whose split falls on block boundaries",
-           name, fmt_name(w), w.rows, w.cols, c0, c1, w.block_rows, bc, bc);
+      fail(
+          "tensor '{}' ({} [{}, {}]): the shard columns [{}, {}) cut a {}x{} scale block (a shard must start and "
+          "end on a multiple of {} input columns); choose a parallel size whose split falls on block boundaries",
+          name, fmt_name(w), w.rows, w.cols, c0, c1, w.block_rows, bc, bc);
   }
   if (w.format == WeightFormat::MXFP4 && (c0 % 32 != 0 || c1 % 32 != 0))
-    fail("tensor '{}' (mxfp4 [{}, {}]): the shard columns [{}, {}) cut a 32-element MXFP4 scale block along the "
-         "input dimension; choose a parallel size whose split falls on multiples of 32 (or --expert-parallel for "
-         "the routed experts)",
-         name, w.rows, w.cols, c0, c1);
+    fail(
+        "tensor '{}' (mxfp4 [{}, {}]): the shard columns [{}, {}) cut a 32-element MXFP4 scale block along the "
+        "input dimension; choose a parallel size whose split falls on multiples of 32 (or --expert-parallel for "
+        "the routed experts)",
+        name, w.rows, w.cols, c0, c1);
   QuantWeight s = w;
   s.cols = c1 - c0;
   if (!storage || !w.data) {
@@ -264,7 +275,8 @@ void shard_weights(const ModelConfig& cfg, const ParallelConfig& pc, int rank, c
       const std::string ep = fmt::format("{}experts.{}.", m, e);
       if (pc.expert) {
         const bool mine = e >= sd.expert0 && e < sd.expert1;
-        for (auto [q, n] : {std::pair{&x.gate, "gate_proj"}, std::pair{&x.up, "up_proj"}, std::pair{&x.down, "down_proj"}}) {
+        for (auto [q, n] :
+             {std::pair{&x.gate, "gate_proj"}, std::pair{&x.up, "up_proj"}, std::pair{&x.down, "down_proj"}}) {
           if (!mine) {
             *q = QuantWeight{};  // not read, not uploaded on this rank
             if (log) log->push_back({ep + n + ".weight", "on another rank", 0, 0});
@@ -319,9 +331,10 @@ std::string format_sharding_text(const ModelConfig& cfg, const PrecisionPlan& pl
   const ShardTable t = sharding_table(cfg, plan, pc);
   size_t wn = 6;
   for (const auto& n : t.names) wn = std::max(wn, n.size());
-  std::string s = fmt::format("\nsharding: {} (one thread per rank; placement as on rank 0; the latent KV cache and the DSA indexer are "
-                              "replicated on every rank)\n",
-                              pc.describe());
+  std::string s = fmt::format(
+      "\nsharding: {} (one thread per rank; placement as on rank 0; the latent KV cache and the DSA indexer are "
+      "replicated on every rank)\n",
+      pc.describe());
   s += fmt::format("{:<{}}  {}\n", "tensor", wn, "placement per rank (rank shape)");
   for (size_t i = 0; i < t.names.size(); ++i) {
     std::string shapes;
@@ -343,8 +356,8 @@ std::string format_sharding_json(const ModelConfig& cfg, const PrecisionPlan& pl
       const auto [rows, cols] = t.shapes[i][r];
       ranks += (r ? ", " : "") + (rows < 0 ? std::string("null") : fmt::format("[{}, {}]", rows, cols));
     }
-    s += fmt::format("{}\n {{\"tensor\": \"{}\", \"placement\": \"{}\", \"ranks\": [{}]}}", i ? "," : "",
-                     t.names[i], t.placement[i], ranks);
+    s += fmt::format("{}\n {{\"tensor\": \"{}\", \"placement\": \"{}\", \"ranks\": [{}]}}", i ? "," : "", t.names[i],
+                     t.placement[i], ranks);
   }
   return s + "\n]";
 }

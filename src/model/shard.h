@@ -50,12 +50,12 @@ ParallelConfig parallel_config(int tensor_parallel_size, bool expert_parallel, i
 // The slice of each sharded dimension one rank holds ([x0, x0 + x) for each).
 struct ShardDims {
   int64_t heads = 0, head0 = 0;
-  int64_t inter = 0, inter0 = 0;         // dense MLP intermediate
+  int64_t inter = 0, inter0 = 0;          // dense MLP intermediate
   int64_t shared_inter = 0, shared0 = 0;  // shared experts' intermediate
-  int64_t moe_inter = 0, moe0 = 0;       // each routed expert's intermediate
-  int64_t expert0 = 0, expert1 = 0;      // routed experts [expert0, expert1)
-  int64_t vocab0 = 0, vocab1 = 0;        // embedding / lm_head rows
-  int64_t vocab_chunk = 0;               // the largest vocab slice of any rank (the logits all-gather stride)
+  int64_t moe_inter = 0, moe0 = 0;        // each routed expert's intermediate
+  int64_t expert0 = 0, expert1 = 0;       // routed experts [expert0, expert1)
+  int64_t vocab0 = 0, vocab1 = 0;         // embedding / lm_head rows
+  int64_t vocab_chunk = 0;                // the largest vocab slice of any rank (the logits all-gather stride)
   bool vocab_split = false;
 };
 

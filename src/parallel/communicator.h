@@ -56,8 +56,8 @@ class Communicator {
 // size-1, whichever thread computes it, so results never depend on thread timing. Each collective is two
 // barriers: (1) every rank has published its buffers; each rank then computes its share of the result; (2) every
 // rank has finished reading its peers' buffers, which may be reused after the call returns.
-// A rank that fails inside a step calls abort(): the peers blocked in a collective (now or later) throw CollectiveAborted
-// instead of waiting forever; reset() re-arms the group once every rank has returned.
+// A rank that fails inside a step calls abort(): the peers blocked in a collective (now or later) throw
+// CollectiveAborted instead of waiting forever; reset() re-arms the group once every rank has returned.
 class InProcessGroup {
  public:
   explicit InProcessGroup(int size);

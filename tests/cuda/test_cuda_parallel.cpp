@@ -98,13 +98,15 @@ TEST_P(CudaParallelModels, LogitsEqualOneGpu) {
     Model one(cfg, *f.plan, *be);
     KvCache k(cfg);
     one.forward(std::span<const int32_t>(ids.data(), 14), k, ref.data(), true);
-    for (size_t t = 14; t < ids.size(); ++t) one.forward(std::span<const int32_t>(ids.data() + t, 1), k, ref.data() + t * V, true);
+    for (size_t t = 14; t < ids.size(); ++t)
+      one.forward(std::span<const int32_t>(ids.data() + t, 1), k, ref.data() + t * V, true);
     g1 = generate(one, prompt, g);
   }
   ParallelModel pm(cfg, *f.plan, "cuda", 0, c.pc);
   ParallelKvCache k(cfg, pm.ranks());
   pm.forward(std::span<const int32_t>(ids.data(), 14), k, got.data(), true);
-  for (size_t t = 14; t < ids.size(); ++t) pm.forward(std::span<const int32_t>(ids.data() + t, 1), k, got.data() + t * V, true);
+  for (size_t t = 14; t < ids.size(); ++t)
+    pm.forward(std::span<const int32_t>(ids.data() + t, 1), k, got.data() + t * V, true);
   gp = generate(pm, prompt, g);
   EXPECT_LE(rel_error(got, ref), 1e-5) << c.model << " " << c.pc.describe();
   for (size_t r = 0; r < ids.size(); ++r)

@@ -25,8 +25,8 @@ struct Layout {
   ParallelConfig pc;
 };
 const Layout kLayouts[] = {
-    {"tp2", {2, true, false}},    {"tp4", {4, true, false}},    {"ep2", {2, false, true}},
-    {"ep4", {4, false, true}},    {"tp2_ep", {2, true, true}},  {"tp4_ep", {4, true, true}},
+    {"tp2", {2, true, false}}, {"tp4", {4, true, false}},   {"ep2", {2, false, true}},
+    {"ep4", {4, false, true}}, {"tp2_ep", {2, true, true}}, {"tp4_ep", {4, true, true}},
 };
 
 // The expected refusal of a layout on a model (empty: it must run), as a substring of the error.
@@ -35,14 +35,18 @@ std::string expected_error(const std::string& model, const std::string& layout) 
       {{"glm5-tiny-b", "tp4"}, "num_attention_heads 6 is not divisible by --tensor-parallel-size 4"},
       {{"glm5-tiny-b", "tp4_ep"}, "num_attention_heads 6 is not divisible by --tensor-parallel-size 4"},
       {{"glm5-tiny-b", "ep4"}, "n_routed_experts 6 is not divisible by --expert-parallel-size 4"},
-      {{"glm5-tiny-mxfp4", "tp2"}, "experts.0.down_proj.weight' (mxfp4 [64, 32]): the shard columns [0, 16) cut a "
-                                   "32-element MXFP4 scale block"},
-      {{"glm5-tiny-mxfp4", "tp4"}, "experts.0.down_proj.weight' (mxfp4 [64, 32]): the shard columns [0, 8) cut a "
-                                   "32-element MXFP4 scale block"},
-      {{"v3-tiny-fp8", "tp2"}, "self_attn.q_b_proj.weight' (fp8_e4m3_block128 [192, 48]): the shard rows [0, 96) cut "
-                               "a 128x128 scale block"},
-      {{"v3-tiny-fp8", "tp4"}, "self_attn.q_b_proj.weight' (fp8_e4m3_block128 [192, 48]): the shard rows [0, 48) cut "
-                               "a 128x128 scale block"},
+      {{"glm5-tiny-mxfp4", "tp2"},
+       "experts.0.down_proj.weight' (mxfp4 [64, 32]): the shard columns [0, 16) cut a "
+       "32-element MXFP4 scale block"},
+      {{"glm5-tiny-mxfp4", "tp4"},
+       "experts.0.down_proj.weight' (mxfp4 [64, 32]): the shard columns [0, 8) cut a "
+       "32-element MXFP4 scale block"},
+      {{"v3-tiny-fp8", "tp2"},
+       "self_attn.q_b_proj.weight' (fp8_e4m3_block128 [192, 48]): the shard rows [0, 96) cut "
+       "a 128x128 scale block"},
+      {{"v3-tiny-fp8", "tp4"},
+       "self_attn.q_b_proj.weight' (fp8_e4m3_block128 [192, 48]): the shard rows [0, 48) cut "
+       "a 128x128 scale block"},
       {{"v3-tiny-fp8", "tp2_ep"}, "self_attn.q_b_proj.weight' (fp8_e4m3_block128"},
       {{"v3-tiny-fp8", "tp4_ep"}, "self_attn.q_b_proj.weight' (fp8_e4m3_block128"},
   };
@@ -72,7 +76,8 @@ std::vector<Case> cases(bool valid) {
 }
 
 // Relative error <= 1e-5 and the same argmax in every row of [rows, V].
-void expect_same_logits(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, const std::string& what) {
+void expect_same_logits(const std::vector<float>& got, const std::vector<float>& ref, int64_t V,
+                        const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   const double rel = rel_error(got.data(), ref.data(), got.size());
   EXPECT_LE(rel, 1e-5) << what;
@@ -210,8 +215,8 @@ TEST(ParallelDeterminism, RepeatedRunsAreBitIdentical) {
 }
 
 // bf16 activations: the ranks round their partial sums to bf16 before the all-reduce, so the result is not the
-// one-rank rounding sequence; it stays well within the bf16 noise of the model (a quarter of one rank's bf16-vs-fp32 error)
-// and agrees on the top-1 token.
+// one-rank rounding sequence; it stays well within the bf16 noise of the model (a quarter of one rank's
+// bf16-vs-fp32 error) and agrees on the top-1 token.
 TEST(ParallelBf16, CloseToOneRank) {
   ModelFiles f = open_model_files(model_dir("glm5-tiny"));
   ModelOptions mo;
@@ -292,8 +297,8 @@ TEST(Shard, SlicesDequantizeToTheFullWeightsParts) {
   for (const char* name : {"v3-tiny-fp8", "glm5-tiny-mxfp4"}) {
     ModelFiles f = open_model_files(model_dir(name));
     const ModelWeights w = resolve_weights(*f.cfg, *f.plan);
-    const QuantWeight& q = std::string(name) == "v3-tiny-fp8" ? w.layers[1].moe.experts[0].gate
-                                                              : w.layers[1].moe.experts[0].down;
+    const QuantWeight& q =
+        std::string(name) == "v3-tiny-fp8" ? w.layers[1].moe.experts[0].gate : w.layers[1].moe.experts[0].down;
     ASSERT_TRUE(is_quantized(q.format)) << name;
     std::vector<float> full(static_cast<size_t>(q.cols)), part(static_cast<size_t>(q.cols));
     // Whole-weight slices (the only block-respecting ones at these sizes) and a plain-float column slice.
@@ -348,8 +353,8 @@ std::string capture(const std::string& cmd, int* rc) {
 TEST(ParallelCli, RunTensorParallelEqualsOneRank) {
   const std::string bin = latent_bin();
   ASSERT_FALSE(bin.empty()) << "LATENT_BIN not set (ctest sets it)";
-  for (const char* flags : {"--tensor-parallel-size 2", "--tensor-parallel-size 4 --expert-parallel",
-                            "--expert-parallel-size 2"}) {
+  for (const char* flags :
+       {"--tensor-parallel-size 2", "--tensor-parallel-size 4 --expert-parallel", "--expert-parallel-size 2"}) {
     const std::string base = bin + " run --model " + model_dir("glm5-tiny") +
                              " --threads 2 --prompt-tokens \"5 17 3 99 42\" --max-tokens 8 2>&1";
     int rc1 = -1, rc2 = -1;
@@ -361,8 +366,8 @@ TEST(ParallelCli, RunTensorParallelEqualsOneRank) {
     EXPECT_GE(one.size(), 16u);  // 8 ids
   }
   int rc = 0;
-  const std::string err = capture(bin + " run --model " + model_dir("glm5-tiny-b") +
-                                      " --prompt-tokens \"1 2\" --tensor-parallel-size 4 2>&1", &rc);
+  const std::string err = capture(
+      bin + " run --model " + model_dir("glm5-tiny-b") + " --prompt-tokens \"1 2\" --tensor-parallel-size 4 2>&1", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(err.find("num_attention_heads 6 is not divisible by --tensor-parallel-size 4"), std::string::npos) << err;
 }
@@ -371,8 +376,8 @@ TEST(ParallelCli, PlanShowsTheSharding) {
   const std::string bin = latent_bin();
   ASSERT_FALSE(bin.empty()) << "LATENT_BIN not set (ctest sets it)";
   int rc = -1;
-  const std::string out =
-      capture(bin + " plan --model " + model_dir("glm5-tiny") + " --tensor-parallel-size 2 --expert-parallel 2>&1", &rc);
+  const std::string out = capture(
+      bin + " plan --model " + model_dir("glm5-tiny") + " --tensor-parallel-size 2 --expert-parallel 2>&1", &rc);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("sharding: tensor parallel 2 + expert parallel"), std::string::npos) << out;
   EXPECT_NE(out.find("model.layers.0.self_attn.q_b_proj.weight"), std::string::npos);
@@ -380,11 +385,13 @@ TEST(ParallelCli, PlanShowsTheSharding) {
   EXPECT_NE(out.find("columns of heads 0..2 of 4"), std::string::npos);
   EXPECT_NE(out.find("expert 7 of 8 (rank 1)"), std::string::npos);
   EXPECT_NE(out.find("vocab rows 0..128 of 256"), std::string::npos);
-  const std::string js = capture(bin + " plan --model " + model_dir("v3-tiny-fp8") + " --json --expert-parallel-size 2 2>&1", &rc);
+  const std::string js =
+      capture(bin + " plan --model " + model_dir("v3-tiny-fp8") + " --json --expert-parallel-size 2 2>&1", &rc);
   ASSERT_EQ(rc, 0) << js;
   EXPECT_NE(js.find("\"sharding\""), std::string::npos);
   EXPECT_NE(js.find("expert parallel 2 (attention replicated)"), std::string::npos) << js;
-  const std::string bad = capture(bin + " plan --model " + model_dir("v3-tiny-fp8") + " --tensor-parallel-size 2 2>&1", &rc);
+  const std::string bad =
+      capture(bin + " plan --model " + model_dir("v3-tiny-fp8") + " --tensor-parallel-size 2 2>&1", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(bad.find("cut a 128x128 scale block"), std::string::npos) << bad;
 }

@@ -25,7 +25,8 @@ void on_ranks(InProcessGroup& g, const std::function<void(int, Communicator&)>& 
 // A value that differs per rank, element and round, with non-trivial rounding when summed.
 float value(int rank, int64_t i, int round) {
   const uint32_t h = static_cast<uint32_t>(rank * 2654435761u) ^ static_cast<uint32_t>(i * 40503u + round * 977u);
-  return static_cast<float>(static_cast<int32_t>(h % 20001u) - 10000) * 1.0e-3f + 1.0f / (1.0f + static_cast<float>(i % 7));
+  return static_cast<float>(static_cast<int32_t>(h % 20001u) - 10000) * 1.0e-3f +
+         1.0f / (1.0f + static_cast<float>(i % 7));
 }
 
 const int64_t kSizes[] = {1, 2, 7, 33, 1001};
@@ -49,7 +50,8 @@ TEST(InProcessCommunicator, AllReduceSumEqualsScalarReference) {
           float ref = value(0, i, round);
           for (int r = 1; r < size; ++r) ref += value(r, i, round);
           for (int r = 0; r < size; ++r)
-            ASSERT_EQ(got[static_cast<size_t>(r)][i], ref) << "size " << size << " n " << n << " rank " << r << " i " << i;
+            ASSERT_EQ(got[static_cast<size_t>(r)][i], ref)
+                << "size " << size << " n " << n << " rank " << r << " i " << i;
         }
       }
     }
@@ -109,7 +111,8 @@ TEST(InProcessCommunicator, AllToAllTransposesChunks) {
           std::vector<unsigned char> send(static_cast<size_t>(bytes * size)), recv(static_cast<size_t>(bytes * size));
           // chunk j of rank r: (r, j) pattern
           for (int j = 0; j < size; ++j)
-            for (int64_t i = 0; i < bytes; ++i) send[j * bytes + i] = static_cast<unsigned char>(r * 16 + j + i * 3 + round);
+            for (int64_t i = 0; i < bytes; ++i)
+              send[j * bytes + i] = static_cast<unsigned char>(r * 16 + j + i * 3 + round);
           c.all_to_all(send.data(), static_cast<size_t>(bytes), recv.data());
           for (int i0 = 0; i0 < size; ++i0)
             for (int64_t i = 0; i < bytes; ++i)

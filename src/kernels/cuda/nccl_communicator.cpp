@@ -84,7 +84,8 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   std::vector<std::unique_ptr<Communicator>> out;
   try {
     for (int r = 0; r < n; ++r) {
-      out.push_back(std::make_unique<NcclCommunicator>(comms[static_cast<size_t>(r)], r, n, *backends[static_cast<size_t>(r)]));
+      out.push_back(
+          std::make_unique<NcclCommunicator>(comms[static_cast<size_t>(r)], r, n, *backends[static_cast<size_t>(r)]));
       comms[static_cast<size_t>(r)] = nullptr;
     }
   } catch (...) {
