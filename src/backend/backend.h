@@ -119,6 +119,9 @@ class Backend {
   virtual std::pair<size_t, size_t> memory_info() const { return {0, 0}; }
   // The view an op receives for a checkpoint weight (CPU: `w` itself, in place; CUDA: uploaded once, as stored).
   virtual QuantWeight prepare_weight(const QuantWeight& w) { return w; }
+  // The backend's native queue (CUDA: its cudaStream_t) for collectives enqueued in order with its ops (NCCL,
+  // parallel/communicator.h); null for the host backends.
+  virtual void* native_stream() { return nullptr; }
 
   // ---------------- linear ----------------
   // y[m, o] = Σ_i x[m, i] · W[o, i]  for m < M.  x [M, w.cols], y [M, w.rows].

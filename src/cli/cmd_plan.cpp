@@ -9,6 +9,7 @@
 #include "format/safetensors.h"
 #include "loader/plan_report.h"
 #include "loader/precision_plan.h"
+#include "model/shard.h"
 
 namespace latent::cli {
 
@@ -21,6 +22,7 @@ void register_plan(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Print the precision plan: per tensor stored / compute format, transform, "
                                          "measured error");
   opts->model.add_to(cmd);
+  opts->model.add_parallel_to(cmd);
   cmd->add_flag("--json", opts->json, "One JSON object per weight tensor");
   cmd->callback([opts]() {
     const std::string dir = opts->model.model_dir();
@@ -28,6 +30,16 @@ void register_plan(CLI::App& app) {
     const Checkpoint ckpt = Checkpoint::open(dir);
     const PlanOptions popt = opts->model.plan_options();
     const PrecisionPlan plan = PrecisionPlan::build(ckpt, cfg, popt);
+    const ParallelConfig pc = opts->model.parallel();
+    if (opts->json && pc.active()) {
+      // {"plan": [...], "sharding": [...]} when a parallel layout is asked for.
+      nlohmann::json out;
+      out["plan"] = plan_to_json(plan);
+      out["parallel"] = pc.describe();
+      out["sharding"] = nlohmann::json::parse(format_sharding_json(cfg, plan, pc));
+      std::printf("%s\n", out.dump(1).c_str());
+      return;
+    }
     if (opts->json) {
       nlohmann::json arr = plan_to_json(plan);
       if (popt.allow_lossy)
@@ -38,6 +50,7 @@ void register_plan(CLI::App& app) {
       for (const auto& w : plan.warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
     } else {
       std::printf("%s", format_plan_text(plan, cfg, dir, popt.allow_lossy).c_str());
+      if (pc.active()) std::printf("%s", format_sharding_text(cfg, plan, pc).c_str());
     }
   });
 }

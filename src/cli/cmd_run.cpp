@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/parallel_model.h"
 #include "server/chat_once.h"
 #include "server/serving_model.h"
 #include "tokenizer/tokenizer.h"
@@ -35,6 +36,7 @@ void register_run(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("run", "One plain generation on the terminal (no chat template)");
   o->model.add_to(cmd);
+  o->model.add_parallel_to(cmd);
   auto* p_text = cmd->add_option("--prompt", o->prompt, "Prompt text (needs tokenizer.json)");
   auto* p_ids = cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt token ids, e.g. \"1 2 3\"");
   auto* p_chat = cmd->add_option("--chat", o->chat, "A user message: one chat turn through the chat template");
@@ -64,6 +66,7 @@ void register_run(CLI::App& app) {
       so.threads = o->model.threads;
       so.backend = o->model.backend_name(o->backend);
       so.bf16_activations = o->activations == "bf16";
+      so.parallel = o->model.parallel();
       so.prefault = false;
       auto m = server::load_serving_model(so);
       for (const auto& w : m->files.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
@@ -93,10 +96,19 @@ void register_run(CLI::App& app) {
     if (prompt.empty()) fail("run: the prompt has no tokens");
     ModelFiles mf = open_model_files(dir, o->model.plan_options());
     for (const auto& w : mf.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
-    auto be = make_backend(o->model.backend_name(o->backend), o->model.threads);
     ModelOptions mo;
     mo.bf16_activations = o->activations == "bf16";
-    Model model(*mf.cfg, *mf.plan, *be, mo);
+    const ParallelConfig pc = o->model.parallel();
+    std::unique_ptr<Backend> be;
+    std::unique_ptr<Model> one;
+    std::unique_ptr<ParallelModel> par;
+    if (pc.active()) {
+      par = std::make_unique<ParallelModel>(*mf.cfg, *mf.plan, o->model.backend_name(o->backend), o->model.threads,
+                                            pc, mo);
+    } else {
+      be = make_backend(o->model.backend_name(o->backend), o->model.threads);
+      one = std::make_unique<Model>(*mf.cfg, *mf.plan, *be, mo);
+    }
     GenerateOptions g;
     g.max_new_tokens = o->max_tokens;
     g.temperature = o->temperature;
@@ -107,11 +119,12 @@ void register_run(CLI::App& app) {
       return;
     }
     bool first = true;
-    const std::vector<int32_t> out = generate(model, prompt, g, [&](int32_t id) {
+    auto print = [&](int32_t id) {
       std::printf(first ? "%d" : " %d", id);
       std::fflush(stdout);
       first = false;
-    });
+    };
+    const std::vector<int32_t> out = par ? generate(*par, prompt, g, print) : generate(*one, prompt, g, print);
     std::printf("\n");
     if (tok) std::printf("%s\n", tok->decode(out).c_str());
   });

@@ -221,6 +221,7 @@ void run_serve(const ServeOpts& o) {
     mo.threads = o.model.threads;
     mo.backend = o.model.backend_name(o.backend);
     mo.bf16_activations = o.activations == "bf16";
+    mo.parallel = o.model.parallel();
     mo.served_names = o.served_names;
     mo.max_model_len = o.max_model_len;
     mo.allow_long_context = o.allow_long_context;
@@ -262,8 +263,8 @@ void run_serve(const ServeOpts& o) {
     log::info("KV cache: {} blocks x {} tokens = {} tokens ({} bytes/token, {} cache, {:.2f} GiB allocated of "
               "--kv-cache-bytes {}), max_model_len {}, step workspace {:.1f} MiB for {} tokens",
               so.kv_total_blocks, o.kv_block_tokens, capacity, m->engine->kv_bytes_per_token(),
-              dtype_name(m->model->cache_dtype()), double(m->engine->cache()->bytes()) / double(1u << 30),
-              o.kv_cache_bytes, m->info.max_model_len, double(m->model->workspace_bytes()) / double(1u << 20),
+              dtype_name(m->engine->cache_dtype()), double(m->engine->cache()->bytes()) / double(1u << 30),
+              o.kv_cache_bytes, m->info.max_model_len, double(m->engine->workspace_bytes()) / double(1u << 20),
               so.max_batch_tokens);
     sched = std::make_unique<Scheduler>(*m->engine, so, &metrics);
     sched->start();
@@ -349,6 +350,7 @@ void register_serve(CLI::App& app) {
   cmd->allow_extras();  // unknown flags are answered with the nearest known one (reject_unknown)
   const CLI::Range kPositive(1.0, 1e18), kNonNegative(0.0, 1e18);
   o->model.add_to(cmd);
+  o->model.add_parallel_to(cmd);
   // Flags that vLLM also has keep vLLM's names (README "latent serve for vLLM users"); the second name of a pair
   // is the vLLM alias.
   cmd->add_option("--host", o->host, "Listen address (default 127.0.0.1)");

@@ -21,6 +21,21 @@ void ModelFlags::add_to(CLI::App* cmd, bool model_required) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
+void ModelFlags::add_parallel_to(CLI::App* cmd) {
+  cmd->add_option("--tensor-parallel-size", tensor_parallel_size,
+                  "Ranks (GPUs; threads on the CPU) to split attention heads, MLPs, embedding and lm_head over "
+                  "(default 1)");
+  cmd->add_flag("--expert-parallel", expert_parallel,
+                "Spread the routed experts over the --tensor-parallel-size ranks (whole experts per rank)");
+  cmd->add_option("--expert-parallel-size", expert_parallel_size,
+                  "Ranks to spread only the routed experts over (attention replicated); excludes "
+                  "--tensor-parallel-size");
+}
+
+ParallelConfig ModelFlags::parallel() const {
+  return parallel_config(tensor_parallel_size, expert_parallel, expert_parallel_size);
+}
+
 std::string ModelFlags::backend_name(const std::string& cpu_backend) const {
   if (device == "cuda") {
     if (cpu_backend == "ref") fail("--device cuda and --backend ref exclude each other (ref is the CPU oracle)");

@@ -6,6 +6,11 @@
 //   --threads N            worker threads (0 = all cores)
 //   --device cpu|cuda      where the model runs (default cpu; cuda needs a CUDA build and a GPU: a clear error
 //                          otherwise)
+// and, for run / serve / plan (add_parallel_to; model/shard.h):
+//   --tensor-parallel-size N   N ranks (GPUs; threads on the CPU): attention heads, dense MLP, shared experts,
+//                              embedding and lm_head split over them
+//   --expert-parallel          the routed experts spread over those ranks (whole experts) instead of split
+//   --expert-parallel-size N   N ranks with only the routed experts spread (attention replicated)
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -13,6 +18,7 @@
 #include <vector>
 
 #include "loader/precision_plan.h"
+#include "model/shard.h"
 
 namespace latent::cli {
 
@@ -23,10 +29,15 @@ struct ModelFlags {
   bool allow_lossy = false;
   int threads = 0;
   std::string device = "cpu";
+  int tensor_parallel_size = 1;
+  bool expert_parallel = false;
+  int expert_parallel_size = 0;
 
   // The backend to make: "cuda" for --device cuda, else the command's CPU backend choice (cpu or ref).
   std::string backend_name(const std::string& cpu_backend = "cpu") const;
   void add_to(CLI::App* cmd, bool model_required = false);
+  void add_parallel_to(CLI::App* cmd);
+  ParallelConfig parallel() const;  // validates the parallel flags (throws Error)
   PlanOptions plan_options() const;  // parses --quantize rules (throws Error on a bad one)
   std::string model_dir() const;     // --model or the bundled default
 };

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "model/parallel_model.h"
 
 namespace latent {
 
@@ -34,11 +35,16 @@ int32_t sample(const float* logits, int64_t n, double temperature, std::mt19937_
 }
 }  // namespace
 
-std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
-                              const std::function<void(int32_t)>& on_token) {
+namespace {
+KvCache make_cache(Model& m) { return KvCache(m.config()); }
+ParallelKvCache make_cache(ParallelModel& m) { return ParallelKvCache(m.config(), m.ranks()); }
+
+template <class M>
+std::vector<int32_t> generate_impl(M& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                                   const std::function<void(int32_t)>& on_token) {
   if (prompt.empty()) fail("generate: the prompt is empty");
   const int64_t V = model.config().vocab_size;
-  KvCache cache(model.config());
+  auto cache = make_cache(model);
   std::vector<float> logits(static_cast<size_t>(V));
   std::mt19937_64 rng(opt.seed);
   std::vector<int32_t> out;
@@ -53,6 +59,17 @@ std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, con
     model.forward(one, cache, logits.data(), false);
   }
   return out;
+}
+}  // namespace
+
+std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                              const std::function<void(int32_t)>& on_token) {
+  return generate_impl(model, prompt, opt, on_token);
+}
+
+std::vector<int32_t> generate(ParallelModel& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                              const std::function<void(int32_t)>& on_token) {
+  return generate_impl(model, prompt, opt, on_token);
 }
 
 std::vector<int32_t> parse_token_ids(const std::string& text) {

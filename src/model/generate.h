@@ -21,6 +21,10 @@ struct GenerateOptions {
 // Returns the generated ids (without the prompt). on_token is called after each new token.
 std::vector<int32_t> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                               const std::function<void(int32_t)>& on_token = {});
+// The same over every rank of a parallel model (model/parallel_model.h).
+class ParallelModel;
+std::vector<int32_t> generate(ParallelModel& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                              const std::function<void(int32_t)>& on_token = {});
 
 // Index of the largest value (first one on ties).
 int32_t argmax(const float* x, int64_t n);

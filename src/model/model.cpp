@@ -12,8 +12,18 @@ namespace latent {
 // ---------------------------------------------------------------------------------------------------------------
 // Construction: weights prepared by the backend, small vectors uploaded once.
 // ---------------------------------------------------------------------------------------------------------------
-Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend, ModelOptions opt)
-    : cfg_(cfg), be_(backend), opt_(opt), w_(resolve_weights(cfg, plan)) {
+Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend, ModelOptions opt,
+             const RankContext& rank)
+    : cfg_(cfg), be_(backend), opt_(opt), w_(resolve_weights(cfg, plan)), rank_(rank) {
+  if (rank.parallel.active()) {
+    if (!rank.comm || rank.comm->size() != rank.parallel.ranks || rank.comm->rank() != rank.rank)
+      fail("model: rank {} of {} needs a communicator of that rank and size", rank.rank, rank.parallel.ranks);
+    sd_ = shard_dims(cfg, rank.parallel, rank.rank, w_);
+    shard_weights(cfg, rank.parallel, rank.rank, sd_, w_, &shard_store_);
+  } else {
+    rank_ = RankContext{};
+    sd_ = shard_dims(cfg, rank_.parallel, 0, w_);
+  }
   if (cfg.n_routed_experts > 0) {
     const int64_t E = cfg.n_routed_experts, G = std::max<int64_t>(1, cfg.n_group);
     if (E % G != 0) fail("config: n_routed_experts {} is not divisible by n_group {}", E, G);
@@ -49,7 +59,7 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
       p.kv_a_norm = upload_vector(a.kv_a_norm, "kv_a_layernorm");
       p.q_a_bias = upload_vector(a.q_a_bias, "q_a_proj.bias");
       p.kv_a_bias = upload_vector(a.kv_a_bias, "kv_a_proj_with_mqa.bias");
-      p.o_bias = upload_vector(a.o_bias, "o_proj.bias");
+      if (!rank_.parallel.tensor || rank_.rank == 0) p.o_bias = upload_vector(a.o_bias, "o_proj.bias");
       if (lw.indexer.present) {
         IndexerWeights& iw = lw.indexer;
         for (QuantWeight* q : {&iw.wq_b, &iw.wk, &iw.weights_proj}) prep(*q);
@@ -108,6 +118,7 @@ struct Model::Buffers {
   int32_t *ids, *tok;
   int64_t* offs;
   float *hx, *lg;
+  float* lgall;  // [ranks, R, vocab_chunk]: the all-gathered logits slices (vocab-parallel lm_head only)
   int64_t score_rows;
 };
 
@@ -196,7 +207,8 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
     b.offs = nullptr;
   }
   take(b.hx, d.R * D);
-  take(b.lg, d.R * c.vocab_size);
+  take(b.lg, d.R * std::max(c.vocab_size, sd_.vocab_chunk));
+  if (sd_.vocab_split) take(b.lgall, d.R * sd_.vocab_chunk * rank_.parallel.ranks);
   return (off + 63) / 64 * 64;
 }
 
@@ -250,6 +262,11 @@ void Model::linear(const QuantWeight& w, const float* x, int64_t M, float* y, co
   if (opt_.bf16_activations) be_.round_bf16(y, M * w.rows);
 }
 
+void Model::reduce_partial(float* y, int64_t n) {
+  rank_.comm->all_reduce_sum(y, n);
+  if (opt_.bf16_activations) be_.round_bf16(y, n);
+}
+
 void Model::mlp(const MlpWeights& w, const float* x, int64_t M, int64_t inter, Buffers& b, float* out) {
   linear(w.gate, x, M, b.g);
   linear(w.up, x, M, b.u);
@@ -259,7 +276,7 @@ void Model::mlp(const MlpWeights& w, const float* x, int64_t M, int64_t inter, B
 
 void Model::moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float* out) {
   const int64_t D = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
-  const int64_t Im = cfg_.moe_intermediate_size, M = m.N;
+  const int64_t Im = sd_.moe_inter, M = m.N;  // (the full moe_intermediate_size on one rank)
   const bool bf16 = opt_.bf16_activations;
   // Router in fp32 (never rounded, spec §8).
   be_.matmul(w.router, b.x, M, b.rl);
@@ -315,21 +332,32 @@ void Model::moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float
     wu[e] = &w.experts[e].up;
     wd[e] = &w.experts[e].down;
   }
-  be_.grouped_matmul(wg.data(), E, b.offs, b.xs, b.eg);
-  be_.grouped_matmul(wu.data(), E, b.offs, b.xs, b.eu);
+  // This rank's experts [e0, e1) (all of them on one rank): their rows of the grouped pairs. With expert
+  // parallelism the other experts' rows stay zero, so the scatter below adds exact zeros for them and the
+  // partial outputs of the ranks are all-reduced (the small-batch combine: no token dispatch).
+  const int64_t e0 = sd_.expert0, e1 = sd_.expert1;
+  if (e1 - e0 < E) {
+    be_.fill(b.eg, n * Im, 0.0f);
+    be_.fill(b.eu, n * Im, 0.0f);
+    be_.fill(b.ed, n * D, 0.0f);
+  }
+  be_.grouped_matmul(wg.data() + e0, e1 - e0, b.offs + e0, b.xs, b.eg);
+  be_.grouped_matmul(wu.data() + e0, e1 - e0, b.offs + e0, b.xs, b.eu);
   if (bf16) {
     be_.round_bf16(b.eg, n * Im);
     be_.round_bf16(b.eu, n * Im);
   }
   be_.silu_mul(b.eg, b.eu, n * Im, b.eg, bf16);
-  be_.grouped_matmul(wd.data(), E, b.offs, b.eg, b.ed);
+  be_.grouped_matmul(wd.data() + e0, e1 - e0, b.offs + e0, b.eg, b.ed);
   if (bf16) be_.round_bf16(b.ed, n * D);
   be_.fill(out, M * D, 0.0f);
   be_.scatter_add_weighted(b.ed, b.tok, b.aw, n, D, out, bf16);
+  if (rank_.parallel.expert && !rank_.parallel.tensor) reduce_partial(out, M * D);  // shared experts replicated
   if (w.has_shared) {
-    mlp(w.shared, b.x, M, Im * cfg_.n_shared_experts, b, b.sh);
+    mlp(w.shared, b.x, M, sd_.shared_inter, b, b.sh);
     be_.add(out, b.sh, M * D, bf16);
   }
+  if (rank_.parallel.tensor) reduce_partial(out, M * D);  // routed + shared partials in one all-reduce
 }
 
 // The DSA indexer of layer l: new keys into the index pool; when some sequence sees more than index_topk keys,
@@ -396,7 +424,7 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
   const LayerWeights& lw = w_.layers[l];
   const AttentionWeights& aw = lw.attn;
   const LayerParams& p = lp_[static_cast<size_t>(l)];
-  const int64_t H = cfg_.num_attention_heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;
+  const int64_t H = sd_.heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;  // this rank's heads
   const int64_t dv = cfg_.v_head_dim, dc = cfg_.kv_lora_rank, dq = cfg_.q_lora_rank, dqk = dn + dr;
   const int64_t N = m.N;
   const bool bf16 = opt_.bf16_activations;
@@ -531,6 +559,10 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
   int64_t* h_pos = host_i64_.data();
   int64_t* h_slot = h_pos + N;
   std::copy(st.tokens.begin(), st.tokens.end(), h_tok);
+  if (sd_.vocab_split)  // vocab-parallel embedding: local row, or the zero row for another rank's token
+    for (int64_t i = 0; i < N; ++i)
+      h_tok[i] = h_tok[i] >= sd_.vocab0 && h_tok[i] < sd_.vocab1 ? static_cast<int32_t>(h_tok[i] - sd_.vocab0)
+                                                                : static_cast<int32_t>(sd_.vocab1 - sd_.vocab0);
   int64_t at = 0, r = 0;
   for (int64_t s = 0; s < S; ++s) {
     const StepSequence& q = st.seqs[s];
@@ -578,6 +610,7 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
   const bool bf16 = opt_.bf16_activations;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   be_.embedding(w_.embed, b.tokens, N, b.h);
+  if (sd_.vocab_split) rank_.comm->all_reduce_sum(b.h, N * D);  // exact: one rank holds each row
   if (bf16) be_.round_bf16(b.h, N * D);
   if (hidden) {
     hidden->assign(static_cast<size_t>((L + 1) * N * D), 0.0f);
@@ -595,12 +628,15 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
     const LayerParams& p = lp_[static_cast<size_t>(l)];
     be_.rms_norm(b.h, p.input_norm, N, D, eps, b.x, bf16);
     attention(l, m, cache, b, sparse);
+    if (rank_.parallel.tensor) reduce_partial(b.y, N * D);  // o_proj over this rank's heads
     be_.add(b.h, b.y, N * D, bf16);
     be_.rms_norm(b.h, p.post_attn_norm, N, D, eps, b.x, bf16);
-    if (lw.is_moe)
+    if (lw.is_moe) {
       moe(l, lw.moe, m, b, b.y);
-    else
-      mlp(lw.dense, b.x, N, cfg_.intermediate_size, b, b.y);
+    } else {
+      mlp(lw.dense, b.x, N, sd_.inter, b, b.y);
+      if (rank_.parallel.tensor) reduce_partial(b.y, N * D);
+    }
     be_.add(b.h, b.y, N * D, bf16);
     if (hidden && l + 1 < L) be_.download(hidden->data() + (l + 1) * N * D, b.h, sizeof(float) * N * D);
   }
@@ -609,8 +645,24 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
   if (logits && m.rows > 0) {
     // The head stays fp32 in bf16 mode (no rounding of the logits; top-1 ties would be artificial).
     be_.gather_rows(b.x, b.lrows, m.rows, D, b.hx);
-    be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
-    be_.download(logits, b.lg, sizeof(float) * m.rows * V);
+    if (!sd_.vocab_split) {
+      be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
+      be_.download(logits, b.lg, sizeof(float) * m.rows * V);
+    } else {
+      // Vocab-parallel head: [rows, Vr] per rank, all-gathered ([ranks][rows * chunk]); rank 0 lays them out.
+      const int64_t C = sd_.vocab_chunk, W = rank_.parallel.ranks, R = m.rows;
+      if (sd_.vocab1 > sd_.vocab0) be_.matmul(w_.lm_head, b.hx, R, b.lg);
+      rank_.comm->all_gather(b.lg, sizeof(float) * static_cast<size_t>(R * C), b.lgall);
+      if (rank_.rank == 0) {
+        host_f32_.resize(static_cast<size_t>(W * R * C));
+        be_.download(host_f32_.data(), b.lgall, sizeof(float) * host_f32_.size());
+        for (int64_t k = 0; k < W; ++k) {
+          const int64_t v0 = std::min(V, k * C), vk = std::min(V, v0 + C) - v0;
+          for (int64_t r = 0; r < R && vk > 0; ++r)
+            std::memcpy(logits + r * V + v0, host_f32_.data() + k * R * C + r * vk, sizeof(float) * vk);
+        }
+      }
+    }
   }
   be_.sync();
   (void)st;

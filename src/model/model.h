@@ -12,7 +12,9 @@
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 #include "loader/precision_plan.h"
+#include "parallel/communicator.h"
 #include "model/kv_cache.h"
+#include "model/shard.h"
 #include "model/weights.h"
 
 namespace latent {
@@ -66,16 +68,31 @@ struct Step {
   std::span<const StepSequence> seqs;
 };
 
+// One rank of a parallel model (model/shard.h, model/parallel_model.h): the parallel layout, this rank, and its
+// communicator (which must outlive the model). The default is the single-rank model.
+struct RankContext {
+  ParallelConfig parallel;
+  int rank = 0;
+  Communicator* comm = nullptr;
+};
+
 class Model {
  public:
-  // cfg and plan must outlive the model (weights point into the plan's memory-mapped checkpoint).
-  Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend, ModelOptions opt = {});
+  // cfg and plan must outlive the model (weights point into the plan's memory-mapped checkpoint). With a parallel
+  // `rank`, the model holds only this rank's slices (shard_weights) and its step() must be called on every rank
+  // with the same step (each with its own cache: the latent cache is replicated); the logits rows are written by
+  // rank 0 only, into the `logits` every rank is given (null on every rank for none).
+  Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend, ModelOptions opt = {},
+        const RankContext& rank = {});
 
   const ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opt_; }
   void set_options(const ModelOptions& o) { opt_ = o; }
   Backend& backend() { return be_; }
   const ModelWeights& weights() const { return w_; }
+  const RankContext& rank_context() const { return rank_; }
+  const ShardDims& shard() const { return sd_; }
+  int64_t shard_bytes() const { return shard_store_.bytes; }  // owned copies of column slices (parallel only)
 
   // The batched forward of one step: position-wise work (embedding, norms, every Linear, router, experts) runs
   // once over all N tokens; attention and the DSA indexer per sequence over its pages; the lm_head only on the rows
@@ -122,6 +139,7 @@ class Model {
   void moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float* out);
   void linear(const QuantWeight& w, const float* x, int64_t M, float* y, const float* bias = nullptr);
   const float* upload_vector(const std::vector<float>& v, const char* what);
+  void reduce_partial(float* y, int64_t n);  // all-reduce of a rank's partial sum (parallel only)
 
   struct LayerParams {  // the small per-channel vectors, in backend memory (null when absent)
     const float *input_norm = nullptr, *post_attn_norm = nullptr, *q_a_norm = nullptr, *kv_a_norm = nullptr;
@@ -144,6 +162,10 @@ class Model {
   int64_t ws_grows_ = 0;
   std::vector<int32_t> host_i32_;  // host staging of step metadata (grow-only)
   std::vector<int64_t> host_i64_;
+  RankContext rank_;
+  ShardDims sd_;
+  ShardStorage shard_store_;
+  std::vector<float> host_f32_;  // rank 0: the all-gathered logits before they are laid out as [rows, V]
 
  public:
   ~Model();

@@ -9,13 +9,22 @@ namespace latent::server {
 ModelEngine::ModelEngine(Model& model)
     : model_(model), bytes_per_token_(latent::kv_bytes_per_token(model.config(), model.cache_dtype())) {}
 
+ModelEngine::ModelEngine(ParallelModel& pm)
+    : model_(pm.rank(0)), pm_(&pm), bytes_per_token_(latent::kv_bytes_per_token(pm.config(), pm.cache_dtype())) {}
+
 int64_t ModelEngine::vocab_size() const { return model_.config().vocab_size; }
 
 int64_t ModelEngine::configure(int64_t budget_bytes, int64_t block_tokens, int64_t max_batch_tokens,
                                int64_t max_seqs, int64_t max_context, double mem_fraction) {
   const ModelConfig& c = model_.config();
   cache_.reset();
-  model_.reserve(max_batch_tokens, max_seqs, max_context, (max_context + block_tokens - 1) / block_tokens);
+  rank_caches_.clear();
+  rank_cache_ptrs_.clear();
+  const int64_t max_blocks = (max_context + block_tokens - 1) / block_tokens;
+  if (pm_)
+    pm_->reserve(max_batch_tokens, max_seqs, max_context, max_blocks);
+  else
+    model_.reserve(max_batch_tokens, max_seqs, max_context, max_blocks);
   if (budget_bytes <= 0) {
     const auto [free_b, total_b] = model_.backend().memory_info();
     if (total_b == 0) fail("--kv-cache-bytes auto: the {} backend has no device memory to size it from",
@@ -29,20 +38,28 @@ int64_t ModelEngine::configure(int64_t budget_bytes, int64_t block_tokens, int64
            "--gpu-memory-utilization {} leaves none for the KV cache",
            free_b / 1048576.0, total_b / 1048576.0, mem_fraction);
   }
+  // Every rank holds the whole (replicated) cache: a device budget is per GPU; ranks on host memory share it.
+  if (pm_ && model_.backend().device() == Device::Cpu) budget_bytes /= pm_->ranks();
   const int64_t blocks = PagedKvCache::blocks_for_budget(c, budget_bytes, block_tokens, model_.cache_dtype());
-  cache_ = std::make_unique<PagedKvCache>(c, model_.backend(), blocks, block_tokens, model_.cache_dtype());
+  if (pm_) {
+    rank_caches_ = pm_->make_caches(blocks, block_tokens);
+    for (auto& rc : rank_caches_) rank_cache_ptrs_.push_back(rc.get());
+  } else {
+    cache_ = std::make_unique<PagedKvCache>(c, model_.backend(), blocks, block_tokens, model_.cache_dtype());
+  }
   tokens_.reserve(static_cast<size_t>(max_batch_tokens));
   seqs_.reserve(static_cast<size_t>(max_seqs));
   return blocks;
 }
 
 void ModelEngine::copy_block(int32_t src, int32_t dst, int64_t n_tokens) {
+  if (pm_ && !rank_cache_ptrs_.empty()) return pm_->copy_block(rank_cache_ptrs_, src, dst, n_tokens);
   if (!cache_) fail("engine: the KV cache is not configured");
   cache_->copy_block(src, dst, n_tokens);
 }
 
 void ModelEngine::step(std::span<const EngineStepItem> items, float* logits) {
-  if (!cache_) fail("engine: the KV cache is not configured");
+  if (!cache_ && rank_cache_ptrs_.empty()) fail("engine: the KV cache is not configured");
   tokens_.clear();
   seqs_.clear();
   for (const auto& it : items) {
@@ -55,7 +72,10 @@ void ModelEngine::step(std::span<const EngineStepItem> items, float* logits) {
     q.decode = it.decode;
     seqs_.push_back(q);
   }
-  model_.step(Step{tokens_, seqs_}, *cache_, logits);
+  if (pm_)
+    pm_->step(Step{tokens_, seqs_}, rank_cache_ptrs_, logits);
+  else
+    model_.step(Step{tokens_, seqs_}, *cache_, logits);
 }
 
 }  // namespace latent::server

@@ -98,12 +98,18 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
          "anyway)", opt.max_model_len, cfg.max_position_embeddings);
   if (opt.prefault) prefault(*m->files.ckpt, progress);
   if (progress) progress("model", 0, 0);
-  m->backend = make_backend(opt.backend, opt.threads);
   ModelOptions mo;
   mo.bf16_activations = opt.bf16_activations;
-  m->model = std::make_unique<Model>(cfg, *m->files.plan, *m->backend, mo);
-  m->engine = std::make_unique<ModelEngine>(*m->model);
+  if (opt.parallel.active()) {
+    m->parallel = std::make_unique<ParallelModel>(cfg, *m->files.plan, opt.backend, opt.threads, opt.parallel, mo);
+    m->engine = std::make_unique<ModelEngine>(*m->parallel);
+  } else {
+    m->backend = make_backend(opt.backend, opt.threads);
+    m->model = std::make_unique<Model>(cfg, *m->files.plan, *m->backend, mo);
+    m->engine = std::make_unique<ModelEngine>(*m->model);
+  }
   m->plan_text = format_plan_text(*m->files.plan, cfg, opt.model_dir, opt.plan.allow_lossy);
+  if (opt.parallel.active()) m->plan_text += format_sharding_text(cfg, *m->files.plan, opt.parallel);
 
   // Ids the model can produce but the tokenizer cannot print are never sampled (spec tokenizer §1).
   const int64_t V = cfg.vocab_size;

@@ -23,6 +23,7 @@ struct ServeModelOptions {
   int threads = 0;
   std::string backend = "cpu";
   bool bf16_activations = false;
+  ParallelConfig parallel;  // ranks > 1: a ParallelModel (tensor / expert parallel, one thread per rank)
   std::vector<std::string> served_names;  // empty: the directory's name
   int64_t max_model_len = 0;              // 0: config max_position_embeddings
   bool allow_long_context = false;        // accept max_model_len > max_position_embeddings
@@ -35,7 +36,8 @@ struct ServeModelOptions {
 struct LoadedModel {
   ModelFiles files;
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Model> model;            // one rank (null when parallel)
+  std::unique_ptr<ParallelModel> parallel;  // several ranks
   std::unique_ptr<ModelEngine> engine;
   std::unique_ptr<HfCodec> codec;
   ModelInfo info;

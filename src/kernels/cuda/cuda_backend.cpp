@@ -44,6 +44,7 @@ class CudaBackend final : public Backend {
 
   // ---------------- memory ----------------
   Device device() const override { return Device::Cuda; }
+  void* native_stream() override { return stream_; }
   void* alloc(size_t bytes, const char* what) override {
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
