@@ -77,7 +77,16 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
   }
 }
 
+void Model::set_options(const ModelOptions& o) {
+  drop_graphs();
+  opt_ = o;
+}
+
 Model::~Model() {
+  try {
+    drop_graphs();
+  } catch (...) {  // a lost device context: the graphs are gone with it
+  }
   for (void* p : owned_) be_.dealloc(p);
 }
 
@@ -209,9 +218,15 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
   Buffers b{};
   const size_t need = carve(d, nullptr, b);
   if (need > ws_cap_) replace_workspace(need);
+  res_tokens_ = std::max(res_tokens_, d.N);
+  res_seqs_ = std::max(res_seqs_, d.S);
+  if (d.Tm != res_ctx_ || d.MB != res_blocks_) drop_graphs();  // graphs are shaped by these limits
+  res_ctx_ = std::max(res_ctx_, d.Tm);
+  res_blocks_ = std::max(res_blocks_, d.MB);
 }
 
 void Model::replace_workspace(size_t bytes) {
+  drop_graphs();  // they recorded pointers into the old workspace
   if (ws_) {
     be_.dealloc(ws_);
     owned_.erase(std::remove(owned_.begin(), owned_.end(), static_cast<void*>(ws_)), owned_.end());
@@ -514,6 +529,10 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
   for (int32_t id : st.tokens)
     if (id < 0 || id >= V) fail("token id {} is out of range [0, {})", id, V);
 
+  if (graph_eligible(st, any_long, max_ctx, max_blocks, logits, hidden)) {
+    graph_step(st, cache, logits);
+    return;
+  }
   const Dims d = dims_for(N, S, max_ctx, max_blocks, rows);
   ensure_workspace(d);
   Buffers b{};
@@ -573,7 +592,7 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
 }
 
 void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
-                         std::vector<float>* hidden) {
+                         std::vector<float>* hidden, bool capture) {
   const int64_t N = m.N, D = cfg_.hidden_size, L = cfg_.num_hidden_layers, V = cfg_.vocab_size;
   const bool bf16 = opt_.bf16_activations;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -606,14 +625,134 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
   }
   be_.rms_norm(b.h, final_norm_, N, D, eps, b.x, bf16);
   if (hidden) be_.download(hidden->data() + L * N * D, b.x, sizeof(float) * N * D);
-  if (logits && m.rows > 0) {
+  if ((logits || capture) && m.rows > 0) {
     // The head stays fp32 in bf16 mode (no rounding of the logits; top-1 ties would be artificial).
     be_.gather_rows(b.x, b.lrows, m.rows, D, b.hx);
     be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
-    be_.download(logits, b.lg, sizeof(float) * m.rows * V);
+    if (!capture) be_.download(logits, b.lg, sizeof(float) * m.rows * V);
   }
-  be_.sync();
+  if (!capture) be_.sync();
   (void)st;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decode graphs
+// ---------------------------------------------------------------------------------------------------------------
+bool Model::graph_eligible(const Step& st, bool any_long, int64_t max_ctx, int64_t max_blocks, const float* logits,
+                           const std::vector<float>* hidden) const {
+  if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || !logits || hidden) return false;
+  if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return false;
+  if (any_long || max_ctx > res_ctx_ || max_blocks > res_blocks_) return false;
+  const int64_t B = decode_graph_bucket(static_cast<int64_t>(st.seqs.size()));
+  if (B > res_seqs_ || B > res_tokens_) return false;
+  for (const StepSequence& q : st.seqs)
+    if (!q.decode || q.n_tokens != 1 || q.start < 1 || q.logits != LogitRows::Last) return false;
+  return true;
+}
+
+void Model::drop_graphs() {
+  for (const auto& g : graphs_) be_.graph_release(g.second);
+  graphs_.clear();
+  graph_ws_ = nullptr;
+  graph_pools_.clear();
+}
+
+int64_t Model::graph_kernels(int64_t bucket) const {
+  for (const auto& [b, id] : graphs_)
+    if (b == bucket) return be_.graph_kernels(id);
+  return 0;
+}
+
+// A decode step of S sequences in the graph of B = decode_graph_bucket(S): the workspace is carved at the graph's
+// fixed shape (B tokens and sequences, the reserved context and block-table width), the metadata of the S real
+// sequences and of B − S padding sequences (a copy of sequence 0's first key at position 0, nothing stored: slot
+// −1) is uploaded in one copy, then the graph is replayed. The first step of a bucket runs eagerly at that shape
+// (every one-time setup of the ops happens there) and is then recorded.
+void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits) {
+  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = decode_graph_bucket(S), V = cfg_.vocab_size;
+  const int64_t bt = cache.block_tokens(), MB = res_blocks_;
+  const Dims d = dims_for(B, B, res_ctx_, MB, B);
+  ensure_workspace(d);
+  thread_local std::vector<const void*> pools;
+  pools.clear();
+  for (int64_t l = 0; l < cache.num_layers(); ++l) {
+    pools.push_back(cache.latent(l).data);
+    pools.push_back(cache.index(l).data);
+  }
+  if (ws_ != graph_ws_ || pools != graph_pools_) {
+    drop_graphs();
+    graph_ws_ = ws_;
+    graph_pools_ = pools;
+  }
+  Buffers b{};
+  carve(d, ws_, b);
+  // Host image of the metadata bytes [b.tokens, b.slots + B): the arrays are consecutive in the workspace.
+  char* const base = reinterpret_cast<char*>(b.tokens);
+  const size_t bytes = static_cast<size_t>(reinterpret_cast<char*>(b.slots + B) - base);
+  if (graph_meta_.size() < bytes) graph_meta_.resize(bytes);
+  std::fill(graph_meta_.begin(), graph_meta_.begin() + static_cast<std::ptrdiff_t>(bytes), char{0});
+  auto at = [&](auto* dev) {
+    return reinterpret_cast<decltype(dev)>(graph_meta_.data() + (reinterpret_cast<char*>(dev) - base));
+  };
+  int32_t *h_tok = at(b.tokens), *h_qb = at(b.q_begin), *h_ctx = at(b.ctx_len), *h_bt = at(b.btab);
+  int32_t* h_rows = at(b.lrows);
+  int64_t *h_pos = at(b.pos), *h_slot = at(b.slots);
+  pad_seqs_.assign(static_cast<size_t>(B), StepSequence{});
+  for (int64_t s = 0; s < B; ++s) {
+    const bool real = s < S;
+    const StepSequence& q = st.seqs[real ? s : 0];
+    const int64_t need = (q.start + 1 + bt - 1) / bt;
+    for (int64_t j = 0; j < need; ++j) h_bt[s * MB + j] = q.blocks[j];
+    h_qb[s] = static_cast<int32_t>(s);
+    h_rows[s] = static_cast<int32_t>(s);
+    h_tok[s] = real ? st.tokens[s] : 0;
+    h_ctx[s] = real ? static_cast<int32_t>(q.start + 1) : 1;
+    h_pos[s] = real ? q.start : 0;
+    h_slot[s] = real ? static_cast<int64_t>(q.blocks[q.start / bt]) * bt + q.start % bt : -1;
+    StepSequence& p = pad_seqs_[static_cast<size_t>(s)];
+    p.start = h_pos[s];
+    p.n_tokens = 1;
+    p.decode = true;
+    p.logits = LogitRows::Last;
+  }
+  h_qb[B] = static_cast<int32_t>(B);
+  be_.upload(base, graph_meta_.data(), bytes);
+
+  Meta m;
+  m.N = B;
+  m.S = B;
+  m.max_ctx = res_ctx_;
+  m.max_blocks = MB;
+  m.rows = B;
+  m.any_long = false;
+  m.q_begin = h_qb;
+  m.ctx = h_ctx;
+  m.seqs = {B, b.q_begin, b.ctx_len, b.btab, MB, res_ctx_};
+  const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(B)), pad_seqs_};
+  m.step = &pst;
+  int id = -1;
+  for (const auto& [bk, gid] : graphs_)
+    if (bk == B) id = gid;
+  if (id < 0) {
+    forward_step(pst, cache, m, b, nullptr, nullptr, true);  // eager at the graph's shape (logits in b.lg)
+    be_.sync();
+    be_.graph_begin();
+    try {
+      forward_step(pst, cache, m, b, nullptr, nullptr, true);
+    } catch (...) {
+      try {
+        be_.graph_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    graphs_.emplace_back(B, be_.graph_end());
+    ++graph_captures_;
+  } else {
+    be_.graph_replay(id);
+    ++graph_replays_;
+  }
+  be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(S * V));
 }
 
 void Model::forward(std::span<const int32_t> ids, KvCache& cache, float* logits, bool all_rows,

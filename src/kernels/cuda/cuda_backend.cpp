@@ -33,6 +33,8 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (auto& g : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     for (void* p : owned_) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
     if (group_scratch_) cudaFree(group_scratch_);
@@ -96,6 +98,45 @@ class CudaBackend final : public Backend {
     d.data = upload_owned(w.data, data_bytes, "weight data");
     d.scale = scale_bytes ? upload_owned(w.scale, scale_bytes, "weight scales") : nullptr;
     return d;
+  }
+
+  // ---------------- graphs ----------------
+  bool graphs_supported() const override { return true; }
+  void graph_begin() override {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  }
+  int graph_end() override {
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture");
+    Graph r;
+    size_t n = 0;
+    cudaError_t e = cudaGraphGetNodes(g, nullptr, &n);
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (e == cudaSuccess && n) e = cudaGraphGetNodes(g, nodes.data(), &n);
+    for (size_t i = 0; e == cudaSuccess && i < n; ++i) {
+      cudaGraphNodeType t{};
+      e = cudaGraphNodeGetType(nodes[i], &t);
+      if (t == cudaGraphNodeTypeKernel) ++r.kernels;
+    }
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&r.exec, g, 0);
+    cudaGraphDestroy(g);
+    check(e, "cudaGraphInstantiate");
+    graphs_.push_back(r);
+    return static_cast<int>(graphs_.size() - 1);
+  }
+  void graph_replay(int id) override {
+    if (id < 0 || id >= static_cast<int>(graphs_.size()) || !graphs_[static_cast<size_t>(id)].exec)
+      fail("CUDA backend: no graph {}", id);
+    check(cudaGraphLaunch(graphs_[static_cast<size_t>(id)].exec, stream_), "cudaGraphLaunch");
+  }
+  void graph_release(int id) override {
+    if (id < 0 || id >= static_cast<int>(graphs_.size()) || !graphs_[static_cast<size_t>(id)].exec) return;
+    sync();
+    check(cudaGraphExecDestroy(graphs_[static_cast<size_t>(id)].exec), "cudaGraphExecDestroy");
+    graphs_[static_cast<size_t>(id)].exec = nullptr;
+  }
+  int64_t graph_kernels(int id) const override {
+    return id >= 0 && id < static_cast<int>(graphs_.size()) ? graphs_[static_cast<size_t>(id)].kernels : 0;
   }
 
   // ---------------- linear ----------------
@@ -293,6 +334,11 @@ class CudaBackend final : public Backend {
     return t;
   }
 
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t kernels = 0;
+  };
+  std::vector<Graph> graphs_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   std::vector<void*> owned_;
