@@ -241,16 +241,16 @@ class Backend {
 };
 
 // Batch sizes of decode graphs: a step of n sequences runs in the graph of decode_graph_bucket(n) sequences
-// (padded): 1, 2, 4, 8, 16, then multiples of 8. Kernels whose launch shape depends on the number of sequences
-// decide it from the bucket (so that a padded graph step computes each row exactly as an eager step does).
+// (padded): 1, 2, 4, 8, 16, then n itself (one graph per batch size above 16: padding there could push an expert's
+// group of tokens over the skinny-kernel limit of 16 rows and change its arithmetic). Kernels whose launch shape
+// depends on the number of sequences decide it from the bucket (so that a padded graph step computes each row
+// exactly as an eager step does).
 inline int64_t decode_graph_bucket(int64_t n) {
   if (n <= 1) return 1;
-  if (n <= 16) {
-    int64_t b = 2;
-    while (b < n) b *= 2;
-    return b;
-  }
-  return (n + 7) / 8 * 8;
+  if (n > 16) return n;
+  int64_t b = 2;
+  while (b < n) b *= 2;
+  return b;
 }
 
 // The scalar reference backend (src/kernels/ref): fp32 math, double accumulation; `threads` = 0 → all cores.

@@ -253,6 +253,7 @@ void Model::ensure_workspace(const Dims& d) {
 struct Model::Meta {
   int64_t N = 0, S = 0, max_ctx = 0, max_blocks = 0, rows = 0;
   bool any_long = false;      // some sequence sees more than index_topk keys (DSA selection needed)
+  bool graph = false;         // a graph step: shapes fixed by the reserved limits (indexer over max_ctx keys)
   const int32_t* q_begin = nullptr;  // host [S+1]
   const int32_t* ctx = nullptr;      // host [S]
   StepSeqs seqs;                     // backend memory
@@ -395,7 +396,9 @@ void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, b
   be_.scale(b.iw, N * nI, static_cast<float>(std::pow(static_cast<double>(nI), -0.5)));
   const float score_scale = static_cast<float>(std::pow(static_cast<double>(dI), -0.5));
   for (int64_t s = 0; s < m.S; ++s) {
-    const int64_t q0 = m.q_begin[s], q1 = m.q_begin[s + 1], T = m.ctx[s];
+    // A graph step scores the reserved context (keys past a token's position score −inf and are never selected:
+    // the selection equals the eager one over the sequence's own keys).
+    const int64_t q0 = m.q_begin[s], q1 = m.q_begin[s + 1], T = m.graph ? m.max_ctx : m.ctx[s];
     if (q1 <= q0) continue;
     be_.kv_gather(pool, m.seqs.block_table + s * m.max_blocks, T, 0, dI, b.keys);
     for (int64_t r0 = q0; r0 < q1; r0 += b.score_rows) {
@@ -529,8 +532,8 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
   for (int32_t id : st.tokens)
     if (id < 0 || id >= V) fail("token id {} is out of range [0, {})", id, V);
 
-  if (graph_eligible(st, any_long, max_ctx, max_blocks, logits, hidden)) {
-    graph_step(st, cache, logits);
+  if (graph_eligible(st, max_ctx, max_blocks, logits, hidden)) {
+    graph_step(st, cache, logits, any_long);
     return;
   }
   const Dims d = dims_for(N, S, max_ctx, max_blocks, rows);
@@ -638,11 +641,11 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
 // ---------------------------------------------------------------------------------------------------------------
 // Decode graphs
 // ---------------------------------------------------------------------------------------------------------------
-bool Model::graph_eligible(const Step& st, bool any_long, int64_t max_ctx, int64_t max_blocks, const float* logits,
+bool Model::graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
                            const std::vector<float>* hidden) const {
   if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || !logits || hidden) return false;
   if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return false;
-  if (any_long || max_ctx > res_ctx_ || max_blocks > res_blocks_) return false;
+  if (max_ctx > res_ctx_ || max_blocks > res_blocks_) return false;  // (DSA selection runs in the graph too)
   const int64_t B = decode_graph_bucket(static_cast<int64_t>(st.seqs.size()));
   if (B > res_seqs_ || B > res_tokens_) return false;
   for (const StepSequence& q : st.seqs)
@@ -658,9 +661,10 @@ void Model::drop_graphs() {
 }
 
 int64_t Model::graph_kernels(int64_t bucket) const {
-  for (const auto& [b, id] : graphs_)
-    if (b == bucket) return be_.graph_kernels(id);
-  return 0;
+  int64_t n = 0;  // the DSA-selection graph when there is one (the longer step)
+  for (const auto& [k, id] : graphs_)
+    if (k / 2 == bucket) n = std::max(n, be_.graph_kernels(id));
+  return n;
 }
 
 // A decode step of S sequences in the graph of B = decode_graph_bucket(S): the workspace is carved at the graph's
@@ -668,7 +672,7 @@ int64_t Model::graph_kernels(int64_t bucket) const {
 // sequences and of B − S padding sequences (a copy of sequence 0's first key at position 0, nothing stored: slot
 // −1) is uploaded in one copy, then the graph is replayed. The first step of a bucket runs eagerly at that shape
 // (every one-time setup of the ops happens there) and is then recorded.
-void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits) {
+void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long) {
   const int64_t S = static_cast<int64_t>(st.seqs.size()), B = decode_graph_bucket(S), V = cfg_.vocab_size;
   const int64_t bt = cache.block_tokens(), MB = res_blocks_;
   const Dims d = dims_for(B, B, res_ctx_, MB, B);
@@ -724,15 +728,17 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits) {
   m.max_ctx = res_ctx_;
   m.max_blocks = MB;
   m.rows = B;
-  m.any_long = false;
+  m.any_long = any_long;
+  m.graph = true;
   m.q_begin = h_qb;
   m.ctx = h_ctx;
   m.seqs = {B, b.q_begin, b.ctx_len, b.btab, MB, res_ctx_};
   const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(B)), pad_seqs_};
   m.step = &pst;
+  const int64_t key = 2 * B + (any_long ? 1 : 0);
   int id = -1;
-  for (const auto& [bk, gid] : graphs_)
-    if (bk == B) id = gid;
+  for (const auto& [k, gid] : graphs_)
+    if (k == key) id = gid;
   if (id < 0) {
     forward_step(pst, cache, m, b, nullptr, nullptr, true);  // eager at the graph's shape (logits in b.lg)
     be_.sync();
@@ -746,7 +752,7 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits) {
       }
       throw;
     }
-    graphs_.emplace_back(B, be_.graph_end());
+    graphs_.emplace_back(key, be_.graph_end());
     ++graph_captures_;
   } else {
     be_.graph_replay(id);

@@ -126,9 +126,9 @@ class Model {
   // capture: record the ops into a backend graph (logits stay in the workspace, nothing is downloaded).
   void forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
                     std::vector<float>* hidden, bool capture = false);
-  bool graph_eligible(const Step& st, bool any_long, int64_t max_ctx, int64_t max_blocks, const float* logits,
+  bool graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
                       const std::vector<float>* hidden) const;
-  void graph_step(const Step& st, PagedKvCache& cache, float* logits);
+  void graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long);
   void drop_graphs();
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   void indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
@@ -161,7 +161,7 @@ class Model {
   // Decode graphs: the reserve() limits they are shaped by, the graph id per bucket, and what they recorded
   // pointers into (a new workspace or KV pool drops them).
   int64_t res_tokens_ = 0, res_seqs_ = 0, res_ctx_ = 0, res_blocks_ = 0;
-  std::vector<std::pair<int64_t, int>> graphs_;  // (bucket, backend graph id)
+  std::vector<std::pair<int64_t, int>> graphs_;  // (2 · bucket + DSA selection, backend graph id)
   const void* graph_ws_ = nullptr;
   std::vector<const void*> graph_pools_;  // every pool's data pointer
   int64_t graph_captures_ = 0, graph_replays_ = 0;
