@@ -115,6 +115,9 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes);
   // Waits until every op issued so far has finished (CPU: no-op).
   virtual void sync() {}
+  // True once the device reported an error that leaves it unusable (CUDA: a kernel fault poisons the context);
+  // every later op fails. The server exits non-zero then (spec cuda.md §1).
+  virtual bool device_lost() const { return false; }
   // Free and total bytes of the backend's memory ({0, 0} for host memory: no budget is derived from it).
   virtual std::pair<size_t, size_t> memory_info() const { return {0, 0}; }
   // The view an op receives for a checkpoint weight (CPU: `w` itself, in place; CUDA: uploaded once, as stored).

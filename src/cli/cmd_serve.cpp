@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <mutex>
 #include <thread>
 
 #include "cli/build_info.h"
@@ -211,6 +212,11 @@ void run_serve(const ServeOpts& o) {
     http.shutdown(o.shutdown_timeout);
   });
 
+  struct {
+    std::mutex mu;
+    std::string what;
+    std::thread stopper;  // runs http.shutdown (the scheduler thread must not block on it)
+  } engine_lost;
   std::unique_ptr<server::LoadedModel> m;
   std::unique_ptr<Scheduler> sched;
   std::shared_ptr<server::Service> svc;
@@ -254,6 +260,14 @@ void run_serve(const ServeOpts& o) {
                                                     (mo.bf16_activations ? "bf16" : "fp32") + "\n" +
                                                     std::to_string(m->files.cfg->vocab_size));
     so.banned = &m->banned;
+    // A lost device context (a CUDA kernel fault): the step's requests were aborted with a 500; stop serving and
+    // exit non-zero (below) rather than answer from a poisoned device.
+    so.on_engine_lost = [&http, &engine_lost](const std::string& what) {
+      log::error("the device context is lost ({}): shutting down", what);
+      std::lock_guard lk(engine_lost.mu);
+      engine_lost.what = what;
+      engine_lost.stopper = std::thread([&http] { http.shutdown(2.0); });
+    };
     const double budget = kv_budget;
     so.max_context = m->info.max_model_len;
     so.kv_total_blocks = m->engine->configure(static_cast<int64_t>(budget), o.kv_block_tokens, so.max_batch_tokens,
@@ -286,6 +300,10 @@ void run_serve(const ServeOpts& o) {
   } catch (...) {
     http.stop();
     serve_thread.join();
+    {
+      std::lock_guard lk(engine_lost.mu);
+      if (engine_lost.stopper.joinable()) engine_lost.stopper.join();
+    }
     quitting.store(true);
     pthread_kill(signal_thread.native_handle(), SIGTERM);
     signal_thread.join();
@@ -300,6 +318,11 @@ void run_serve(const ServeOpts& o) {
   quitting.store(true);
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+  {
+    std::lock_guard lk(engine_lost.mu);
+    if (engine_lost.stopper.joinable()) engine_lost.stopper.join();
+    if (!engine_lost.what.empty()) fail("serve: the engine's device context was lost: {}", engine_lost.what);
+  }
   log::info("stopped");
 }
 

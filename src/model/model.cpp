@@ -29,10 +29,40 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
   if (cfg.has_indexer() && cfg.index_topk <= 0) fail("config: index_topk must be > 0 (got {})", cfg.index_topk);
   attention_factor_ = static_cast<float>(rope_attention_factor(cfg));
   softmax_scale_ = static_cast<float>(cfg.softmax_scale());
+  // Upload progress on a device backend: the bytes of every weight, as stored.
+  uint64_t up_total = 0, up_done = 0, up_last = 0;
+  const bool report = opt_.upload_progress && be_.device() != Device::Cpu;
+  auto bytes_of = [](const QuantWeight& q) { return q.data ? static_cast<uint64_t>(q.rows * q.row_bytes()) : 0u; };
+  if (report) {
+    for (const QuantWeight* q : {&w_.embed, &w_.lm_head}) up_total += bytes_of(*q);
+    for (const LayerWeights& lw : w_.layers) {
+      for (const QuantWeight* q : {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.kv_b, &lw.attn.o})
+        up_total += bytes_of(*q);
+      if (lw.indexer.present)
+        for (const QuantWeight* q : {&lw.indexer.wq_b, &lw.indexer.wk, &lw.indexer.weights_proj})
+          up_total += bytes_of(*q);
+      auto mlp_bytes = [&](const MlpWeights& m) { return bytes_of(m.gate) + bytes_of(m.up) + bytes_of(m.down); };
+      if (lw.is_moe) {
+        up_total += bytes_of(lw.moe.router);
+        for (const auto& e : lw.moe.experts) up_total += mlp_bytes(e);
+        if (lw.moe.has_shared) up_total += mlp_bytes(lw.moe.shared);
+      } else {
+        up_total += mlp_bytes(lw.dense);
+      }
+    }
+  }
   try {
     inv_freq_ = upload_vector(rope_inv_freq_f32(cfg), "rope inv_freq");
     auto prep = [&](QuantWeight& q) {
-      if (q.data) q = be_.prepare_weight(q);
+      if (!q.data) return;
+      const uint64_t n = bytes_of(q);
+      q = be_.prepare_weight(q);
+      if (!report) return;
+      up_done += n;
+      if (up_done - up_last > up_total / 200 || up_done == up_total) {
+        up_last = up_done;
+        opt_.upload_progress(up_done, up_total);
+      }
     };
     prep(w_.embed);
     prep(w_.lm_head);

@@ -3,6 +3,7 @@
 // cache (§4). MTP layers (index >= num_hidden_layers) are not part of the forward pass.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -45,6 +46,9 @@ struct ModelOptions {
   // this run's router logits.
   ForwardDecisions* record_decisions = nullptr;
   const ForwardDecisions* force_decisions = nullptr;
+  // Called while the constructor uploads the weights to a device backend (bytes done, bytes total), every ~0.5 %
+  // and at the end; not called on host backends (their weights stay in the memory map).
+  std::function<void(uint64_t, uint64_t)> upload_progress;
 };
 
 // Which logits rows a sequence of a step wants: none, its last token's, or every token's (teacher forcing).

@@ -32,6 +32,8 @@ class Engine {
   // Runs every item in one batched step. logits: one row of vocab_size() floats per item with want_logits, in item
   // order. Throws on failure (the scheduler aborts the requests of the batch).
   virtual void step(std::span<const EngineStepItem> items, float* logits) = 0;
+  // True when a failed step left the engine unusable (a lost GPU context): no later step can succeed.
+  virtual bool lost() const { return false; }
 };
 
 }  // namespace latent

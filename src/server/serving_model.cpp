@@ -102,6 +102,7 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   ModelOptions mo;
   mo.bf16_activations = opt.bf16_activations;
   mo.graphs = opt.cuda_graphs;
+  if (progress) mo.upload_progress = [&progress](uint64_t done, uint64_t total) { progress("weights onto the GPU", done, total); };
   m->model = std::make_unique<Model>(cfg, *m->files.plan, *m->backend, mo);
   m->engine = std::make_unique<ModelEngine>(*m->model);
   m->plan_text = format_plan_text(*m->files.plan, cfg, opt.model_dir, opt.plan.allow_lossy);

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <map>
 #include <vector>
 
@@ -16,8 +17,38 @@ namespace latent {
 
 namespace {
 
+// Errors after which the context is unusable (every later call fails with them): a kernel fault.
+bool sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorDevicesUnavailable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Set once a sticky error was seen (process-wide: the context is the process's).
+std::atomic<bool> g_lost{false};
+
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA backend: {} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  if (e == cudaSuccess) return;
+  if (sticky(e)) {
+    g_lost.store(true);
+    fail("CUDA backend: {} failed: {} ({}); the CUDA context is lost, no later GPU work can succeed", what,
+         cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  fail("CUDA backend: {} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 class CudaBackend final : public Backend {
@@ -42,6 +73,7 @@ class CudaBackend final : public Backend {
   }
 
   const char* name() const override { return "cuda"; }
+  bool device_lost() const override { return g_lost.load(); }
   int num_threads() const override { return 1; }
 
   // ---------------- memory ----------------
