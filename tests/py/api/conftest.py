@@ -61,7 +61,8 @@ class Server:
         self.log_path = log_path
         self.log = open(log_path, "w")
         args = [_latent_bin(), "serve", "--model", str(model_dir), "--port", str(self.port), "--served-model-name",
-                "tiny-glm", "--served-model-name", "tiny-alias", "--kv-cache-bytes", "256M", "--threads", "2", *extra]
+                "tiny-glm", "--served-model-name", "tiny-alias", "--kv-cache-bytes", "256M", "--threads", "2", *extra,
+                *os.environ.get("LATENT_SERVE_ARGS", "").split()]  # e.g. "--device cuda" (scripts/gpu_api_test)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while time.time() < deadline:
