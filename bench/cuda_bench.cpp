@@ -4,9 +4,11 @@
 // must move (weights + scales; activations are negligible at these M) over the median-free mean time of `iters`
 // back-to-back launches measured with a host clock after a sync.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -235,6 +237,101 @@ void bench_model(const std::string& dir, const std::string& backend, bool bf16) 
   }
 }
 
+// Bytes of a weight as uploaded (codes + scales).
+double weight_bytes(const QuantWeight& w) {
+  if (!w.data) return 0.0;
+  double b = static_cast<double>(w.rows) * static_cast<double>(w.row_bytes());
+  switch (w.format) {
+    case WeightFormat::FP8_E4M3_BLOCK:
+      b += static_cast<double>((w.rows + w.block_rows - 1) / w.block_rows * w.scale_cols()) * 4;
+      break;
+    case WeightFormat::FP8_E4M3_CHANNEL: b += static_cast<double>(w.rows) * 4; break;
+    case WeightFormat::MXFP4: b += static_cast<double>(w.rows * w.scale_cols()); break;
+    default: break;
+  }
+  return b;
+}
+
+// Weight bytes one decode step of `batch` sequences must read: every dense / attention / head weight once, and per
+// MoE layer the distinct routed experts the batch touches — exactly K at batch 1 (independent of the weights), the
+// expectation E·(1 − (1 − K/E)^batch) under uniform random routing above (the worst case for distinct experts).
+double decode_weight_bytes(const Model& m, int64_t batch) {
+  const ModelWeights& w = m.weights();
+  const ModelConfig& c = m.config();
+  double b = weight_bytes(w.lm_head);
+  for (const LayerWeights& lw : w.layers) {
+    for (const QuantWeight* q : {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.kv_b, &lw.attn.o}) b += weight_bytes(*q);
+    if (lw.indexer.present) b += weight_bytes(lw.indexer.wk) + weight_bytes(lw.indexer.weights_proj);
+    auto mlp = [](const MlpWeights& e) { return weight_bytes(e.gate) + weight_bytes(e.up) + weight_bytes(e.down); };
+    if (lw.is_moe) {
+      b += weight_bytes(lw.moe.router);
+      if (lw.moe.has_shared) b += mlp(lw.moe.shared);
+      const double E = static_cast<double>(c.n_routed_experts), K = static_cast<double>(c.num_experts_per_tok);
+      const double touched = batch == 1 ? K : E * (1.0 - std::pow(1.0 - K / E, static_cast<double>(batch)));
+      b += touched * mlp(lw.moe.experts[0]);
+    } else {
+      b += mlp(lw.dense);
+    }
+  }
+  return b;
+}
+
+// Decode through the batched step (the server's path): `batch` sequences with 32-token prompts in one paged pool,
+// then 64 timed decode steps after 4 warm-up steps (the first of which captures the graph). Prints step time,
+// tokens/s, kernels per step and per layer (from the captured graph), the launch floor (2.6 µs per kernel in a
+// graph) and the memory floor (weight bytes of the step + KV read, at 4.31 TB/s).
+void bench_decode(const std::string& dir, Model& m, Backend& be, bool bf16, int64_t batch, bool graphs) {
+  ModelOptions o;
+  o.bf16_activations = bf16;
+  o.graphs = graphs;
+  m.set_options(o);
+  const ModelConfig& c = m.config();
+  const int64_t V = c.vocab_size, bt = 64, prompt = 32, steps = 64, warm = 4;
+  const int64_t ctx = prompt + warm + steps + 1, per_seq = (ctx + bt - 1) / bt;
+  m.reserve(std::max<int64_t>(batch * prompt, 256), batch, per_seq * bt, per_seq);
+  PagedKvCache cache(c, be, batch * per_seq, bt, m.cache_dtype());
+  std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(batch));
+  std::vector<StepSequence> seqs(static_cast<size_t>(batch));
+  std::vector<int32_t> tokens;
+  for (int64_t s = 0; s < batch; ++s) {
+    for (int64_t j = 0; j < per_seq; ++j) blocks[s].push_back(static_cast<int32_t>(s * per_seq + j));
+    for (int64_t t = 0; t < prompt; ++t) tokens.push_back(static_cast<int32_t>((s * 7919 + t * 31 + 13) % V));
+    seqs[s].n_tokens = prompt;
+    seqs[s].blocks = blocks[s];
+  }
+  std::vector<float> logits(static_cast<size_t>(batch * V));
+  m.step(Step{tokens, seqs}, cache, logits.data());
+  auto decode = [&] {
+    tokens.assign(static_cast<size_t>(batch), 0);
+    for (int64_t s = 0; s < batch; ++s) {
+      const float* row = logits.data() + s * V;
+      tokens[s] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+      seqs[s].start += seqs[s].n_tokens;
+      seqs[s].n_tokens = 1;
+      seqs[s].decode = true;
+    }
+    m.step(Step{tokens, seqs}, cache, logits.data());
+  };
+  for (int64_t i = 0; i < warm; ++i) decode();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) decode();
+  const double t = seconds_since(t0) / static_cast<double>(steps);
+  const int64_t kernels = m.graph_kernels(decode_graph_bucket(batch));
+  const double L = static_cast<double>(c.num_hidden_layers);
+  const double kv = static_cast<double>(batch) * static_cast<double>(prompt + warm + steps / 2) * L *
+                    static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim) * (bf16 ? 2.0 : 4.0);
+  const double bytes = decode_weight_bytes(m, batch) + kv, floor_s = bytes / 4.31e12;
+  std::printf("decode %s %s batch %lld %s: step %.1f us, %.0f tokens/s", dir.c_str(), bf16 ? "bf16" : "fp32",
+              static_cast<long long>(batch), graphs ? "graphs" : "eager ", t * 1e6, static_cast<double>(batch) / t);
+  if (graphs)
+    std::printf(", %lld kernels per step (%.1f per layer), launch floor %.1f us (%.0f %% of the step), replays %lld",
+                static_cast<long long>(kernels), static_cast<double>(kernels) / L, kernels * 2.6,
+                100.0 * kernels * 2.6e-6 / t, static_cast<long long>(m.graph_replays()));
+  std::printf(", %.1f MB read per step, memory floor %.1f us = %.1f %% of the step (%s)\n", bytes / 1e6,
+              floor_s * 1e6, 100.0 * floor_s / t,
+              batch == 1 ? "exact at batch 1" : "distinct experts: uniform-routing expectation");
+}
+
 }  // namespace
 }  // namespace latent
 
@@ -244,6 +341,21 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "model") {  // cuda_bench model <dir>: decode tokens/s, cuda and cpu
     for (const char* b : {"cuda", "cpu"})
       for (bool bf16 : {false, true}) bench_model(argv[2], b, bf16);
+    return 0;
+  }
+  // cuda_bench decode <dir> [batch ...]: the batched decode step, graphs and eager, both activation modes.
+  if (argc > 2 && std::string(argv[1]) == "decode") {
+    std::vector<int64_t> batches;
+    for (int i = 3; i < argc; ++i) batches.push_back(std::atoll(argv[i]));
+    if (batches.empty()) batches = {1, 8, 32};
+    const auto t0 = std::chrono::steady_clock::now();
+    ModelFiles files = open_model_files(argv[2]);
+    Model m(*files.cfg, *files.plan, *be, ModelOptions{});
+    std::printf("decode %s: loaded in %.1f s (%.2f GB of weights on the GPU)\n", argv[2], seconds_since(t0),
+                decode_weight_bytes(m, m.config().n_routed_experts > 0 ? 1 << 20 : 1) / 1e9);
+    for (bool bf16 : {true, false})
+      for (int64_t b : batches)
+        for (bool g : {true, false}) bench_decode(argv[2], m, *be, bf16, b, g);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "attention") {  // only the attention timings

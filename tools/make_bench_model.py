@@ -2,7 +2,8 @@
 """Random-weight glm_moe_dsa checkpoints for bench/decode_bench (numpy + the safetensors codec of quantize_np.py;
 no torch). Not committed: bench/README.md says how to make them.
 
-  build/venv/bin/python tools/make_bench_model.py [--out build/bench-models] [--seed 0] [--shape glm5|deepseek_v3|all]
+  build/venv/bin/python tools/make_bench_model.py [--out build/bench-models] [--seed 0]
+      [--shape glm5|deepseek_v3|all|glm5-full]
 
 Writes two model directories per shape (the tensor layout of the tiny test models, larger dimensions):
   <shape>-bench-bf16    every tensor bf16 (e_score_correction_bias fp32)
@@ -59,6 +60,105 @@ V3_CONFIG = {
 }
 
 SHAPES = {"glm5": ("glm5-bench", CONFIG), "deepseek_v3": ("v3-bench", V3_CONFIG)}
+
+# The GLM-5 shape of the GPU benchmark (spec cuda.md §4): the real per-layer shapes truncated to 3 dense + 5 MoE
+# layers, routed experts MXFP4 (Quark layout), everything else bf16; ~34 GB, written streaming (never held in
+# memory) with random bytes: bf16 values with bounded exponents (|w| in [2^-13, 2^-6)), random e2m1 nibbles with
+# e8m0 scales 2^-9 .. 2^-7. At batch 1 the bytes a decode step reads do not depend on the values.
+GLM5_FULL = {
+    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "torch_dtype": "bfloat16",
+    "vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 8, "num_attention_heads": 64, "num_key_value_heads": 64,
+    "q_lora_rank": 2048, "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 3,
+    "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048,
+    "indexer_types": ["full"] * 8,
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 202752, "initializer_range": 0.02,
+    "tie_word_embeddings": False, "num_nextn_predict_layers": 0, "attention_bias": False,
+    "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 1,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+}
+
+
+def full_specs(c):
+    """(name, dtype, shape) of every tensor of the GLM-5-shape checkpoint, in file order."""
+    D, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    H, dn, dr, dv = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    dq, dc, E, Im, I = c["q_lora_rank"], c["kv_lora_rank"], c["n_routed_experts"], c["moe_intermediate_size"], \
+        c["intermediate_size"]
+    nI, dI = c["index_n_heads"], c["index_head_dim"]
+    S = [("model.embed_tokens.weight", "BF16", [V, D]), ("lm_head.weight", "BF16", [V, D]),
+         ("model.norm.weight", "NORM", [D])]
+    for l in range(L):
+        p, a = f"model.layers.{l}.", f"model.layers.{l}.self_attn."
+        S += [(p + "input_layernorm.weight", "NORM", [D]), (p + "post_attention_layernorm.weight", "NORM", [D]),
+              (a + "q_a_proj.weight", "BF16", [dq, D]), (a + "q_b_proj.weight", "BF16", [H * (dn + dr), dq]),
+              (a + "kv_a_proj_with_mqa.weight", "BF16", [dc + dr, D]),
+              (a + "kv_b_proj.weight", "BF16", [H * (dn + dv), dc]), (a + "o_proj.weight", "BF16", [D, H * dv]),
+              (a + "q_a_layernorm.weight", "NORM", [dq]), (a + "kv_a_layernorm.weight", "NORM", [dc]),
+              (a + "indexer.wq_b.weight", "BF16", [nI * dI, dq]), (a + "indexer.wk.weight", "BF16", [dI, D]),
+              (a + "indexer.weights_proj.weight", "BF16", [nI, D]), (a + "indexer.k_norm.weight", "NORM", [dI]),
+              (a + "indexer.k_norm.bias", "BIAS", [dI])]
+        m = p + "mlp."
+        mlp = lambda q, inter: [(q + "gate_proj.weight", "BF16", [inter, D]), (q + "up_proj.weight", "BF16", [inter, D]),
+                                (q + "down_proj.weight", "BF16", [D, inter])]
+        if l < c["first_k_dense_replace"]:
+            S += mlp(m, I)
+        else:
+            S += [(m + "gate.weight", "BF16", [E, D]), (m + "gate.e_score_correction_bias", "F32", [E])]
+            for e in range(E):
+                q = f"{m}experts.{e}."
+                for n, (r, k) in (("gate_proj", (Im, D)), ("up_proj", (Im, D)), ("down_proj", (D, Im))):
+                    S += [(q + n + ".weight", "U8", [r, k // 2]), (q + n + ".weight_scale", "SCALE", [r, k // 32])]
+            S += mlp(m + "shared_experts.", Im * c["n_shared_experts"])
+    return S
+
+
+def random_bytes(kind, shape, rng):
+    n = int(np.prod(shape))
+    if kind == "BF16":  # sign | exponent 114..120 | mantissa
+        b = rng.integers(0, 1 << 16, size=n, dtype=np.uint16)
+        e = rng.integers(114, 121, size=n, dtype=np.uint16)
+        return ((b & np.uint16(0x807F)) | (e << np.uint16(7))).tobytes()
+    if kind == "NORM":
+        return qn.f32_to_bf16_bits(1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.uint16).tobytes()
+    if kind == "BIAS":
+        return qn.f32_to_bf16_bits(0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.uint16).tobytes()
+    if kind == "F32":
+        return (0.05 * rng.standard_normal(n, dtype=np.float32)).astype("<f4").tobytes()
+    if kind == "U8":
+        return rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
+    return rng.integers(118, 121, size=n, dtype=np.uint8).tobytes()  # SCALE: e8m0 2^-9 .. 2^-7
+
+
+def write_full(out, seed):
+    c = GLM5_FULL
+    rng = np.random.default_rng(seed)
+    specs = full_specs(c)
+    size = {"BF16": 2, "NORM": 2, "BIAS": 2, "F32": 4, "U8": 1, "SCALE": 1}
+    st = {"BF16": "BF16", "NORM": "BF16", "BIAS": "BF16", "F32": "F32", "U8": "U8", "SCALE": "U8"}
+    hdr, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, kind, shape in specs:
+        nb = int(np.prod(shape)) * size[kind]
+        hdr[name] = {"dtype": st[kind], "shape": shape, "data_offsets": [off, off + nb]}
+        off += nb
+    d = os.path.join(out, "glm5-shape-mxfp4")
+    os.makedirs(d, exist_ok=True)
+    h = json.dumps(hdr, separators=(",", ":")).encode("utf-8")
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for name, kind, shape in specs:
+            f.write(random_bytes(kind, shape, rng))
+    cfg = dict(c)
+    cfg["quantization_config"] = qn.quark_mxfp4_config("floor")
+    cfg["quantization_config"]["exclude"] += [f"re:model.layers.{l}.*" for l in range(1, c["first_k_dense_replace"])]
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    print(f"wrote {d}: {off / 1e9:.1f} GB")
 
 
 def build_tensors(c, rng):
@@ -136,8 +236,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench-models")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--shape", choices=sorted(SHAPES) + ["all"], default="glm5")
+    ap.add_argument("--shape", choices=sorted(SHAPES) + ["all", "glm5-full"], default="glm5",
+                    help="glm5-full: the GLM-5 shape of spec cuda.md §4 (~34 GB, MXFP4 experts, GPU benchmark)")
     a = ap.parse_args()
+    if a.shape == "glm5-full":
+        write_full(a.out, a.seed)
+        return
     for name in sorted(SHAPES) if a.shape == "all" else [a.shape]:
         prefix, config = SHAPES[name]
         write_shape(a.out, prefix, config, a.seed)

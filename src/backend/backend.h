@@ -115,6 +115,9 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes);
   // Waits until every op issued so far has finished (CPU: no-op).
   virtual void sync() {}
+  // True once the device reported an error that leaves it unusable (CUDA: a kernel fault poisons the context);
+  // every later op fails. The server exits non-zero then (spec cuda.md §1).
+  virtual bool device_lost() const { return false; }
   // Free and total bytes of the backend's memory ({0, 0} for host memory: no budget is derived from it).
   virtual std::pair<size_t, size_t> memory_info() const { return {0, 0}; }
   // The view an op receives for a checkpoint weight (CPU: `w` itself, in place; CUDA: uploaded once, as stored).
@@ -206,7 +209,7 @@ class Backend {
 
   // ---------------- paged latent cache ----------------
   // Pool row slots[i], columns col0 .. col0+width  <-  src [n, width] (converted to pool.dtype; BF16 rounds to
-  // nearest even). slots in [0, pool.rows()).
+  // nearest even). slots in [0, pool.rows()), or negative: that row is not stored (the padding rows of a graph step).
   virtual void kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
                         int64_t width);
   // dst [n_tokens, width] fp32 = columns col0 .. col0+width of token slots 0 .. n_tokens-1 of one sequence whose
@@ -224,11 +227,37 @@ class Backend {
                                             const KvPool& pool, const StepSeqs& seqs, const int64_t* pos,
                                             const KeySelection& sel, float scale, float* o, bool bf16);
 
+  // ---------------- graphs (decode steps replayed, DESIGN.md / spec cuda.md §1) ----------------
+  // A backend that can record the ops issued between graph_begin() and graph_end() and replay them later (CUDA
+  // graphs) says so here. Recorded ops are not run; they must not allocate, upload, download or sync (the model
+  // runs a step eagerly at the same shapes first, so that every one-time setup of its ops has happened). A replay
+  // reads whatever the recorded pointers hold at that time (the model uploads the step metadata into the same
+  // buffers before each replay).
+  virtual bool graphs_supported() const { return false; }
+  virtual void graph_begin();           // throws Error when graphs are not supported
+  virtual int graph_end();              // ends the recording: the new graph's id
+  virtual void graph_replay(int id);    // asynchronous, like any op
+  virtual void graph_release(int /*id*/) {}  // frees graph id (its id is not reused)
+  virtual int64_t graph_kernels(int id) const;  // kernel launches recorded in graph id (diagnostics)
+
  protected:
   // Grow-only scratch of the host implementations (sized by the first steps, then reused).
   std::vector<int64_t> group_fill_;
   std::vector<float> paged_c_, paged_kpe_;
 };
+
+// Batch sizes of decode graphs: a step of n sequences runs in the graph of decode_graph_bucket(n) sequences
+// (padded): 1, 2, 4, 8, 16, then n itself (one graph per batch size above 16: padding there could push an expert's
+// group of tokens over the skinny-kernel limit of 16 rows and change its arithmetic). Kernels whose launch shape
+// depends on the number of sequences decide it from the bucket (so that a padded graph step computes each row
+// exactly as an eager step does).
+inline int64_t decode_graph_bucket(int64_t n) {
+  if (n <= 1) return 1;
+  if (n > 16) return n;
+  int64_t b = 2;
+  while (b < n) b *= 2;
+  return b;
+}
 
 // The scalar reference backend (src/kernels/ref): fp32 math, double accumulation; `threads` = 0 → all cores.
 std::unique_ptr<Backend> make_ref_backend(int threads);

@@ -28,7 +28,7 @@ AttentionForm parse_form(const std::string& s) {
 void register_logits(CLI::App& app) {
   struct Opts {
     ModelFlags model;
-    std::string tokens, out, hidden, activations = "fp32", backend = "cpu", attention = "auto";
+    std::string tokens, out, hidden, activations, backend = "cpu", attention = "auto";
     int64_t decode_from = -1;
     bool no_indexer = false;
   };
@@ -40,14 +40,13 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--decode-from", o->decode_from,
                   "Prefill the first K tokens, then decode the rest one token at a time through the cache");
   cmd->add_option("--hidden", o->hidden, "Also write per-layer hidden states float32 [L+1, T, D] .npy");
-  cmd->add_option("--activations", o->activations, "fp32 (default) or bf16 (round activations as HF bf16 runs do)");
+  cmd->add_option("--activations", o->activations, "fp32 or bf16 (round activations as HF bf16 runs do; default: bf16 on --device cuda, fp32 on cpu)");
   cmd->add_option("--backend", o->backend, "ref (scalar oracle) or cpu (default)");
   cmd->add_option("--attention", o->attention, "MLA form: auto (default: naive prefill, absorbed decode), naive, "
                                                 "absorbed");
   cmd->add_flag("--no-indexer", o->no_indexer, "Disable the DSA indexer (dense causal attention)");
   cmd->callback([o]() {
-    if (o->activations != "fp32" && o->activations != "bf16")
-      fail("--activations must be fp32 or bf16 (got '{}')", o->activations);
+    const bool bf16 = o->model.bf16_activations(o->activations);
     const std::vector<int32_t> ids = parse_token_ids(o->tokens);
     if (ids.empty()) fail("--tokens: no token ids given");
     const int64_t T = static_cast<int64_t>(ids.size());
@@ -57,7 +56,7 @@ void register_logits(CLI::App& app) {
     for (const auto& w : mf.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
     auto be = make_backend(o->model.backend_name(o->backend), o->model.threads);
     ModelOptions mo;
-    mo.bf16_activations = o->activations == "bf16";
+    mo.bf16_activations = bf16;
     mo.disable_indexer = o->no_indexer;
     mo.attention = parse_form(o->attention);
     Model model(*mf.cfg, *mf.plan, *be, mo);

@@ -17,6 +17,7 @@ void register_plan(CLI::App& app) {
   struct Opts {
     ModelFlags model;
     bool json = false;
+    std::string activations;
   };
   auto opts = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("plan", "Print the precision plan: per tensor stored / compute format, transform, "
@@ -24,6 +25,8 @@ void register_plan(CLI::App& app) {
   opts->model.add_to(cmd);
   opts->model.add_parallel_to(cmd);
   cmd->add_flag("--json", opts->json, "One JSON object per weight tensor");
+  cmd->add_option("--activations", opts->activations, "fp32 or bf16: the activation mode the plan line reports "
+                                                      "(default: bf16 on --device cuda, fp32 on cpu)");
   cmd->callback([opts]() {
     const std::string dir = opts->model.model_dir();
     const ModelConfig cfg = load_model_config(dir);
@@ -50,6 +53,7 @@ void register_plan(CLI::App& app) {
       for (const auto& w : plan.warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
     } else {
       std::printf("%s", format_plan_text(plan, cfg, dir, popt.allow_lossy).c_str());
+      std::printf("%s\n", opts->model.activations_line(opts->activations).c_str());
       if (pc.active()) std::printf("%s", format_sharding_text(cfg, plan, pc).c_str());
     }
   });

@@ -27,7 +27,8 @@ void register_run(CLI::App& app) {
     ModelFlags model;
     std::string chat, system;
     bool no_think = false;
-    std::string prompt, prompt_tokens, activations = "fp32", backend = "cpu";
+    std::string prompt, prompt_tokens, activations, backend = "cpu";
+    bool no_cuda_graphs = false;
     int64_t max_tokens = 16;
     double temperature = 0.0;
     uint64_t seed = 0;
@@ -49,7 +50,8 @@ void register_run(CLI::App& app) {
                                 "Number of tokens to generate (default 16; with --chat: up to the context)");
   cmd->add_option("--temperature", o->temperature, "0 = greedy (default)");
   cmd->add_option("--seed", o->seed, "Sampling seed");
-  cmd->add_option("--activations", o->activations, "fp32 (default) or bf16");
+  cmd->add_option("--activations", o->activations, "fp32 or bf16 (default: bf16 on --device cuda, fp32 on cpu)");
+  cmd->add_flag("--no-cuda-graphs", o->no_cuda_graphs, "--chat on --device cuda: run decode steps eagerly");
   cmd->add_option("--backend", o->backend, "ref or cpu (default)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at an end-of-sequence token");
   cmd->callback([o, p_max]() {
@@ -57,15 +59,15 @@ void register_run(CLI::App& app) {
       fail("run: give --prompt TEXT, --prompt-tokens IDS or --chat TEXT");
     if (o->max_tokens < 0) fail("--max-tokens must be >= 0 (got {})", o->max_tokens);
     if (o->temperature < 0) fail("--temperature must be >= 0 (got {})", o->temperature);
-    if (o->activations != "fp32" && o->activations != "bf16")
-      fail("--activations must be fp32 or bf16 (got '{}')", o->activations);
+    const bool bf16 = o->model.bf16_activations(o->activations);
     if (!o->chat.empty()) {
       server::ServeModelOptions so;
       so.model_dir = o->model.model_dir();
       so.plan = o->model.plan_options();
       so.threads = o->model.threads;
       so.backend = o->model.backend_name(o->backend);
-      so.bf16_activations = o->activations == "bf16";
+      so.bf16_activations = bf16;
+      so.cuda_graphs = !o->no_cuda_graphs;
       so.parallel = o->model.parallel();
       so.prefault = false;
       auto m = server::load_serving_model(so);
@@ -97,7 +99,7 @@ void register_run(CLI::App& app) {
     ModelFiles mf = open_model_files(dir, o->model.plan_options());
     for (const auto& w : mf.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
     ModelOptions mo;
-    mo.bf16_activations = o->activations == "bf16";
+    mo.bf16_activations = bf16;
     const ParallelConfig pc = o->model.parallel();
     std::unique_ptr<Backend> be;
     std::unique_ptr<Model> one;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <mutex>
 #include <thread>
 
 #include "cli/build_info.h"
@@ -33,7 +34,7 @@ namespace {
 
 struct ServeOpts {
   ModelFlags model;
-  std::string host = "127.0.0.1", backend = "cpu", activations = "fp32", chat_template, default_sampling,
+  std::string host = "127.0.0.1", backend = "cpu", activations, chat_template, default_sampling,
               reasoning_parser = "auto", tool_parser = "auto", reasoning_field = "both", allowed_origins,
               metrics_prefix = "latent:", api_key_file, log_level, log_format = "text";
   int port = 8000, http_threads = 2, http_workers = 4, max_n = 16;
@@ -47,7 +48,7 @@ struct ServeOpts {
   bool prefix_cache = true;          // --enable-prefix-caching / --no-enable-prefix-caching
   size_t max_request_bytes = 32u << 20;
   bool trust_template = false, clamp = false, no_metrics = false, metrics_auth = false, stop_on_loop = false,
-       deterministic = false, no_prefault = false, allow_long_context = false;
+       deterministic = false, no_prefault = false, allow_long_context = false, no_cuda_graphs = false;
 };
 
 // A one-line progress bar on stderr (only on a terminal).
@@ -211,6 +212,11 @@ void run_serve(const ServeOpts& o) {
     http.shutdown(o.shutdown_timeout);
   });
 
+  struct {
+    std::mutex mu;
+    std::string what;
+    std::thread stopper;  // runs http.shutdown (the scheduler thread must not block on it)
+  } engine_lost;
   std::unique_ptr<server::LoadedModel> m;
   std::unique_ptr<Scheduler> sched;
   std::shared_ptr<server::Service> svc;
@@ -220,7 +226,12 @@ void run_serve(const ServeOpts& o) {
     mo.plan = o.model.plan_options();
     mo.threads = o.model.threads;
     mo.backend = o.model.backend_name(o.backend);
-    mo.bf16_activations = o.activations == "bf16";
+    mo.bf16_activations = o.model.bf16_activations(o.activations);
+    mo.cuda_graphs = !o.no_cuda_graphs;
+    log::info("{}; decode steps {}", o.model.activations_line(o.activations),
+              o.model.device != "cuda" ? "eager"
+              : o.no_cuda_graphs       ? "eager (--no-cuda-graphs)"
+                                       : "in CUDA graphs (--no-cuda-graphs: eager)");
     mo.parallel = o.model.parallel();
     mo.served_names = o.served_names;
     mo.max_model_len = o.max_model_len;
@@ -246,9 +257,18 @@ void run_serve(const ServeOpts& o) {
     so.prefix_cache = o.prefix_cache;
     // What decides a cached block's contents besides its tokens: the checkpoint, the plan (transforms included)
     // and the activation / cache dtype.
-    so.prefix_cache_salt = std::hash<std::string>{}(dir + "\n" + m->plan_text + "\n" + o.activations + "\n" +
+    so.prefix_cache_salt = std::hash<std::string>{}(dir + "\n" + m->plan_text + "\n" +
+                                                    (mo.bf16_activations ? "bf16" : "fp32") + "\n" +
                                                     std::to_string(m->files.cfg->vocab_size));
     so.banned = &m->banned;
+    // A lost device context (a CUDA kernel fault): the step's requests were aborted with a 500; stop serving and
+    // exit non-zero (below) rather than answer from a poisoned device.
+    so.on_engine_lost = [&http, &engine_lost](const std::string& what) {
+      log::error("the device context is lost ({}): shutting down", what);
+      std::lock_guard lk(engine_lost.mu);
+      engine_lost.what = what;
+      engine_lost.stopper = std::thread([&http] { http.shutdown(2.0); });
+    };
     const double budget = kv_budget;
     so.max_context = m->info.max_model_len;
     so.kv_total_blocks = m->engine->configure(static_cast<int64_t>(budget), o.kv_block_tokens, so.max_batch_tokens,
@@ -281,6 +301,10 @@ void run_serve(const ServeOpts& o) {
   } catch (...) {
     http.stop();
     serve_thread.join();
+    {
+      std::lock_guard lk(engine_lost.mu);
+      if (engine_lost.stopper.joinable()) engine_lost.stopper.join();
+    }
     quitting.store(true);
     pthread_kill(signal_thread.native_handle(), SIGTERM);
     signal_thread.join();
@@ -295,6 +319,11 @@ void run_serve(const ServeOpts& o) {
   quitting.store(true);
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+  {
+    std::lock_guard lk(engine_lost.mu);
+    if (engine_lost.stopper.joinable()) engine_lost.stopper.join();
+    if (!engine_lost.what.empty()) fail("serve: the engine's device context was lost: {}", engine_lost.what);
+  }
   log::info("stopped");
 }
 
@@ -363,7 +392,9 @@ void register_serve(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_flag("--trust-request-chat-template", o->trust_template, "Accept `chat_template` in requests");
   cmd->add_option("--backend", o->backend, "Compute backend: cpu (default) or ref");
-  cmd->add_option("--activations", o->activations, "fp32 (default) or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--activations", o->activations, "fp32 or bf16 (default: bf16 on --device cuda, fp32 on cpu)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_flag("--no-cuda-graphs", o->no_cuda_graphs, "--device cuda: run decode steps eagerly (no CUDA graphs)");
   cmd->add_option("--api-key", o->api_keys, "Require this Bearer key (repeatable or comma-separated)");
   cmd->add_option("--api-key-file", o->api_key_file, "File with one API key per line (# comments)")
       ->check(CLI::ExistingFile);

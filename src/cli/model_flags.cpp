@@ -36,6 +36,21 @@ ParallelConfig ModelFlags::parallel() const {
   return parallel_config(tensor_parallel_size, expert_parallel, expert_parallel_size);
 }
 
+bool ModelFlags::bf16_activations(const std::string& activations) const {
+  if (activations.empty()) return device == "cuda";
+  if (activations != "fp32" && activations != "bf16")
+    fail("--activations must be fp32 or bf16 (got '{}')", activations);
+  return activations == "bf16";
+}
+
+std::string ModelFlags::activations_line(const std::string& activations) const {
+  const bool bf16 = bf16_activations(activations);
+  if (!activations.empty()) return fmt::format("activations: {} (--activations {})", bf16 ? "bf16" : "fp32", activations);
+  return bf16 ? "activations: bf16 with fp32 accumulation (the default on --device cuda; --activations fp32 for the "
+                "exactness mode)"
+              : "activations: fp32 (the default on --device cpu; --activations bf16 rounds as HF bf16 runs do)";
+}
+
 std::string ModelFlags::backend_name(const std::string& cpu_backend) const {
   if (device == "cuda") {
     if (cpu_backend == "ref") fail("--device cuda and --backend ref exclude each other (ref is the CPU oracle)");

@@ -33,6 +33,12 @@ struct ModelFlags {
   bool expert_parallel = false;
   int expert_parallel_size = 0;
 
+  // The activation mode of a command's --activations value: fp32 or bf16 as given; empty (not given): the device's
+  // default, bf16 (fp32 accumulation) on cuda, fp32 on cpu. Throws Error on another value.
+  bool bf16_activations(const std::string& activations) const;
+  // One line for the plan / load log: the activation mode and where it came from.
+  std::string activations_line(const std::string& activations) const;
+
   // The backend to make: "cuda" for --device cuda, else the command's CPU backend choice (cpu or ref).
   std::string backend_name(const std::string& cpu_backend = "cpu") const;
   void add_to(CLI::App* cmd, bool model_required = false);

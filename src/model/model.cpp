@@ -39,10 +39,40 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
   if (cfg.has_indexer() && cfg.index_topk <= 0) fail("config: index_topk must be > 0 (got {})", cfg.index_topk);
   attention_factor_ = static_cast<float>(rope_attention_factor(cfg));
   softmax_scale_ = static_cast<float>(cfg.softmax_scale());
+  // Upload progress on a device backend: the bytes of every weight, as stored.
+  uint64_t up_total = 0, up_done = 0, up_last = 0;
+  const bool report = opt_.upload_progress && be_.device() != Device::Cpu;
+  auto bytes_of = [](const QuantWeight& q) { return q.data ? static_cast<uint64_t>(q.rows * q.row_bytes()) : 0u; };
+  if (report) {
+    for (const QuantWeight* q : {&w_.embed, &w_.lm_head}) up_total += bytes_of(*q);
+    for (const LayerWeights& lw : w_.layers) {
+      for (const QuantWeight* q : {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.kv_b, &lw.attn.o})
+        up_total += bytes_of(*q);
+      if (lw.indexer.present)
+        for (const QuantWeight* q : {&lw.indexer.wq_b, &lw.indexer.wk, &lw.indexer.weights_proj})
+          up_total += bytes_of(*q);
+      auto mlp_bytes = [&](const MlpWeights& m) { return bytes_of(m.gate) + bytes_of(m.up) + bytes_of(m.down); };
+      if (lw.is_moe) {
+        up_total += bytes_of(lw.moe.router);
+        for (const auto& e : lw.moe.experts) up_total += mlp_bytes(e);
+        if (lw.moe.has_shared) up_total += mlp_bytes(lw.moe.shared);
+      } else {
+        up_total += mlp_bytes(lw.dense);
+      }
+    }
+  }
   try {
     inv_freq_ = upload_vector(rope_inv_freq_f32(cfg), "rope inv_freq");
     auto prep = [&](QuantWeight& q) {
-      if (q.data) q = be_.prepare_weight(q);
+      if (!q.data) return;
+      const uint64_t n = bytes_of(q);
+      q = be_.prepare_weight(q);
+      if (!report) return;
+      up_done += n;
+      if (up_done - up_last > up_total / 200 || up_done == up_total) {
+        up_last = up_done;
+        opt_.upload_progress(up_done, up_total);
+      }
     };
     prep(w_.embed);
     prep(w_.lm_head);
@@ -87,7 +117,16 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
   }
 }
 
+void Model::set_options(const ModelOptions& o) {
+  drop_graphs();
+  opt_ = o;
+}
+
 Model::~Model() {
+  try {
+    drop_graphs();
+  } catch (...) {  // a lost device context: the graphs are gone with it
+  }
   for (void* p : owned_) be_.dealloc(p);
 }
 
@@ -221,9 +260,15 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
   Buffers b{};
   const size_t need = carve(d, nullptr, b);
   if (need > ws_cap_) replace_workspace(need);
+  res_tokens_ = std::max(res_tokens_, d.N);
+  res_seqs_ = std::max(res_seqs_, d.S);
+  if (d.Tm != res_ctx_ || d.MB != res_blocks_) drop_graphs();  // graphs are shaped by these limits
+  res_ctx_ = std::max(res_ctx_, d.Tm);
+  res_blocks_ = std::max(res_blocks_, d.MB);
 }
 
 void Model::replace_workspace(size_t bytes) {
+  drop_graphs();  // they recorded pointers into the old workspace
   if (ws_) {
     be_.dealloc(ws_);
     owned_.erase(std::remove(owned_.begin(), owned_.end(), static_cast<void*>(ws_)), owned_.end());
@@ -250,6 +295,7 @@ void Model::ensure_workspace(const Dims& d) {
 struct Model::Meta {
   int64_t N = 0, S = 0, max_ctx = 0, max_blocks = 0, rows = 0;
   bool any_long = false;      // some sequence sees more than index_topk keys (DSA selection needed)
+  bool graph = false;         // a graph step: shapes fixed by the reserved limits (indexer over max_ctx keys)
   const int32_t* q_begin = nullptr;  // host [S+1]
   const int32_t* ctx = nullptr;      // host [S]
   StepSeqs seqs;                     // backend memory
@@ -408,7 +454,9 @@ void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, b
   be_.scale(b.iw, N * nI, static_cast<float>(std::pow(static_cast<double>(nI), -0.5)));
   const float score_scale = static_cast<float>(std::pow(static_cast<double>(dI), -0.5));
   for (int64_t s = 0; s < m.S; ++s) {
-    const int64_t q0 = m.q_begin[s], q1 = m.q_begin[s + 1], T = m.ctx[s];
+    // A graph step scores the reserved context (keys past a token's position score −inf and are never selected:
+    // the selection equals the eager one over the sequence's own keys).
+    const int64_t q0 = m.q_begin[s], q1 = m.q_begin[s + 1], T = m.graph ? m.max_ctx : m.ctx[s];
     if (q1 <= q0) continue;
     be_.kv_gather(pool, m.seqs.block_table + s * m.max_blocks, T, 0, dI, b.keys);
     for (int64_t r0 = q0; r0 < q1; r0 += b.score_rows) {
@@ -542,6 +590,10 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
   for (int32_t id : st.tokens)
     if (id < 0 || id >= V) fail("token id {} is out of range [0, {})", id, V);
 
+  if (graph_eligible(st, max_ctx, max_blocks, logits, hidden)) {
+    graph_step(st, cache, logits, any_long);
+    return;
+  }
   const Dims d = dims_for(N, S, max_ctx, max_blocks, rows);
   ensure_workspace(d);
   Buffers b{};
@@ -605,7 +657,7 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
 }
 
 void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
-                         std::vector<float>* hidden) {
+                         std::vector<float>* hidden, bool capture) {
   const int64_t N = m.N, D = cfg_.hidden_size, L = cfg_.num_hidden_layers, V = cfg_.vocab_size;
   const bool bf16 = opt_.bf16_activations;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -642,13 +694,13 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
   }
   be_.rms_norm(b.h, final_norm_, N, D, eps, b.x, bf16);
   if (hidden) be_.download(hidden->data() + L * N * D, b.x, sizeof(float) * N * D);
-  if (logits && m.rows > 0) {
+  if ((logits || capture) && m.rows > 0) {
     // The head stays fp32 in bf16 mode (no rounding of the logits; top-1 ties would be artificial).
     be_.gather_rows(b.x, b.lrows, m.rows, D, b.hx);
     if (!sd_.vocab_split) {
       be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
-      be_.download(logits, b.lg, sizeof(float) * m.rows * V);
-    } else {
+      if (!capture) be_.download(logits, b.lg, sizeof(float) * m.rows * V);
+    } else {  // (never captured: graphs are single-rank, see use_graph)
       // Vocab-parallel head: [rows, Vr] per rank, all-gathered ([ranks][rows * chunk]); rank 0 lays them out.
       const int64_t C = sd_.vocab_chunk, W = rank_.parallel.ranks, R = m.rows;
       if (sd_.vocab1 > sd_.vocab0) be_.matmul(w_.lm_head, b.hx, R, b.lg);
@@ -664,8 +716,133 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
       }
     }
   }
-  be_.sync();
+  if (!capture) be_.sync();
   (void)st;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decode graphs
+// ---------------------------------------------------------------------------------------------------------------
+bool Model::graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
+                           const std::vector<float>* hidden) const {
+  // Single rank only: the in-process communicator cannot be recorded in a graph (NCCL could; not done yet).
+  if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || !logits || hidden || rank_.parallel.ranks > 1)
+    return false;
+  if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return false;
+  if (max_ctx > res_ctx_ || max_blocks > res_blocks_) return false;  // (DSA selection runs in the graph too)
+  const int64_t B = decode_graph_bucket(static_cast<int64_t>(st.seqs.size()));
+  if (B > res_seqs_ || B > res_tokens_) return false;
+  for (const StepSequence& q : st.seqs)
+    if (!q.decode || q.n_tokens != 1 || q.start < 1 || q.logits != LogitRows::Last) return false;
+  return true;
+}
+
+void Model::drop_graphs() {
+  for (const auto& g : graphs_) be_.graph_release(g.second);
+  graphs_.clear();
+  graph_ws_ = nullptr;
+  graph_pools_.clear();
+}
+
+int64_t Model::graph_kernels(int64_t bucket) const {
+  int64_t n = 0;  // the DSA-selection graph when there is one (the longer step)
+  for (const auto& [k, id] : graphs_)
+    if (k / 2 == bucket) n = std::max(n, be_.graph_kernels(id));
+  return n;
+}
+
+// A decode step of S sequences in the graph of B = decode_graph_bucket(S): the workspace is carved at the graph's
+// fixed shape (B tokens and sequences, the reserved context and block-table width), the metadata of the S real
+// sequences and of B − S padding sequences (a copy of sequence 0's first key at position 0, nothing stored: slot
+// −1) is uploaded in one copy, then the graph is replayed. The first step of a bucket runs eagerly at that shape
+// (every one-time setup of the ops happens there) and is then recorded.
+void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long) {
+  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = decode_graph_bucket(S), V = cfg_.vocab_size;
+  const int64_t bt = cache.block_tokens(), MB = res_blocks_;
+  const Dims d = dims_for(B, B, res_ctx_, MB, B);
+  ensure_workspace(d);
+  thread_local std::vector<const void*> pools;
+  pools.clear();
+  for (int64_t l = 0; l < cache.num_layers(); ++l) {
+    pools.push_back(cache.latent(l).data);
+    pools.push_back(cache.index(l).data);
+  }
+  if (ws_ != graph_ws_ || pools != graph_pools_) {
+    drop_graphs();
+    graph_ws_ = ws_;
+    graph_pools_ = pools;
+  }
+  Buffers b{};
+  carve(d, ws_, b);
+  // Host image of the metadata bytes [b.tokens, b.slots + B): the arrays are consecutive in the workspace.
+  char* const base = reinterpret_cast<char*>(b.tokens);
+  const size_t bytes = static_cast<size_t>(reinterpret_cast<char*>(b.slots + B) - base);
+  if (graph_meta_.size() < bytes) graph_meta_.resize(bytes);
+  std::fill(graph_meta_.begin(), graph_meta_.begin() + static_cast<std::ptrdiff_t>(bytes), char{0});
+  auto at = [&](auto* dev) {
+    return reinterpret_cast<decltype(dev)>(graph_meta_.data() + (reinterpret_cast<char*>(dev) - base));
+  };
+  int32_t *h_tok = at(b.tokens), *h_qb = at(b.q_begin), *h_ctx = at(b.ctx_len), *h_bt = at(b.btab);
+  int32_t* h_rows = at(b.lrows);
+  int64_t *h_pos = at(b.pos), *h_slot = at(b.slots);
+  pad_seqs_.assign(static_cast<size_t>(B), StepSequence{});
+  for (int64_t s = 0; s < B; ++s) {
+    const bool real = s < S;
+    const StepSequence& q = st.seqs[real ? s : 0];
+    const int64_t need = (q.start + 1 + bt - 1) / bt;
+    for (int64_t j = 0; j < need; ++j) h_bt[s * MB + j] = q.blocks[j];
+    h_qb[s] = static_cast<int32_t>(s);
+    h_rows[s] = static_cast<int32_t>(s);
+    h_tok[s] = real ? st.tokens[s] : 0;
+    h_ctx[s] = real ? static_cast<int32_t>(q.start + 1) : 1;
+    h_pos[s] = real ? q.start : 0;
+    h_slot[s] = real ? static_cast<int64_t>(q.blocks[q.start / bt]) * bt + q.start % bt : -1;
+    StepSequence& p = pad_seqs_[static_cast<size_t>(s)];
+    p.start = h_pos[s];
+    p.n_tokens = 1;
+    p.decode = true;
+    p.logits = LogitRows::Last;
+  }
+  h_qb[B] = static_cast<int32_t>(B);
+  be_.upload(base, graph_meta_.data(), bytes);
+
+  Meta m;
+  m.N = B;
+  m.S = B;
+  m.max_ctx = res_ctx_;
+  m.max_blocks = MB;
+  m.rows = B;
+  m.any_long = any_long;
+  m.graph = true;
+  m.q_begin = h_qb;
+  m.ctx = h_ctx;
+  m.seqs = {B, b.q_begin, b.ctx_len, b.btab, MB, res_ctx_};
+  const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(B)), pad_seqs_};
+  m.step = &pst;
+  const int64_t key = 2 * B + (any_long ? 1 : 0);
+  int id = -1;
+  for (const auto& [k, gid] : graphs_)
+    if (k == key) id = gid;
+  if (id < 0) {
+    forward_step(pst, cache, m, b, nullptr, nullptr, true);  // eager at the graph's shape (logits in b.lg)
+    be_.sync();
+    be_.graph_begin();
+    try {
+      forward_step(pst, cache, m, b, nullptr, nullptr, true);
+    } catch (...) {
+      try {
+        be_.graph_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    graphs_.emplace_back(key, be_.graph_end());
+    ++graph_captures_;
+  } else {
+    be_.graph_replay(id);
+    ++graph_replays_;
+  }
+  be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(S * V));
 }
 
 void Model::forward(std::span<const int32_t> ids, KvCache& cache, float* logits, bool all_rows,

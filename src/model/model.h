@@ -3,6 +3,7 @@
 // cache (§4). MTP layers (index >= num_hidden_layers) are not part of the forward pass.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,11 +39,18 @@ struct ModelOptions {
   bool bf16_activations = false;  // round activations to bf16 where HF bf16 runs do (spec §8)
   bool disable_indexer = false;   // dense causal MLA on DSA layers (diagnostic: equals DSA when T <= index_topk)
   AttentionForm attention = AttentionForm::Auto;
+  // Decode steps as backend graphs (CUDA graphs) where the backend supports them: a step of n single-token decode
+  // sequences (each wanting its last row of logits, no DSA selection needed, within the reserve() limits) runs in
+  // the graph captured for decode_graph_bucket(n) sequences, padded. Outputs equal the eager run's.
+  bool graphs = true;
   // Diagnostics: fill *record_decisions during forward(); or replay *force_decisions (recorded by a call with the
   // same tokens and cache length) instead of routing / top-k selection. Routing weights are still computed from
   // this run's router logits.
   ForwardDecisions* record_decisions = nullptr;
   const ForwardDecisions* force_decisions = nullptr;
+  // Called while the constructor uploads the weights to a device backend (bytes done, bytes total), every ~0.5 %
+  // and at the end; not called on host backends (their weights stay in the memory map).
+  std::function<void(uint64_t, uint64_t)> upload_progress;
 };
 
 // Which logits rows a sequence of a step wants: none, its last token's, or every token's (teacher forcing).
@@ -87,7 +95,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opt_; }
-  void set_options(const ModelOptions& o) { opt_ = o; }
+  void set_options(const ModelOptions& o);  // drops the decode graphs (they recorded the old options)
   Backend& backend() { return be_; }
   const ModelWeights& weights() const { return w_; }
   const RankContext& rank_context() const { return rank_; }
@@ -115,6 +123,11 @@ class Model {
   // (counted by workspace_grows(); the server reserves its limits at load so that it never grows).
   void reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64_t max_blocks);
   int64_t workspace_grows() const { return ws_grows_; }
+  // Decode-graph counters: graphs captured, steps replayed from a graph; kernel launches in the graph of a bucket
+  // (0 when none is captured).
+  int64_t graph_captures() const { return graph_captures_; }
+  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_kernels(int64_t bucket) const;
   int64_t workspace_bytes() const { return static_cast<int64_t>(ws_cap_); }
   // The cache dtype of this model's activation mode (F32, or BF16 with bf16 activations).
   DType cache_dtype() const { return opt_.bf16_activations ? DType::BF16 : DType::F32; }
@@ -131,8 +144,13 @@ class Model {
   Dims dims_for(int64_t n_tokens, int64_t n_seqs, int64_t max_ctx, int64_t max_blocks, int64_t logit_rows) const;
   void ensure_workspace(const Dims& d);
   void replace_workspace(size_t bytes);  // frees the workspace and allocates `bytes` of backend memory
+  // capture: record the ops into a backend graph (logits stay in the workspace, nothing is downloaded).
   void forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
-                    std::vector<float>* hidden);
+                    std::vector<float>* hidden, bool capture = false);
+  bool graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
+                      const std::vector<float>* hidden) const;
+  void graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long);
+  void drop_graphs();
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   void indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   void mlp(const MlpWeights& w, const float* x, int64_t M, int64_t inter, Buffers& b, float* out);
@@ -166,6 +184,15 @@ class Model {
   ShardDims sd_;
   ShardStorage shard_store_;
   std::vector<float> host_f32_;  // rank 0: the all-gathered logits before they are laid out as [rows, V]
+  // Decode graphs: the reserve() limits they are shaped by, the graph id per bucket, and what they recorded
+  // pointers into (a new workspace or KV pool drops them).
+  int64_t res_tokens_ = 0, res_seqs_ = 0, res_ctx_ = 0, res_blocks_ = 0;
+  std::vector<std::pair<int64_t, int>> graphs_;  // (2 · bucket + DSA selection, backend graph id)
+  const void* graph_ws_ = nullptr;
+  std::vector<const void*> graph_pools_;  // every pool's data pointer
+  int64_t graph_captures_ = 0, graph_replays_ = 0;
+  std::vector<StepSequence> pad_seqs_;
+  std::vector<char> graph_meta_;  // host image of the metadata bytes of a graph step
 
  public:
   ~Model();

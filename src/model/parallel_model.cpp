@@ -147,7 +147,10 @@ void ParallelModel::run(const std::function<void(int)>& fn) {
 }
 
 ModelOptions ParallelModel::rank_options(ModelOptions o, int r) {
-  if (r != 0) o.record_decisions = nullptr;  // rank 0 records (the decisions are identical on every rank)
+  if (r != 0) {
+    o.record_decisions = nullptr;  // rank 0 records (the decisions are identical on every rank)
+    o.upload_progress = nullptr;   // and reports its upload (the ranks load concurrently; the bar is not shared)
+  }
   return o;
 }
 

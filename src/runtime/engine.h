@@ -34,6 +34,8 @@ class Engine {
   // an item with all_logits (one per token, in order; the last is the want_logits row), else one row per item with
   // want_logits. Throws on failure (the scheduler aborts the requests of the batch).
   virtual void step(std::span<const EngineStepItem> items, float* logits) = 0;
+  // True when a failed step left the engine unusable (a lost GPU context): no later step can succeed.
+  virtual bool lost() const { return false; }
 };
 
 }  // namespace latent

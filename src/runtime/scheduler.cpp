@@ -613,9 +613,15 @@ bool Scheduler::step() {
   } catch (const std::exception& e) {
     log::error("engine step failed: {}", e.what());
     for (Plan* p : ran) abort_request(*p->s->req, AbortReason::EngineError, "internal error in the engine");
-    if (++consecutive_failures_ >= 3) {
+    const bool lost = engine_.lost();
+    if (++consecutive_failures_ >= 3 || lost) {
       std::lock_guard lk(mu_);
       dead_ = true;
+    }
+    if (lost) {
+      log::error("the engine is lost (its device context is unusable): no request can be served any more");
+      if (opt_.on_engine_lost && !lost_reported_) opt_.on_engine_lost(e.what());
+      lost_reported_ = true;
     }
     retire_finished_requests(Clock::now());
     update_gauges();

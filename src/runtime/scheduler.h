@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -113,6 +114,9 @@ struct SchedulerOptions {
   bool prefix_cache = true;          // reuse cached full KV blocks of identical prefixes (runtime/kv_blocks.h)
   uint64_t prefix_cache_salt = 0;    // hashes what else decides a block's contents (model, plan, cache dtype)
   const std::vector<bool>* banned = nullptr;  // [vocab] ids never sampled (padding without a token string)
+  // Called once, on the scheduler thread, when a step failed and Engine::lost() says no later step can succeed
+  // (the scheduler is dead from then on; the server shuts down and exits non-zero). Argument: the step's error.
+  std::function<void(const std::string&)> on_engine_lost;
 };
 
 struct SchedulerStats {
@@ -177,6 +181,7 @@ class Scheduler {
   std::deque<std::shared_ptr<Req>> incoming_;  // submitted, not yet seen by the loop (guarded by mu_)
   int64_t queued_ = 0;                         // incoming + waiting (guarded by mu_)
   bool stop_ = false, draining_ = false, dead_ = false;
+  bool lost_reported_ = false;  // scheduler thread only
   std::thread thread_;
 
   // Loop-thread state.

@@ -21,6 +21,7 @@ class ModelEngine : public Engine {
   int64_t kv_bytes_per_token() const override { return bytes_per_token_; }
   void copy_block(int32_t src, int32_t dst, int64_t n_tokens) override;
   void step(std::span<const EngineStepItem> items, float* logits) override;
+  bool lost() const override { return model_.backend().device_lost(); }
 
   // Reserves the model's step workspace for the scheduler's limits (so that no step allocates), then allocates the
   // block pool from a byte budget (blocks of block_tokens tokens). budget_bytes <= 0: from the device's free

@@ -100,6 +100,8 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   if (progress) progress("model", 0, 0);
   ModelOptions mo;
   mo.bf16_activations = opt.bf16_activations;
+  mo.graphs = opt.cuda_graphs;
+  if (progress) mo.upload_progress = [&progress](uint64_t done, uint64_t total) { progress("weights onto the GPU", done, total); };
   if (opt.parallel.active()) {
     m->parallel = std::make_unique<ParallelModel>(cfg, *m->files.plan, opt.backend, opt.threads, opt.parallel, mo);
     m->engine = std::make_unique<ModelEngine>(*m->parallel);

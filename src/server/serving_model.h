@@ -24,6 +24,7 @@ struct ServeModelOptions {
   std::string backend = "cpu";
   bool bf16_activations = false;
   ParallelConfig parallel;  // ranks > 1: a ParallelModel (tensor / expert parallel, one thread per rank)
+  bool cuda_graphs = true;  // decode steps as CUDA graphs where the backend supports them (ModelOptions::graphs)
   std::vector<std::string> served_names;  // empty: the directory's name
   int64_t max_model_len = 0;              // 0: config max_position_embeddings
   bool allow_long_context = false;        // accept max_model_len > max_position_embeddings

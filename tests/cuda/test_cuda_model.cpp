@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -134,6 +135,76 @@ TEST_P(CudaModel, Bf16MatchesRefEmulation) {
               name.c_str(), 100.0 * top1, T, rel);
   EXPECT_FALSE(std::isnan(rel));
   EXPECT_GE(top1, 0.99);
+}
+
+// Decode steps in CUDA graphs (captured per bucketed batch size, replayed with the metadata uploaded into the same
+// buffers) give the eager steps' logits bit for bit: batches of 1, 3 (padded to 4), 8, 16 and 20 sequences of
+// different lengths over one paged pool, 6 decode steps each (the first captures, the rest replay), both activation
+// modes; on the DSA models the sequences cross index_topk, so the graphs with the indexer's selection are covered.
+TEST_P(CudaModel, GraphsEqualEagerBitForBit) {
+  const std::string name = GetParam();
+  for (bool bf16 : {false, true}) {
+    ModelFiles files = open_model_files(repo() + "/tests/models/" + name);
+    std::unique_ptr<Backend> be = make_backend("cuda", 1);
+    ModelOptions og, oe;
+    og.bf16_activations = oe.bf16_activations = bf16;
+    og.graphs = true;
+    oe.graphs = false;
+    Model mg(*files.cfg, *files.plan, *be, og), me(*files.cfg, *files.plan, *be, oe);
+    const ModelConfig& cfg = mg.config();
+    const int64_t V = cfg.vocab_size, bt = 16, per_seq = 4;  // 4 blocks (64 tokens) per sequence
+    for (Model* m : {&mg, &me}) m->reserve(64, 32, per_seq * bt, per_seq);
+    int64_t kernels1 = 0;
+    for (int64_t n : {1, 3, 8, 16, 20}) {
+      PagedKvCache cg(cfg, *be, 24 * per_seq, bt, mg.cache_dtype()), ce(cfg, *be, 24 * per_seq, bt, me.cache_dtype());
+      std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(n));
+      std::vector<int32_t> tokens;
+      std::vector<StepSequence> seqs(static_cast<size_t>(n));
+      for (int64_t s = 0; s < n; ++s) {
+        for (int64_t j = 0; j < per_seq; ++j) blocks[s].push_back(static_cast<int32_t>((n - 1 - s) * per_seq + j));
+        const int64_t len = 3 + (s * 5) % 17;
+        for (int64_t t = 0; t < len; ++t) tokens.push_back(static_cast<int32_t>((s * 131 + t * 17 + 7) % V));
+        seqs[s].start = 0;
+        seqs[s].n_tokens = len;
+        seqs[s].blocks = blocks[s];
+        seqs[s].logits = LogitRows::Last;
+      }
+      std::vector<float> lg(static_cast<size_t>(n * V)), le(lg.size());
+      mg.step(Step{tokens, seqs}, cg, lg.data());
+      me.step(Step{tokens, seqs}, ce, le.data());
+      ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), lg.size() * sizeof(float))) << "prefill, n " << n;
+      const int64_t replays0 = mg.graph_replays(), captures0 = mg.graph_captures();
+      for (int step = 0; step < 6; ++step) {
+        tokens.assign(static_cast<size_t>(n), 0);
+        for (int64_t s = 0; s < n; ++s) {
+          const float* row = le.data() + s * V;
+          tokens[s] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+          seqs[s].start += seqs[s].n_tokens;
+          seqs[s].n_tokens = 1;
+          seqs[s].decode = true;
+        }
+        std::fill(lg.begin(), lg.end(), std::nanf(""));
+        mg.step(Step{tokens, seqs}, cg, lg.data());
+        me.step(Step{tokens, seqs}, ce, le.data());
+        ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), lg.size() * sizeof(float)))
+            << name << (bf16 ? " bf16" : " fp32") << ": graph logits differ from eager, batch " << n << ", decode step "
+            << step << ", max|d| " << max_abs_diff(lg.data(), le.data(), lg.size());
+      }
+      // A new pool: captured once for this batch's bucket (twice on a DSA model whose sequences pass index_topk
+      // during the steps: dense, then with the selection), replayed for the other steps.
+      const int64_t caps = mg.graph_captures() - captures0;
+      EXPECT_TRUE(caps == 1 || (caps == 2 && cfg.has_indexer())) << "batch " << n << ": " << caps << " captures";
+      EXPECT_EQ(mg.graph_replays() - replays0 + caps, 6) << "batch " << n;
+      EXPECT_GT(mg.graph_kernels(decode_graph_bucket(n)), 0);
+      if (n == 1) kernels1 = mg.graph_kernels(1);
+      EXPECT_EQ(me.graph_replays(), 0);
+    }
+    std::printf("[cuda model] %-16s %s graphs = eager bit for bit at batch 1/3/8/16/20 over 6 steps: %lld captures, %lld replays, "
+                "%lld kernels per batch-1 decode step (%lld layers)\n",
+                name.c_str(), bf16 ? "bf16" : "fp32", static_cast<long long>(mg.graph_captures()),
+                static_cast<long long>(mg.graph_replays()), static_cast<long long>(kernels1),
+                static_cast<long long>(cfg.num_hidden_layers));
+  }
 }
 
 std::vector<std::string> models() {

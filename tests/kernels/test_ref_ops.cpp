@@ -273,6 +273,27 @@ TEST(RefOps, ScatterAddWeighted) {
   EXPECT_EQ(y[3], 1 + 1.0f - 6.0f);
 }
 
+// Padding rows of a graph step carry slot −1: kv_store skips them and writes the others.
+TEST(RefOps, KvStoreSkipsNegativeSlots) {
+  auto be = make_ref_backend(1);
+  std::vector<float> data(4 * 3, -7.0f);
+  KvPool pool{data.data(), DType::F32, 2, 2, 3};
+  const std::vector<int64_t> slots{2, -1, 0};
+  const std::vector<float> src{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  be->kv_store(pool, slots.data(), 3, src.data(), 0, 3);
+  const std::vector<float> want{7, 8, 9, -7, -7, -7, 1, 2, 3, -7, -7, -7};
+  EXPECT_EQ(data, want);
+  EXPECT_FALSE(be->graphs_supported());
+  EXPECT_THROW(be->graph_begin(), std::exception);
+  EXPECT_FALSE(be->device_lost());
+}
+
+TEST(RefOps, DecodeGraphBuckets) {
+  const std::vector<std::pair<int64_t, int64_t>> cases{{1, 1}, {2, 2}, {3, 4}, {4, 4}, {5, 8},  {8, 8},
+                                                       {9, 16}, {16, 16}, {17, 17}, {24, 24}, {33, 33}};
+  for (const auto& [n, b] : cases) EXPECT_EQ(decode_graph_bucket(n), b) << n;
+}
+
 TEST(RefOps, BackendRegistry) {
   EXPECT_STREQ(make_backend("ref", 1)->name(), "ref");
   EXPECT_NE(make_backend("cpu", 1), nullptr);

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <limits>
 #include <map>
+#include <atomic>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -34,6 +35,10 @@ class FakeEngine : public Engine {
     if (delay.count()) std::this_thread::sleep_for(delay);
     std::lock_guard lk(mu);
     if (fail) throw std::runtime_error("fake failure");
+    if (lose) {
+      is_lost = true;
+      throw std::runtime_error("fake kernel fault");
+    }
     std::vector<std::pair<SeqId, int64_t>> log;
     int64_t row = 0;
     for (const auto& it : items) {
@@ -75,6 +80,9 @@ class FakeEngine : public Engine {
   int64_t tokens_processed = 0;
   int forks = 0;
   bool fail = false;
+  bool lose = false;  // the next step fails and leaves the engine lost (a poisoned GPU context)
+  std::atomic<bool> is_lost{false};
+  bool lost() const override { return is_lost.load(); }
   int32_t force_token = -1;
   int64_t force_after = 0;
   std::vector<int32_t> cycle;  // from force_after on, the outputs repeat this cycle (a degenerate generation)
@@ -625,6 +633,34 @@ TEST(Scheduler, EngineFailureAbortsRequest) {
   ASSERT_TRUE(a->wait(1));
   ASSERT_TRUE(a->aborted.has_value());
   EXPECT_EQ(*a->aborted, AbortReason::EngineError);
+}
+
+// A failure that loses the engine (CUDA: a kernel fault poisons the context): the step's requests are aborted as
+// engine errors, the scheduler is dead at once (new requests refused) and on_engine_lost is called once with the
+// error, so that the server can exit non-zero.
+TEST(Scheduler, LostEngineAbortsAndReportsOnce) {
+  FakeEngine e;
+  e.lose = true;
+  std::mutex mu;
+  std::vector<std::string> reports;
+  SchedulerOptions o;
+  o.on_engine_lost = [&](const std::string& what) {
+    std::lock_guard lk(mu);
+    reports.push_back(what);
+  };
+  Scheduler s(e, o);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(4, 1), 5, a));
+  ASSERT_TRUE(a->wait(1));
+  ASSERT_TRUE(a->aborted.has_value());
+  EXPECT_EQ(*a->aborted, AbortReason::EngineError);
+  EXPECT_TRUE(s.stats().dead);
+  EXPECT_THROW(s.submit(make_req(prompt_of(4, 3), 5, std::make_shared<CollectSink>(1))), SchedulerRejected);
+  s.stop();
+  std::lock_guard lk(mu);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_NE(reports[0].find("fake kernel fault"), std::string::npos);
 }
 
 TEST(Scheduler, DrainRefusesAndStopAborts) {

@@ -594,7 +594,8 @@ void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv
   }();
   (void)attrs_set;
   // n_seqs bounds the step's tokens from below: many sequences -> one block per (token, head).
-  const int ranks = seqs.n_seqs * d.n_heads >= 256 ? 1 : kAbsCluster;
+  // Decided from the graph bucket of n_seqs: a padded graph step splits each item as the eager step does.
+  const int ranks = decode_graph_bucket(seqs.n_seqs) * d.n_heads >= 256 ? 1 : kAbsCluster;
   const ClusterLaunch cl(static_cast<unsigned>(sms * 4 / kAbsCluster * kAbsCluster), ranks, smem, st);
   if (b16) {
     cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<uint16_t>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <map>
 #include <vector>
 
@@ -16,8 +17,38 @@ namespace latent {
 
 namespace {
 
+// Errors after which the context is unusable (every later call fails with them): a kernel fault.
+bool sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorDevicesUnavailable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Set once a sticky error was seen (process-wide: the context is the process's).
+std::atomic<bool> g_lost{false};
+
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA backend: {} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  if (e == cudaSuccess) return;
+  if (sticky(e)) {
+    g_lost.store(true);
+    fail("CUDA backend: {} failed: {} ({}); the CUDA context is lost, no later GPU work can succeed", what,
+         cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  fail("CUDA backend: {} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
 class CudaBackend final : public Backend {
@@ -33,6 +64,8 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    for (auto& g : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     for (void* p : owned_) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
     if (group_scratch_) cudaFree(group_scratch_);
@@ -40,6 +73,7 @@ class CudaBackend final : public Backend {
   }
 
   const char* name() const override { return "cuda"; }
+  bool device_lost() const override { return g_lost.load(); }
   int num_threads() const override { return 1; }
 
   // ---------------- memory ----------------
@@ -97,6 +131,45 @@ class CudaBackend final : public Backend {
     d.data = upload_owned(w.data, data_bytes, "weight data");
     d.scale = scale_bytes ? upload_owned(w.scale, scale_bytes, "weight scales") : nullptr;
     return d;
+  }
+
+  // ---------------- graphs ----------------
+  bool graphs_supported() const override { return true; }
+  void graph_begin() override {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  }
+  int graph_end() override {
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(stream_, &g), "cudaStreamEndCapture");
+    Graph r;
+    size_t n = 0;
+    cudaError_t e = cudaGraphGetNodes(g, nullptr, &n);
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (e == cudaSuccess && n) e = cudaGraphGetNodes(g, nodes.data(), &n);
+    for (size_t i = 0; e == cudaSuccess && i < n; ++i) {
+      cudaGraphNodeType t{};
+      e = cudaGraphNodeGetType(nodes[i], &t);
+      if (t == cudaGraphNodeTypeKernel) ++r.kernels;
+    }
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&r.exec, g, 0);
+    cudaGraphDestroy(g);
+    check(e, "cudaGraphInstantiate");
+    graphs_.push_back(r);
+    return static_cast<int>(graphs_.size() - 1);
+  }
+  void graph_replay(int id) override {
+    if (id < 0 || id >= static_cast<int>(graphs_.size()) || !graphs_[static_cast<size_t>(id)].exec)
+      fail("CUDA backend: no graph {}", id);
+    check(cudaGraphLaunch(graphs_[static_cast<size_t>(id)].exec, stream_), "cudaGraphLaunch");
+  }
+  void graph_release(int id) override {
+    if (id < 0 || id >= static_cast<int>(graphs_.size()) || !graphs_[static_cast<size_t>(id)].exec) return;
+    sync();
+    check(cudaGraphExecDestroy(graphs_[static_cast<size_t>(id)].exec), "cudaGraphExecDestroy");
+    graphs_[static_cast<size_t>(id)].exec = nullptr;
+  }
+  int64_t graph_kernels(int id) const override {
+    return id >= 0 && id < static_cast<int>(graphs_.size()) ? graphs_[static_cast<size_t>(id)].kernels : 0;
   }
 
   // ---------------- linear ----------------
@@ -294,6 +367,11 @@ class CudaBackend final : public Backend {
     return t;
   }
 
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t kernels = 0;
+  };
+  std::vector<Graph> graphs_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   std::vector<void*> owned_;

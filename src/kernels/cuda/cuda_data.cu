@@ -99,6 +99,7 @@ __global__ void kv_store_kernel(KvPool pool, const int64_t* slots, int64_t n, co
                                 int64_t width) {
   LATENT_GRID_STRIDE(i, n * width) {
     const int64_t r = slots[i / width], c = col0 + i % width;
+    if (r < 0) continue;  // a padding row of a graph step
     if (pool.dtype == DType::BF16)
       static_cast<uint16_t*>(pool.data)[r * pool.width + c] = f_to_bf16_bits(src[i]);
     else

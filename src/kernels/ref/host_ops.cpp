@@ -101,8 +101,14 @@ size_t elem_bytes(const KvPool& pool) { return pool.dtype == DType::BF16 ? 2 : 4
 
 void Backend::kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
                        int64_t width) {
-  for (int64_t i = 0; i < n; ++i) store_row(pool, slots[i], col0, src + i * width, width);
+  for (int64_t i = 0; i < n; ++i)
+    if (slots[i] >= 0) store_row(pool, slots[i], col0, src + i * width, width);
 }
+
+void Backend::graph_begin() { fail("the {} backend cannot record graphs", name()); }
+int Backend::graph_end() { fail("the {} backend cannot record graphs", name()); }
+void Backend::graph_replay(int /*id*/) { fail("the {} backend cannot replay graphs", name()); }
+int64_t Backend::graph_kernels(int /*id*/) const { return 0; }
 
 void Backend::kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
                         float* dst) {

@@ -4,9 +4,9 @@ The model is built from committed files (tests/data/tokenizer/glm5 + a GLM-5 cha
 its weights plant deterministic reasoning / tool-call / content outputs. The tests skip, with the reason, only when
 that cannot be done: the latent binary or a Python package (tokenizers, safetensors, openai) is missing.
 
-The binary is $LATENT_BIN (set by ctest), else the newest build/*/latent. $LATENT_SERVE_EXTRA (shell words) is
+The binary is $LATENT_BIN (set by ctest), else the newest build/*/latent. $LATENT_SERVE_ARGS (shell words) is
 appended to every server's flags: the whole suite runs against another layout, e.g.
-LATENT_SERVE_EXTRA="--device cuda --tensor-parallel-size 2" on a 2-GPU machine.
+LATENT_SERVE_ARGS="--device cuda --tensor-parallel-size 2" on a 2-GPU machine.
 """
 import http.client
 import json
@@ -65,7 +65,7 @@ class Server:
         self.log = open(log_path, "w")
         args = [_latent_bin(), "serve", "--model", str(model_dir), "--port", str(self.port), "--served-model-name",
                 "tiny-glm", "--served-model-name", "tiny-alias", "--kv-cache-bytes", "256M", "--threads", "2", *extra,
-                *shlex.split(os.environ.get("LATENT_SERVE_EXTRA", ""))]
+                *shlex.split(os.environ.get("LATENT_SERVE_ARGS", ""))]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while time.time() < deadline:

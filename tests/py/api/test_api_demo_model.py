@@ -19,7 +19,11 @@ def demo(tmp_path_factory):
         pytest.skip(why)
     if not (DEMO / "model.safetensors").exists() or not (DEMO / "tokenizer.json").exists():
         pytest.skip(f"demo model not present at {DEMO}")
-    s = Server(DEMO, [], tmp_path_factory.mktemp("logs") / "demo.log")
+    # The fixtures are transformers' fp32 greedy outputs: compare in the fp32 mode also where the device's default is
+    # bf16 (LATENT_SERVE_ARGS="--device cuda"; the bf16 CUDA path is checked against the ref backend's bf16 emulation
+    # by test_cuda).
+    extra = [] if "--activations" in os.environ.get("LATENT_SERVE_ARGS", "") else ["--activations", "fp32"]
+    s = Server(DEMO, extra, tmp_path_factory.mktemp("logs") / "demo.log")
     yield s
     s.stop()
 

@@ -4,6 +4,7 @@ with the right arguments, single and parallel, answers from the tool results, an
 json_schema), and tool_choice none / required / named behave. Also /v1/completions echo with prompt logprobs (the
 lm-evaluation-harness loglikelihood request: max_tokens 0). All greedy, so every answer is deterministic."""
 import json
+import os
 import math
 import re
 
@@ -22,7 +23,9 @@ def demo(tmp_path_factory):
         pytest.skip(why)
     if not (DEMO / "model.safetensors").exists():
         pytest.skip(f"demo model not present at {DEMO}")
-    s = Server(DEMO, [], tmp_path_factory.mktemp("logs") / "demo_tools.log")
+    # Measured in fp32 (the mode the figures in the model card come from), also where the device defaults to bf16.
+    extra = [] if "--activations" in os.environ.get("LATENT_SERVE_ARGS", "") else ["--activations", "fp32"]
+    s = Server(DEMO, extra, tmp_path_factory.mktemp("logs") / "demo_tools.log")
     yield s
     s.stop()
 
