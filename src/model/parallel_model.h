@@ -48,6 +48,7 @@ class ParallelModel {
   const ModelConfig& config() const { return cfg_; }
   Model& rank(int r) { return *models_[static_cast<size_t>(r)]; }
   Backend& backend(int r) { return *backends_[static_cast<size_t>(r)]; }
+  Communicator& comm(int r) { return *comms_[static_cast<size_t>(r)]; }  // use only inside run() (every rank)
   DType cache_dtype() const { return models_.front()->cache_dtype(); }
   void set_options(const ModelOptions& o);
 
