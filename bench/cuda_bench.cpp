@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_decode.h"
 #include "model/model.h"
 #include "quant/float_formats.h"
 
@@ -286,32 +287,12 @@ void bench_decode(const std::string& dir, Model& m, Backend& be, bool bf16, int6
   o.graphs = graphs;
   m.set_options(o);
   const ModelConfig& c = m.config();
-  const int64_t V = c.vocab_size, bt = 64, prompt = 32, steps = 64, warm = 4;
-  const int64_t ctx = prompt + warm + steps + 1, per_seq = (ctx + bt - 1) / bt;
-  m.reserve(std::max<int64_t>(batch * prompt, 256), batch, per_seq * bt, per_seq);
-  PagedKvCache cache(c, be, batch * per_seq, bt, m.cache_dtype());
-  std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(batch));
-  std::vector<StepSequence> seqs(static_cast<size_t>(batch));
-  std::vector<int32_t> tokens;
-  for (int64_t s = 0; s < batch; ++s) {
-    for (int64_t j = 0; j < per_seq; ++j) blocks[s].push_back(static_cast<int32_t>(s * per_seq + j));
-    for (int64_t t = 0; t < prompt; ++t) tokens.push_back(static_cast<int32_t>((s * 7919 + t * 31 + 13) % V));
-    seqs[s].n_tokens = prompt;
-    seqs[s].blocks = blocks[s];
-  }
-  std::vector<float> logits(static_cast<size_t>(batch * V));
-  m.step(Step{tokens, seqs}, cache, logits.data());
-  auto decode = [&] {
-    tokens.assign(static_cast<size_t>(batch), 0);
-    for (int64_t s = 0; s < batch; ++s) {
-      const float* row = logits.data() + s * V;
-      tokens[s] = static_cast<int32_t>(std::max_element(row, row + V) - row);
-      seqs[s].start += seqs[s].n_tokens;
-      seqs[s].n_tokens = 1;
-      seqs[s].decode = true;
-    }
-    m.step(Step{tokens, seqs}, cache, logits.data());
-  };
+  const int64_t bt = 64, prompt = 32, steps = 64, warm = 4;
+  bench::DecodeBatch db(c.vocab_size, batch, prompt, prompt + warm + steps + 1, bt);
+  m.reserve(std::max<int64_t>(batch * prompt, 256), batch, db.blocks_per_seq * bt, db.blocks_per_seq);
+  PagedKvCache cache(c, be, db.pool_blocks(), bt, m.cache_dtype());
+  m.step(db.prefill(), cache, db.logits.data());
+  auto decode = [&] { m.step(db.next(), cache, db.logits.data()); };
   for (int64_t i = 0; i < warm; ++i) decode();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) decode();

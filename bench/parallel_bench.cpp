@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_decode.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "model/parallel_model.h"
@@ -86,36 +87,16 @@ struct Result {
 
 // Decode `batch` sequences (32-token prompts, then `steps` timed greedy steps after 2 warm-up steps) on every rank;
 // then one all-reduce of [batch, hidden] fp32 on the same communicator, 50 times, timed alone.
-Result bench(ParallelModel& pm, int64_t batch, int64_t steps) {
+Result bench_layout(ParallelModel& pm, int64_t batch, int64_t steps) {
   const ModelConfig& c = pm.config();
-  const int64_t V = c.vocab_size, D = c.hidden_size, bt = 64, prompt = 32, warm = 2;
-  const int64_t ctx = prompt + warm + steps + 1, per_seq = (ctx + bt - 1) / bt;
-  pm.reserve(std::max<int64_t>(batch * prompt, 256), batch, per_seq * bt, per_seq);
-  auto caches = pm.make_caches(batch * per_seq, bt);
+  const int64_t D = c.hidden_size, bt = 64, prompt = 32, warm = 2;
+  bench::DecodeBatch db(c.vocab_size, batch, prompt, prompt + warm + steps + 1, bt);
+  pm.reserve(std::max<int64_t>(batch * prompt, 256), batch, db.blocks_per_seq * bt, db.blocks_per_seq);
+  auto caches = pm.make_caches(db.pool_blocks(), bt);
   std::vector<PagedKvCache*> cp;
   for (auto& p : caches) cp.push_back(p.get());
-  std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(batch));
-  std::vector<StepSequence> seqs(static_cast<size_t>(batch));
-  std::vector<int32_t> tokens;
-  for (int64_t s = 0; s < batch; ++s) {
-    for (int64_t j = 0; j < per_seq; ++j) blocks[s].push_back(static_cast<int32_t>(s * per_seq + j));
-    for (int64_t t = 0; t < prompt; ++t) tokens.push_back(static_cast<int32_t>((s * 7919 + t * 31 + 13) % V));
-    seqs[s].n_tokens = prompt;
-    seqs[s].blocks = blocks[s];
-  }
-  std::vector<float> logits(static_cast<size_t>(batch * V));
-  pm.step(Step{tokens, seqs}, cp, logits.data());
-  auto decode = [&] {
-    tokens.assign(static_cast<size_t>(batch), 0);
-    for (int64_t s = 0; s < batch; ++s) {
-      const float* row = logits.data() + s * V;
-      tokens[s] = static_cast<int32_t>(std::max_element(row, row + V) - row);
-      seqs[s].start += seqs[s].n_tokens;
-      seqs[s].n_tokens = 1;
-      seqs[s].decode = true;
-    }
-    pm.step(Step{tokens, seqs}, cp, logits.data());
-  };
+  pm.step(db.prefill(), cp, db.logits.data());
+  auto decode = [&] { pm.step(db.next(), cp, db.logits.data()); };
   for (int64_t i = 0; i < warm; ++i) decode();
   Result r;
   const auto t0 = std::chrono::steady_clock::now();
@@ -186,7 +167,7 @@ int main(int argc, char** argv) {
         ParallelModel pm(c, *files.plan, a.device, a.threads, pc, mo);
         std::printf("%s: loaded in %.1f s\n", pc.describe().c_str(), seconds_since(t0));
         for (int64_t b : a.batches) {
-          const Result r = bench(pm, b, a.steps);
+          const Result r = bench_layout(pm, b, a.steps);
           const double tps = static_cast<double>(b) / r.step_s;
           if (W == 1) one_rank[b] = tps;
           const double n_ar = allreduces_per_step(c, pc);
