@@ -300,6 +300,12 @@ struct Model::Meta {
   const int32_t* ctx = nullptr;      // host [S]
   StepSeqs seqs;                     // backend memory
   const Step* step = nullptr;
+
+  // The step's shape over the metadata arrays carved in b (host copies h_qb [S+1], h_ctx [S]).
+  Meta(const Step& st, int64_t n, int64_t s, int64_t ctx_max, int64_t blocks_max, int64_t n_rows, bool long_seq,
+       const int32_t* h_qb, const int32_t* h_ctx, const Buffers& b)
+      : N(n), S(s), max_ctx(ctx_max), max_blocks(blocks_max), rows(n_rows), any_long(long_seq), q_begin(h_qb),
+        ctx(h_ctx), seqs{s, b.q_begin, b.ctx_len, b.btab, blocks_max, ctx_max}, step(&st) {}
 };
 
 void Model::linear(const QuantWeight& w, const float* x, int64_t M, float* y, const float* bias) {
@@ -642,17 +648,7 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
   be_.upload(b.pos, h_pos, sizeof(int64_t) * N);
   be_.upload(b.slots, h_slot, sizeof(int64_t) * N);
 
-  Meta m;
-  m.N = N;
-  m.S = S;
-  m.max_ctx = max_ctx;
-  m.max_blocks = max_blocks;
-  m.rows = rows;
-  m.any_long = any_long;
-  m.q_begin = h_qb;
-  m.ctx = h_ctx;
-  m.seqs = {S, b.q_begin, b.ctx_len, b.btab, max_blocks, max_ctx};
-  m.step = &st;
+  const Meta m(st, N, S, max_ctx, max_blocks, rows, any_long, h_qb, h_ctx, b);
   forward_step(st, cache, m, b, logits, hidden);
 }
 
@@ -806,19 +802,9 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
   h_qb[B] = static_cast<int32_t>(B);
   be_.upload(base, graph_meta_.data(), bytes);
 
-  Meta m;
-  m.N = B;
-  m.S = B;
-  m.max_ctx = res_ctx_;
-  m.max_blocks = MB;
-  m.rows = B;
-  m.any_long = any_long;
-  m.graph = true;
-  m.q_begin = h_qb;
-  m.ctx = h_ctx;
-  m.seqs = {B, b.q_begin, b.ctx_len, b.btab, MB, res_ctx_};
   const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(B)), pad_seqs_};
-  m.step = &pst;
+  Meta m(pst, B, B, res_ctx_, MB, B, any_long, h_qb, h_ctx, b);
+  m.graph = true;
   const int64_t key = 2 * B + (any_long ? 1 : 0);
   int id = -1;
   for (const auto& [k, gid] : graphs_)
