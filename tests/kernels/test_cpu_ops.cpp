@@ -634,6 +634,56 @@ TEST(CpuOps, MlaAttentionNaive) {
   }
 }
 
+// The flash-style naive attention over several query blocks and key tiles: chunk offsets (past keys), causal
+// diagonals inside tiles, odd head sizes (dv not a multiple of 8), DSA selections whose union spans many tiles
+// (stride 48, keys anywhere in the causal range, duplicates and -1 ignored), queries with no key at all.
+TEST(CpuOps, MlaAttentionNaiveFlashTiles) {
+  struct Case {
+    int64_t H, dn, dr, dv, S, past, stride;
+  };
+  const Case cases[] = {{3, 24, 8, 20, 70, 45, 0},  {2, 64, 64, 64, 100, 0, 0}, {4, 16, 16, 33, 40, 90, 48},
+                        {1, 8, 8, 7, 33, 1, 0},     {2, 40, 24, 64, 65, 31, 48}, {16, 64, 64, 64, 37, 200, 0}};
+  Rng rng(21);
+  for (bool bf16 : {false, true}) {
+    for (const Case& a : cases) {
+      const int64_t T = a.past + a.S, dqk = a.dn + a.dr;
+      MlaDims d{a.H, a.dn, a.dr, a.dv, 64};
+      const std::vector<float> q = rng.normals(a.S * a.H * dqk), kvb = rng.normals(T * a.H * (a.dn + a.dv)),
+                               kpe = rng.normals(T * a.dr);
+      std::vector<int64_t> pos(static_cast<size_t>(a.S));
+      for (int64_t s = 0; s < a.S; ++s) pos[static_cast<size_t>(s)] = a.past + s;
+      if (a.S > 3) pos[2] = -1;  // a query that sees no key
+      Selection sel;
+      if (a.stride > 0) {
+        sel.stride = a.stride;
+        sel.sel.resize(static_cast<size_t>(a.S * a.stride));
+        sel.count.resize(static_cast<size_t>(a.S));
+        for (int64_t i = 0; i < a.S; ++i) {
+          sel.count[static_cast<size_t>(i)] = static_cast<int32_t>(rng.integer(i % 5 == 0 ? 0 : 1, a.stride));
+          for (int64_t j = 0; j < a.stride; ++j)
+            sel.sel[static_cast<size_t>(i * a.stride + j)] =
+                static_cast<int32_t>(rng.integer(-1, std::max<int64_t>(0, pos[static_cast<size_t>(i)])));
+        }
+      }
+      const float scale = 1.5f / std::sqrt(static_cast<float>(dqk));  // peaked softmax: the running max moves
+      std::vector<float> orf(static_cast<size_t>(a.S * a.H * a.dv));
+      ref_backend().mla_attention_naive(d, q.data(), kvb.data(), kpe.data(), a.S, T, pos.data(), sel.view(), scale,
+                                        orf.data(), bf16);
+      for (Cpu& c : cpus()) {
+        std::vector<float> o(orf.size(), -3.0f);
+        c.be->mla_attention_naive(d, q.data(), kvb.data(), kpe.data(), a.S, T, pos.data(), sel.view(), scale,
+                                  o.data(), bf16);
+        const double e = norm_err(o, orf);
+        record(std::string("mla_naive_tiles/") + (bf16 ? "bf16/" : "f32/") + cpu_isa_name(c.isa), e);
+        EXPECT_LE(e, bf16 ? kTolBf16 : kTolF32) << cpu_isa_name(c.isa) << " H " << a.H << " S " << a.S;
+        if (a.S > 3) {
+          for (int64_t x = 0; x < a.H * a.dv; ++x) EXPECT_EQ(o[static_cast<size_t>(2 * a.H * a.dv + x)], 0.0f);
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuOps, MlaAttentionAbsorbed) {
   Rng rng(11);
   for (Fmt f : {Fmt::F32, Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8BlockOdd, Fmt::Mxfp4}) {

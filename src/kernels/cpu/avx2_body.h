@@ -704,5 +704,86 @@ LT void v2_dequant_row(const QuantWeight& w, int64_t r, float* out) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Attention tiles: S = Q·Ktᵀ over one tile of 16 keys (R rows × 2 vectors of accumulators, q broadcast per
+// element), O += P·V (R rows × C vectors of output columns, p broadcast per key).
+// ---------------------------------------------------------------------------------------------------------------
+template <int R>
+LTI void v2_qk_rows(const float* q, int64_t ldq, const float* kt, int64_t d, float* s) {
+  __m256 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+  for (int64_t x = 0; x < d; ++x) {
+    const __m256 k0 = _mm256_loadu_ps(kt + x * kAttnKeyTile), k1 = _mm256_loadu_ps(kt + x * kAttnKeyTile + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(q + r * ldq + x);
+      a0[r] = _mm256_fmadd_ps(b, k0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(b, k1, a1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(s + r * kAttnKeyTile, a0[r]);
+    _mm256_storeu_ps(s + r * kAttnKeyTile + 8, a1[r]);
+  }
+}
+
+LT void v2_attn_qk_tile(const float* q, int64_t ldq, int64_t nq, const float* kt, int64_t d, float* s) {
+  static_assert(kAttnKeyTile == 16, "the AVX2 tile holds 16 keys in two vectors");
+  int64_t i = 0;
+  for (; i + 6 <= nq; i += 6) v2_qk_rows<6>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile);
+  switch (nq - i) {
+    case 5: v2_qk_rows<5>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    case 4: v2_qk_rows<4>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    case 3: v2_qk_rows<3>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    case 2: v2_qk_rows<2>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    case 1: v2_qk_rows<1>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    default: break;
+  }
+}
+
+// Columns [c, c + 8·C) of R output rows (C full vectors), or with `mask` a last partial vector (C = 1).
+template <int R, int C, bool kMasked>
+LTI void v2_pv_block(const float* p, const float* v, int64_t nk, int64_t dv, float* o, __m256i mask) {
+  __m256 a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      a[r][c] = kMasked ? _mm256_maskload_ps(o + r * dv + 8 * c, mask) : _mm256_loadu_ps(o + r * dv + 8 * c);
+  for (int64_t j = 0; j < nk; ++j) {
+    __m256 vv[C];
+    for (int c = 0; c < C; ++c)
+      vv[c] = kMasked ? _mm256_maskload_ps(v + j * dv + 8 * c, mask) : _mm256_loadu_ps(v + j * dv + 8 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(p + r * kAttnKeyTile + j);
+      for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(b, vv[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      if (kMasked)
+        _mm256_maskstore_ps(o + r * dv + 8 * c, mask, a[r][c]);
+      else
+        _mm256_storeu_ps(o + r * dv + 8 * c, a[r][c]);
+    }
+}
+
+template <int R>
+LTI void v2_pv_rows(const float* p, const float* v, int64_t nk, int64_t dv, float* o) {
+  const __m256i none = _mm256_setzero_si256();
+  int64_t c = 0;
+  for (; c + 32 <= dv; c += 32) v2_pv_block<R, 4, false>(p, v + c, nk, dv, o + c, none);
+  for (; c + 8 <= dv; c += 8) v2_pv_block<R, 1, false>(p, v + c, nk, dv, o + c, none);
+  if (c < dv) {
+    const __m256i mask =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(dv - c)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    v2_pv_block<R, 1, true>(p, v + c, nk, dv, o + c, mask);
+  }
+}
+
+LT void v2_attn_pv_tile(const float* p, int64_t nq, const float* v, int64_t nk, int64_t dv, float* o) {
+  int64_t i = 0;
+  for (; i + 3 <= nq; i += 3) v2_pv_rows<3>(p + i * kAttnKeyTile, v, nk, dv, o + i * dv);
+  if (nq - i == 2) v2_pv_rows<2>(p + i * kAttnKeyTile, v, nk, dv, o + i * dv);
+  if (nq - i == 1) v2_pv_rows<1>(p + i * kAttnKeyTile, v, nk, dv, o + i * dv);
+}
+
 }  // namespace
 }  // namespace latent::cpu

@@ -268,27 +268,17 @@ class CpuBackend final : public Backend {
   void mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S,
                            int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
                            bool bf16) override {
-    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, T * (dqk + dv)));
-    pool_.parallel_for(S * H, grain, [&](int64_t i0, int64_t i1) {
-      thread_local std::vector<int32_t> keys;
-      float* acc = scratch_ptr(2, dv);
+    // Flash-style: blocks of kQueryBlock queries of one head against tiles of kAttnKeyTile keys (packed once per
+    // block: K transposed, V rows), online softmax (running max and sum per query, the output rescaled when the
+    // max grows), so no score row of the whole context is ever materialized. bf16 (HF eager rounds the
+    // normalized probabilities) takes two passes over the tiles: the max and sum first, then P·V.
+    if (S <= 0 || d.n_heads <= 0) return;
+    const int64_t nqb = (S + kQueryBlock - 1) / kQueryBlock;
+    // Head-major items: the static split gives each thread whole heads (equal work under the causal mask).
+    pool_.parallel_for(d.n_heads * nqb, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t s = i / H, h = i % H;
-        const float* qs = q + (s * H + h) * dqk;
-        const int64_t n = key_list(s, T, q_pos, sel, keys);
-        float* sc = scratch_ptr(3, std::max<int64_t>(n, 1));
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t t = key_at(keys, sel, j);
-          const float dot = k_.dot(qs, kvb + (t * H + h) * dkv, dn) + k_.dot(qs + dn, k_pe + t * dr, dr);
-          sc[j] = scaled_score(dot, scale, bf16);
-        }
-        softmax(sc, n, bf16);
-        std::fill(acc, acc + dv, 0.0f);
-        for (int64_t j = 0; j < n; ++j)
-          k_.axpy(sc[j], kvb + (key_at(keys, sel, j) * H + h) * dkv + dn, acc, dv);
-        float* os = o + (s * H + h) * dv;
-        for (int64_t x = 0; x < dv; ++x) os[x] = bf16 ? bf16r(acc[x]) : acc[x];
+        const int64_t h = i / nqb, s0 = (i % nqb) * kQueryBlock;
+        flash_block(d, q, kvb, k_pe, T, q_pos, sel, scale, o, bf16, h, s0, std::min(S, s0 + kQueryBlock));
       }
     });
   }
@@ -467,6 +457,161 @@ class CpuBackend final : public Backend {
       size_t at = out.size();
       while (at > 0 && x > v[out[at - 1]]) --at;
       out.insert(out.begin() + static_cast<std::ptrdiff_t>(at), static_cast<int32_t>(e));
+    }
+  }
+
+  static constexpr int64_t kQueryBlock = 32;
+  static constexpr int64_t kKT = cpu::kAttnKeyTile;
+
+  // Per-thread state of one flash block (grow-only: no allocation once sized).
+  struct FlashScratch {
+    std::vector<float> kt, vt, sc, acc, mx, sum;
+    std::vector<int32_t> keys, qkeys, tmp;
+    std::vector<int64_t> qoff, cursor, last;
+    std::vector<uint32_t> mask;
+  };
+  static FlashScratch& flash_scratch() {
+    thread_local FlashScratch fs;
+    return fs;
+  }
+  template <class T>
+  static T* sized(std::vector<T>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    return v.data();
+  }
+
+  // Queries s0..s1 of head h (naive form): o[s, h, :] for those queries.
+  void flash_block(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t T,
+                   const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16, int64_t h,
+                   int64_t s0, int64_t s1) const {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
+    const int64_t nq = s1 - s0;
+    FlashScratch& fs = flash_scratch();
+    float* kt = sized(fs.kt, std::max<int64_t>(dqk, 1) * kKT);
+    float* vt = sized(fs.vt, kKT * std::max<int64_t>(dv, 1));
+    float* sc = sized(fs.sc, nq * kKT);
+    float* acc = sized(fs.acc, nq * std::max<int64_t>(dv, 1));
+    float* mx = sized(fs.mx, nq);
+    float* sum = sized(fs.sum, nq);
+    uint32_t* mask = sized(fs.mask, nq);
+    int64_t* last = sized(fs.last, nq);
+    // Candidate keys of the block: the causal range 0..max last (implicit), or with a selection the sorted union
+    // of the queries' allowed keys (each query's own sorted list walked alongside for its mask).
+    const bool use_sel = sel.sel != nullptr;
+    int64_t n_keys = 0;
+    const int32_t* klist = nullptr;
+    if (!use_sel) {
+      for (int64_t i = 0; i < nq; ++i) {
+        last[i] = std::min<int64_t>(q_pos[s0 + i], T - 1);
+        n_keys = std::max(n_keys, last[i] + 1);
+      }
+    } else {
+      int64_t* qoff = sized(fs.qoff, nq + 1);
+      fs.qkeys.clear();
+      qoff[0] = 0;
+      for (int64_t i = 0; i < nq; ++i) {
+        ref::allowed_keys(s0 + i, T, q_pos, sel, fs.tmp);
+        fs.qkeys.insert(fs.qkeys.end(), fs.tmp.begin(), fs.tmp.end());
+        qoff[i + 1] = static_cast<int64_t>(fs.qkeys.size());
+      }
+      fs.keys.assign(fs.qkeys.begin(), fs.qkeys.end());
+      std::sort(fs.keys.begin(), fs.keys.end());
+      fs.keys.erase(std::unique(fs.keys.begin(), fs.keys.end()), fs.keys.end());
+      klist = fs.keys.data();
+      n_keys = static_cast<int64_t>(fs.keys.size());
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      mx[i] = kNegInf;
+      sum[i] = 0.0f;
+    }
+    std::fill(acc, acc + nq * dv, 0.0f);
+    const float* qh = q + (s0 * H + h) * dqk;
+    const int64_t ldq = H * dqk;
+    for (int pass = bf16 ? 0 : 1; pass < 2; ++pass) {
+      const bool final_pass = pass == 1;
+      int64_t* cursor = use_sel ? sized(fs.cursor, nq) : nullptr;
+      if (use_sel) std::fill(cursor, cursor + nq, int64_t{0});
+      for (int64_t j0 = 0; j0 < n_keys; j0 += kKT) {
+        const int64_t nk = std::min(kKT, n_keys - j0);
+        // Masks of this tile per query (bit j: key j allowed) and the range of rows with any allowed key.
+        int64_t r_lo = nq, r_hi = 0;
+        for (int64_t i = 0; i < nq; ++i) {
+          uint32_t m = 0;
+          if (!use_sel) {
+            const int64_t nb = std::clamp<int64_t>(last[i] - j0 + 1, 0, nk);
+            m = nb == 32 ? ~0u : ((1u << nb) - 1u);
+          } else {
+            const int32_t* qk = fs.qkeys.data() + fs.qoff[static_cast<size_t>(i)];
+            const int64_t qn = fs.qoff[static_cast<size_t>(i + 1)] - fs.qoff[static_cast<size_t>(i)];
+            int64_t& c = cursor[i];
+            for (int64_t j = 0; j < nk && c < qn; ++j)
+              if (qk[c] == klist[j0 + j]) {
+                m |= 1u << j;
+                ++c;
+              }
+          }
+          mask[i] = m;
+          if (m) {
+            r_lo = std::min(r_lo, i);
+            r_hi = i + 1;
+          }
+        }
+        if (r_lo >= r_hi) continue;
+        // Pack the tile: K transposed [dqk, kKT] (nope from kvb, rope from k_pe; missing keys zero), V rows.
+        for (int64_t j = 0; j < kKT; ++j) {
+          if (j >= nk) {
+            for (int64_t x = 0; x < dqk; ++x) kt[x * kKT + j] = 0.0f;
+            continue;
+          }
+          const int64_t t = klist ? klist[j0 + j] : j0 + j;
+          const float* kn = kvb + (t * H + h) * dkv;
+          const float* kp = k_pe + t * dr;
+          for (int64_t x = 0; x < dn; ++x) kt[x * kKT + j] = kn[x];
+          for (int64_t x = 0; x < dr; ++x) kt[(dn + x) * kKT + j] = kp[x];
+          if (final_pass) std::memcpy(vt + j * dv, kn + dn, sizeof(float) * static_cast<size_t>(dv));
+        }
+        k_.attn_qk_tile(qh + r_lo * ldq, ldq, r_hi - r_lo, kt, dqk, sc + r_lo * kKT);
+        for (int64_t i = r_lo; i < r_hi; ++i) {
+          float* row = sc + i * kKT;
+          const uint32_t m = mask[i];
+          if (!m) {
+            std::fill(row, row + kKT, 0.0f);
+            continue;
+          }
+          float tmax = kNegInf;
+          for (int64_t j = 0; j < kKT; ++j) {
+            row[j] = (m >> j) & 1u ? scaled_score(row[j], scale, bf16) : kNegInf;
+            tmax = std::max(tmax, row[j]);
+          }
+          if (final_pass && bf16) {
+            // Exact HF rounding: p = bf16(exp(s − max) / sum) with the final max and sum of pass 0.
+            k_.exp_sub_sum(row, kKT, mx[i]);
+            for (int64_t j = 0; j < kKT; ++j) row[j] = bf16r(row[j] / sum[i]);
+            continue;
+          }
+          const float m_new = std::max(mx[i], tmax);
+          if (m_new > mx[i]) {
+            const float alpha = mx[i] == kNegInf ? 0.0f : std::exp(mx[i] - m_new);
+            sum[i] *= alpha;
+            if (final_pass && alpha != 1.0f)
+              for (float* a = acc + i * dv; a < acc + (i + 1) * dv; ++a) *a *= alpha;
+            mx[i] = m_new;
+          }
+          sum[i] += k_.exp_sub_sum(row, kKT, m_new);
+        }
+        if (final_pass) k_.attn_pv_tile(sc + r_lo * kKT, r_hi - r_lo, vt, nk, dv, acc + r_lo * dv);
+      }
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      float* os = o + ((s0 + i) * H + h) * dv;
+      const float* a = acc + i * dv;
+      if (bf16) {
+        for (int64_t x = 0; x < dv; ++x) os[x] = bf16r(a[x]);
+      } else {
+        const float inv = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
+        for (int64_t x = 0; x < dv; ++x) os[x] = a[x] * inv;
+      }
     }
   }
 

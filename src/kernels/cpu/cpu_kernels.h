@@ -45,7 +45,16 @@ struct Kernels {
   void (*rope_interleaved)(float* v, const float* cc, const float* ss, int64_t dim, bool bf16);
   // Half-split RoPE: pairs (v[i], v[i+half]) with c[i], s[i].
   void (*rope_half)(float* v, const float* c, const float* s, int64_t half, bool bf16);
+
+  // ---- attention tiles (flash-style prefill attention, kAttnKeyTile keys per tile) ----
+  // s[i·kAttnKeyTile + j] = Σ_x q[i·ldq + x]·kt[x·kAttnKeyTile + j] for i < nq, j < kAttnKeyTile: one tile of
+  // keys packed transposed (kt [d, kAttnKeyTile]), fp32 accumulation in x order.
+  void (*attn_qk_tile)(const float* q, int64_t ldq, int64_t nq, const float* kt, int64_t d, float* s);
+  // o[i·dv + c] += Σ_{j<nk} p[i·kAttnKeyTile + j]·v[j·dv + c] for i < nq, c < dv (v: nk packed value rows).
+  void (*attn_pv_tile)(const float* p, int64_t nq, const float* v, int64_t nk, int64_t dv, float* o);
 };
+
+inline constexpr int64_t kAttnKeyTile = 16;
 
 const Kernels& kernels_scalar();
 const Kernels* kernels_avx2();    // null when not compiled in

@@ -183,9 +183,29 @@ void rope_half(float* v, const float* c, const float* s, int64_t half, bool bf16
   }
 }
 
+void attn_qk_tile(const float* q, int64_t ldq, int64_t nq, const float* kt, int64_t d, float* s) {
+  for (int64_t i = 0; i < nq; ++i) {
+    float acc[kAttnKeyTile] = {};
+    for (int64_t x = 0; x < d; ++x) {
+      const float qx = q[i * ldq + x];
+      for (int64_t j = 0; j < kAttnKeyTile; ++j) acc[j] += qx * kt[x * kAttnKeyTile + j];
+    }
+    std::memcpy(s + i * kAttnKeyTile, acc, sizeof(acc));
+  }
+}
+
+void attn_pv_tile(const float* p, int64_t nq, const float* v, int64_t nk, int64_t dv, float* o) {
+  for (int64_t i = 0; i < nq; ++i)
+    for (int64_t j = 0; j < nk; ++j) {
+      const float pj = p[i * kAttnKeyTile + j];
+      for (int64_t c = 0; c < dv; ++c) o[i * dv + c] += pj * v[j * dv + c];
+    }
+}
+
 const Kernels kScalar = {
     "scalar",     permutes,     prep_x, matmul_rows, dequant_row,      dot,      axpy,      scaled_add,
     exp_sub_sum, rms_norm_row, silu_mul, add,        round_bf16,       rope_interleaved, rope_half,
+    attn_qk_tile, attn_pv_tile,
 };
 
 }  // namespace
