@@ -717,6 +717,64 @@ TEST(CpuOps, MlaAttentionAbsorbed) {
   }
 }
 
+// The absorbed attention straight over a paged pool (no gather): sequences with their own block tables (blocks
+// shuffled, 5 tokens per block, rows wider than dc + dr), decode tokens and a multi-token chunk in one run that
+// starts at row 2 of q / o (rows before it untouched), fp32 and bf16 pools, with and without a DSA selection.
+TEST(CpuOps, MlaAttentionAbsorbedPaged) {
+  Rng rng(22);
+  for (Fmt f : {Fmt::F32, Fmt::BF16, Fmt::Mxfp4}) {
+    for (bool bf16 : {false, true}) {
+      for (bool use_sel : {false, true}) {
+        const int64_t H = 5, dn = 24, dr = 16, dv = 20, dc = 64, dqk = dn + dr, bt = 5, width = dc + dr + 3;
+        MlaDims d{H, dn, dr, dv, dc};
+        const std::vector<int32_t> q_begin = {2, 3, 7, 8, 9}, ctx = {23, 17, 1, 40};
+        const int64_t n_seqs = 4, rows = 9, max_blocks = 8, n_blocks = n_seqs * max_blocks;
+        std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+        for (int64_t i = 0; i < n_blocks; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+        std::shuffle(table.begin(), table.end(), rng.g);
+        std::vector<float> pool_f = rng.normals(n_blocks * bt * width);
+        std::vector<uint16_t> pool_b(pool_f.size());
+        for (size_t i = 0; i < pool_f.size(); ++i) pool_b[i] = f32_to_bf16(pool_f[i]);
+        KvPool pool;
+        pool.dtype = bf16 ? DType::BF16 : DType::F32;
+        pool.data = bf16 ? static_cast<void*>(pool_b.data()) : static_cast<void*>(pool_f.data());
+        pool.num_blocks = n_blocks;
+        pool.block_tokens = bt;
+        pool.width = width;
+        StepSeqs seqs;
+        seqs.n_seqs = n_seqs;
+        seqs.q_begin = q_begin.data();
+        seqs.ctx_len = ctx.data();
+        seqs.block_table = table.data();
+        seqs.max_blocks = max_blocks;
+        seqs.max_ctx = 40;
+        std::vector<int64_t> pos(static_cast<size_t>(rows), 0);
+        for (int64_t s = 0; s < n_seqs; ++s)
+          for (int32_t r = q_begin[static_cast<size_t>(s)]; r < q_begin[static_cast<size_t>(s + 1)]; ++r)
+            pos[static_cast<size_t>(r)] = ctx[static_cast<size_t>(s)] - (q_begin[static_cast<size_t>(s + 1)] - r);
+        const Selection sel = use_sel ? random_selection(rng, rows, 40, pos) : Selection{};
+        const TestWeight kvb = make_weight(f, H * (dn + dv), dc, rng);
+        const std::vector<float> q = rng.normals(rows * H * dqk);
+        const float scale = 0.5f / std::sqrt(static_cast<float>(dqk));
+        std::vector<float> orf(static_cast<size_t>(rows * H * dv), -3.0f);
+        ref_backend().mla_attention_absorbed_paged(d, q.data(), kvb.q, pool, seqs, pos.data(), sel.view(), scale,
+                                                   orf.data(), bf16);
+        for (Cpu& c : cpus()) {
+          std::vector<float> o(orf.size(), -3.0f);
+          c.be->mla_attention_absorbed_paged(d, q.data(), kvb.q, pool, seqs, pos.data(), sel.view(), scale,
+                                             o.data(), bf16);
+          const double e = norm_err(o, orf);
+          record(std::string("mla_absorbed_paged/") + fmt_name(f) + (bf16 ? "/bf16/" : "/f32/") +
+                     cpu_isa_name(c.isa),
+                 e);
+          EXPECT_LE(e, bf16 ? kTolBf16 : kTolF32) << fmt_name(f) << " " << cpu_isa_name(c.isa) << " sel " << use_sel;
+          for (int64_t x = 0; x < 2 * H * dv; ++x) EXPECT_EQ(o[static_cast<size_t>(x)], -3.0f);
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuOps, IndexerScoresAndTopk) {
   Rng rng(12);
   for (int64_t nI : {1, 8}) {

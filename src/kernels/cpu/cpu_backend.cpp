@@ -268,17 +268,28 @@ class CpuBackend final : public Backend {
   void mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S,
                            int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
                            bool bf16) override {
-    // Flash-style: blocks of kQueryBlock queries of one head against tiles of kAttnKeyTile keys (packed once per
-    // block: K transposed, V rows), online softmax (running max and sum per query, the output rescaled when the
-    // max grows), so no score row of the whole context is ever materialized. bf16 (HF eager rounds the
-    // normalized probabilities) takes two passes over the tiles: the max and sum first, then P·V.
-    if (S <= 0 || d.n_heads <= 0) return;
+    // Flash-style (flash_core): blocks of kQueryBlock queries of one head against tiles of keys packed once per
+    // block. Head-major items: the static split gives each thread whole heads (equal work under the causal mask).
+    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
+    if (S <= 0 || H <= 0) return;
     const int64_t nqb = (S + kQueryBlock - 1) / kQueryBlock;
-    // Head-major items: the static split gives each thread whole heads (equal work under the causal mask).
-    pool_.parallel_for(d.n_heads * nqb, 1, [&](int64_t i0, int64_t i1) {
+    pool_.parallel_for(H * nqb, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t h = i / nqb, s0 = (i % nqb) * kQueryBlock;
-        flash_block(d, q, kvb, k_pe, T, q_pos, sel, scale, o, bf16, h, s0, std::min(S, s0 + kQueryBlock));
+        const int64_t h = i / nqb, s0 = (i % nqb) * kQueryBlock, nq = std::min(S, s0 + kQueryBlock) - s0;
+        auto pack = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vt) {
+          for (int64_t j = 0; j < nk; ++j) {
+            const int64_t t = klist ? klist[j0 + j] : j0 + j;
+            const float* kn = kvb + (t * H + h) * dkv;
+            const float* kp = k_pe + t * dr;
+            for (int64_t x = 0; x < dn; ++x) kt[x * kKT + j] = kn[x];
+            for (int64_t x = 0; x < dr; ++x) kt[(dn + x) * kKT + j] = kp[x];
+            if (vt) std::memcpy(vt + j * dv, kn + dn, sizeof(float) * static_cast<size_t>(dv));
+          }
+        };
+        const float* res =
+            flash_core(q + (s0 * H + h) * dqk, H * dqk, nq, dqk, dv, s0, nq, T, q_pos, sel, scale, bf16, pack);
+        for (int64_t r = 0; r < nq; ++r)
+          std::memcpy(o + ((s0 + r) * H + h) * dv, res + r * dv, sizeof(float) * static_cast<size_t>(dv));
       }
     });
   }
@@ -286,45 +297,46 @@ class CpuBackend final : public Backend {
   void mla_attention_absorbed(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
                               const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
                               const KeySelection& sel, float scale, float* o, bool bf16) override {
-    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = d.qk(), dkv = dn + dv;
-    const bool perm = k_.permutes(kv_b.format);
-    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
-      thread_local std::vector<int32_t> keys;
-      float* wrow = scratch_ptr(0, dc + 2 * S * dc);  // W_UK row | q_lat [S, dc] | o_lat [S, dc]
-      float* qlat = wrow + dc;
-      float* olat = qlat + S * dc;
-      float* olat_p = perm ? scratch_ptr(1, S * dc) : olat;
-      for (int64_t h = h0; h < h1; ++h) {
-        // q_lat[s] = W_UK[h]ᵀ · q_nope[s], W_UK rows decoded once per head.
-        std::fill(qlat, qlat + S * dc, 0.0f);
-        for (int64_t j = 0; j < dn; ++j) {
-          k_.dequant_row(kv_b, h * dkv + j, wrow);
-          for (int64_t s = 0; s < S; ++s) k_.axpy(q[(s * H + h) * dqk + j], wrow, qlat + s * dc, dc);
-        }
-        if (bf16) k_.round_bf16(qlat, S * dc);
-        for (int64_t s = 0; s < S; ++s) {
-          const float* qs = q + (s * H + h) * dqk;
-          const float* ql = qlat + s * dc;
-          float* ol = olat + s * dc;
-          const int64_t n = key_list(s, T, q_pos, sel, keys);
-          float* sc = scratch_ptr(3, std::max<int64_t>(n, 1));
-          for (int64_t j = 0; j < n; ++j) {
-            const int64_t t = key_at(keys, sel, j);
-            const float dot = k_.dot(ql, c + t * dc, dc) + k_.dot(qs + dn, k_pe + t * dr, dr);
-            sc[j] = scaled_score(dot, scale, bf16);
-          }
-          softmax(sc, n, bf16);
-          std::fill(ol, ol + dc, 0.0f);
-          for (int64_t j = 0; j < n; ++j) k_.axpy(sc[j], c + key_at(keys, sel, j) * dc, ol, dc);
-          if (bf16) k_.round_bf16(ol, dc);
-        }
-        // o[s, h, :] = W_UV[h] · o_lat[s]: rows h·dkv+dn .. +dv of kv_b, streamed in their stored format.
-        if (perm) k_.prep_x(kv_b.format, olat, S, dc, olat_p);
-        k_.matmul_rows(kv_b, olat_p, S, h * dkv + dn, h * dkv + dn + dv, o + h * dv, H * dv);
-        if (bf16)
-          for (int64_t s = 0; s < S; ++s) k_.round_bf16(o + (s * H + h) * dv, dv);
+    const int64_t dc = d.latent, dr = d.rope;
+    const int32_t q_begin[2] = {0, static_cast<int32_t>(S)};
+    const int32_t ctx[1] = {static_cast<int32_t>(T)};
+    auto pack = [&](int64_t, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vt) {
+      for (int64_t j = 0; j < nk; ++j) {
+        const int64_t t = klist ? klist[j0 + j] : j0 + j;
+        const float* ct = c + t * dc;
+        const float* kp = k_pe + t * dr;
+        for (int64_t x = 0; x < dc; ++x) kt[x * kKT + j] = ct[x];
+        for (int64_t x = 0; x < dr; ++x) kt[(dc + x) * kKT + j] = kp[x];
+        if (vt) std::memcpy(vt + j * dc, ct, sizeof(float) * static_cast<size_t>(dc));
       }
-    });
+    };
+    absorbed_flash(d, q, kv_b, 1, q_begin, ctx, q_pos, sel, scale, o, bf16, pack);
+  }
+
+  // The paged form straight over the pool (no gather of the context): the key tiles are packed from the pool
+  // rows the block table names (c = columns 0..dc, k_pe = dc..dc+dr; bf16 pools widened while packing).
+  void mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b, const KvPool& pool,
+                                    const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
+                                    float* o, bool bf16) override {
+    const int64_t dc = d.latent, dq2 = d.latent + d.rope, bt = pool.block_tokens, width = pool.width;
+    const bool pool_bf16 = pool.dtype == DType::BF16;
+    auto pack = [&](int64_t s, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vt) {
+      const int32_t* blocks = seqs.block_table + s * seqs.max_blocks;
+      for (int64_t j = 0; j < nk; ++j) {
+        const int64_t t = klist ? klist[j0 + j] : j0 + j;
+        const int64_t row = static_cast<int64_t>(blocks[t / bt]) * bt + t % bt;
+        if (pool_bf16) {
+          const uint16_t* pr = static_cast<const uint16_t*>(pool.data) + row * width;
+          for (int64_t x = 0; x < dq2; ++x) kt[x * kKT + j] = bf16_to_f32(pr[x]);
+        } else {
+          const float* pr = static_cast<const float*>(pool.data) + row * width;
+          for (int64_t x = 0; x < dq2; ++x) kt[x * kKT + j] = pr[x];
+        }
+        if (vt)
+          for (int64_t x = 0; x < dc; ++x) vt[j * dc + x] = kt[x * kKT + j];
+      }
+    };
+    absorbed_flash(d, q, kv_b, seqs.n_seqs, seqs.q_begin, seqs.ctx_len, pos, sel, scale, o, bf16, pack);
   }
 
   // ---------------- DSA indexer ----------------
@@ -480,13 +492,20 @@ class CpuBackend final : public Backend {
     return v.data();
   }
 
-  // Queries s0..s1 of head h (naive form): o[s, h, :] for those queries.
-  void flash_block(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t T,
-                   const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16, int64_t h,
-                   int64_t s0, int64_t s1) const {
+  // The flash core: nq query rows qr [nq, dqk] (row stride ldq) against the keys of one sequence, in tiles of
+  // kKT keys; row i belongs to token tok0 + i % tok_mod (its causal limit min(q_pos[tok], T − 1) and, with a
+  // selection, selection row tok). The candidate keys are the causal range 0..max limit, or with a selection the
+  // sorted union of the rows' allowed keys (each row's own sorted list walked alongside for its mask).
+  // pack(klist, j0, nk, kt, vt) fills columns j < nk of the tile kt [dqk, kKT] with keys klist[j0 + j] (or
+  // j0 + j without a list) and, when vt is not null, their value rows vt [nk, dv].
+  // Online softmax (running max and sum per row, the accumulator rescaled when the max grows); bf16 (HF rounds
+  // the normalized probabilities) takes two passes: max and sum first, then P·V with p = bf16(e / sum).
+  // Returns the per-thread result [nq, dv]: Σ p·v (bf16-rounded when bf16).
+  template <class Pack>
+  const float* flash_core(const float* qr, int64_t ldq, int64_t nq, int64_t dqk, int64_t dv, int64_t tok0,
+                          int64_t tok_mod, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale,
+                          bool bf16, const Pack& pack) const {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
-    const int64_t nq = s1 - s0;
     FlashScratch& fs = flash_scratch();
     float* kt = sized(fs.kt, std::max<int64_t>(dqk, 1) * kKT);
     float* vt = sized(fs.vt, kKT * std::max<int64_t>(dv, 1));
@@ -496,14 +515,12 @@ class CpuBackend final : public Backend {
     float* sum = sized(fs.sum, nq);
     uint32_t* mask = sized(fs.mask, nq);
     int64_t* last = sized(fs.last, nq);
-    // Candidate keys of the block: the causal range 0..max last (implicit), or with a selection the sorted union
-    // of the queries' allowed keys (each query's own sorted list walked alongside for its mask).
     const bool use_sel = sel.sel != nullptr;
     int64_t n_keys = 0;
     const int32_t* klist = nullptr;
     if (!use_sel) {
       for (int64_t i = 0; i < nq; ++i) {
-        last[i] = std::min<int64_t>(q_pos[s0 + i], T - 1);
+        last[i] = std::min<int64_t>(q_pos[tok0 + i % tok_mod], T - 1);
         n_keys = std::max(n_keys, last[i] + 1);
       }
     } else {
@@ -511,7 +528,7 @@ class CpuBackend final : public Backend {
       fs.qkeys.clear();
       qoff[0] = 0;
       for (int64_t i = 0; i < nq; ++i) {
-        ref::allowed_keys(s0 + i, T, q_pos, sel, fs.tmp);
+        ref::allowed_keys(tok0 + i % tok_mod, T, q_pos, sel, fs.tmp);
         fs.qkeys.insert(fs.qkeys.end(), fs.tmp.begin(), fs.tmp.end());
         qoff[i + 1] = static_cast<int64_t>(fs.qkeys.size());
       }
@@ -526,21 +543,19 @@ class CpuBackend final : public Backend {
       sum[i] = 0.0f;
     }
     std::fill(acc, acc + nq * dv, 0.0f);
-    const float* qh = q + (s0 * H + h) * dqk;
-    const int64_t ldq = H * dqk;
     for (int pass = bf16 ? 0 : 1; pass < 2; ++pass) {
       const bool final_pass = pass == 1;
       int64_t* cursor = use_sel ? sized(fs.cursor, nq) : nullptr;
       if (use_sel) std::fill(cursor, cursor + nq, int64_t{0});
       for (int64_t j0 = 0; j0 < n_keys; j0 += kKT) {
         const int64_t nk = std::min(kKT, n_keys - j0);
-        // Masks of this tile per query (bit j: key j allowed) and the range of rows with any allowed key.
+        // Masks of this tile per row (bit j: key j allowed) and the range of rows with any allowed key.
         int64_t r_lo = nq, r_hi = 0;
         for (int64_t i = 0; i < nq; ++i) {
           uint32_t m = 0;
           if (!use_sel) {
             const int64_t nb = std::clamp<int64_t>(last[i] - j0 + 1, 0, nk);
-            m = nb == 32 ? ~0u : ((1u << nb) - 1u);
+            m = static_cast<uint32_t>((uint64_t{1} << nb) - 1u);
           } else {
             const int32_t* qk = fs.qkeys.data() + fs.qoff[static_cast<size_t>(i)];
             const int64_t qn = fs.qoff[static_cast<size_t>(i + 1)] - fs.qoff[static_cast<size_t>(i)];
@@ -558,20 +573,10 @@ class CpuBackend final : public Backend {
           }
         }
         if (r_lo >= r_hi) continue;
-        // Pack the tile: K transposed [dqk, kKT] (nope from kvb, rope from k_pe; missing keys zero), V rows.
-        for (int64_t j = 0; j < kKT; ++j) {
-          if (j >= nk) {
-            for (int64_t x = 0; x < dqk; ++x) kt[x * kKT + j] = 0.0f;
-            continue;
-          }
-          const int64_t t = klist ? klist[j0 + j] : j0 + j;
-          const float* kn = kvb + (t * H + h) * dkv;
-          const float* kp = k_pe + t * dr;
-          for (int64_t x = 0; x < dn; ++x) kt[x * kKT + j] = kn[x];
-          for (int64_t x = 0; x < dr; ++x) kt[(dn + x) * kKT + j] = kp[x];
-          if (final_pass) std::memcpy(vt + j * dv, kn + dn, sizeof(float) * static_cast<size_t>(dv));
-        }
-        k_.attn_qk_tile(qh + r_lo * ldq, ldq, r_hi - r_lo, kt, dqk, sc + r_lo * kKT);
+        for (int64_t j = nk; j < kKT; ++j)
+          for (int64_t x = 0; x < dqk; ++x) kt[x * kKT + j] = 0.0f;
+        pack(klist, j0, nk, kt, final_pass ? vt : nullptr);
+        k_.attn_qk_tile(qr + r_lo * ldq, ldq, r_hi - r_lo, kt, dqk, sc + r_lo * kKT);
         for (int64_t i = r_lo; i < r_hi; ++i) {
           float* row = sc + i * kKT;
           const uint32_t m = mask[i];
@@ -585,7 +590,6 @@ class CpuBackend final : public Backend {
             tmax = std::max(tmax, row[j]);
           }
           if (final_pass && bf16) {
-            // Exact HF rounding: p = bf16(exp(s − max) / sum) with the final max and sum of pass 0.
             k_.exp_sub_sum(row, kKT, mx[i]);
             for (int64_t j = 0; j < kKT; ++j) row[j] = bf16r(row[j] / sum[i]);
             continue;
@@ -604,21 +608,114 @@ class CpuBackend final : public Backend {
       }
     }
     for (int64_t i = 0; i < nq; ++i) {
-      float* os = o + ((s0 + i) * H + h) * dv;
-      const float* a = acc + i * dv;
+      float* a = acc + i * dv;
       if (bf16) {
-        for (int64_t x = 0; x < dv; ++x) os[x] = bf16r(a[x]);
+        for (int64_t x = 0; x < dv; ++x) a[x] = bf16r(a[x]);
       } else {
         const float inv = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
-        for (int64_t x = 0; x < dv; ++x) os[x] = a[x] * inv;
+        for (int64_t x = 0; x < dv; ++x) a[x] *= inv;
       }
     }
+    return acc;
+  }
+
+  // The weight-absorbed attention of the sequences' rows q_begin[0]..q_begin[n_seqs) (indices of q, o, pos and
+  // sel), in three parallel phases so that kv_b is streamed once per call and each key tile serves many rows:
+  //   1. per head: q_cat[h, m] = [W_UK[h]ᵀ·q_nope[m, h] ; q_rope[m, h]] (W_UK rows decoded once per head);
+  //   2. per (sequence, group of heads, block of tokens): flash_core of those rows over the latent keys
+  //      (key = [c ; k_pe], value = c) → o_lat[h, m];
+  //   3. per head: o[m, h, :] = W_UV[h]·o_lat[h, m] (kv_b rows in their stored format).
+  // pack(s, klist, j0, nk, kt, vt): flash_core's pack for sequence s.
+  template <class Pack>
+  void absorbed_flash(const MlaDims& d, const float* q, const QuantWeight& kv_b, int64_t n_seqs,
+                      const int32_t* q_begin, const int32_t* ctx_len, const int64_t* pos, const KeySelection& sel,
+                      float scale, float* o, bool bf16, const Pack& pack) {
+    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = d.qk(), dkv = dn + dv;
+    const int64_t dq2 = dc + dr;
+    if (n_seqs <= 0 || H <= 0) return;
+    const int64_t m0 = q_begin[0], N = q_begin[n_seqs] - m0;
+    if (N <= 0) return;
+    float* qcat = sized(abs_q_, H * N * dq2);  // [H, N, dc + dr]
+    float* olat = sized(abs_o_, H * N * std::max<int64_t>(dc, 1));  // [H, N, dc]
+    // Phase 1.
+    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+      float* wrow = scratch_ptr(0, std::max<int64_t>(dc, 1));
+      for (int64_t h = h0; h < h1; ++h) {
+        float* qh = qcat + h * N * dq2;
+        for (int64_t m = 0; m < N; ++m) {
+          std::fill(qh + m * dq2, qh + m * dq2 + dc, 0.0f);
+          std::memcpy(qh + m * dq2 + dc, q + ((m0 + m) * H + h) * dqk + dn, sizeof(float) * static_cast<size_t>(dr));
+        }
+        for (int64_t j = 0; j < dn; ++j) {
+          k_.dequant_row(kv_b, h * dkv + j, wrow);
+          for (int64_t m = 0; m < N; ++m) k_.axpy(q[((m0 + m) * H + h) * dqk + j], wrow, qh + m * dq2, dc);
+        }
+        if (bf16)
+          for (int64_t m = 0; m < N; ++m) k_.round_bf16(qh + m * dq2, dc);
+      }
+    });
+    // Phase 2: rows per item up to kAbsorbedRows (tokens first, then heads), halving the head groups while there
+    // are fewer items than threads.
+    int64_t nb_max = 1;
+    for (int64_t s = 0; s < n_seqs; ++s) nb_max = std::max<int64_t>(nb_max, q_begin[s + 1] - q_begin[s]);
+    nb_max = std::min(nb_max, kAbsorbedRows);
+    int64_t G = std::clamp<int64_t>(kAbsorbedRows / nb_max, 1, H);
+    auto build = [&](int64_t g) {
+      abs_items_.clear();
+      for (int64_t s = 0; s < n_seqs; ++s) {
+        const int64_t n = q_begin[s + 1] - q_begin[s];
+        if (n <= 0) continue;
+        const int64_t nb = std::min(n, kAbsorbedRows);
+        for (int64_t h = 0; h < H; h += g)
+          for (int64_t r = 0; r < n; r += nb)
+            abs_items_.push_back({s, h, std::min(H, h + g), r, std::min(n, r + nb)});
+      }
+    };
+    build(G);
+    while (G > 1 && static_cast<int64_t>(abs_items_.size()) < pool_.size()) build(G = (G + 1) / 2);
+    pool_.parallel_for(static_cast<int64_t>(abs_items_.size()), 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t it = i0; it < i1; ++it) {
+        const AbsItem& a = abs_items_[static_cast<size_t>(it)];
+        const int64_t nbk = a.r1 - a.r0, rows = (a.h1 - a.h0) * nbk, b = q_begin[a.s] - m0 + a.r0;
+        float* qblk = scratch_ptr(1, rows * dq2);
+        for (int64_t g = 0; g < a.h1 - a.h0; ++g)
+          std::memcpy(qblk + g * nbk * dq2, qcat + ((a.h0 + g) * N + b) * dq2,
+                      sizeof(float) * static_cast<size_t>(nbk * dq2));
+        auto pack_s = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vt) {
+          pack(a.s, klist, j0, nk, kt, vt);
+        };
+        const float* res = flash_core(qblk, dq2, rows, dq2, dc, m0 + b, nbk, ctx_len[a.s], pos, sel, scale, bf16,
+                                      pack_s);
+        for (int64_t g = 0; g < a.h1 - a.h0; ++g)
+          std::memcpy(olat + ((a.h0 + g) * N + b) * dc, res + g * nbk * dc,
+                      sizeof(float) * static_cast<size_t>(nbk * dc));
+      }
+    });
+    // Phase 3.
+    const bool perm = k_.permutes(kv_b.format);
+    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+      float* xp = perm ? scratch_ptr(2, N * dc) : nullptr;
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* ol = olat + h * N * dc;
+        if (perm) k_.prep_x(kv_b.format, ol, N, dc, xp);
+        k_.matmul_rows(kv_b, perm ? xp : ol, N, h * dkv + dn, h * dkv + dn + dv, o + (m0 * H + h) * dv, H * dv);
+        if (bf16)
+          for (int64_t m = 0; m < N; ++m) k_.round_bf16(o + ((m0 + m) * H + h) * dv, dv);
+      }
+    });
   }
 
   RefBackend& ref() {
     std::call_once(ref_once_, [&] { ref_ = std::make_unique<RefBackend>(pool_.size()); });
     return *ref_;
   }
+
+  struct AbsItem {
+    int64_t s, h0, h1, r0, r1;
+  };
+  static constexpr int64_t kAbsorbedRows = 64;
+  std::vector<float> abs_q_, abs_o_;  // absorbed_flash phases (grow-only)
+  std::vector<AbsItem> abs_items_;
 
   ThreadPool pool_;
   CpuIsa isa_;
