@@ -785,5 +785,67 @@ LT void v2_attn_pv_tile(const float* p, int64_t nq, const float* v, int64_t nk, 
   if (nq - i == 1) v2_pv_rows<1>(p + i * kAttnKeyTile, v, nk, dv, o + i * dv);
 }
 
+LTI float hmax8(__m256 v) {
+  __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_max_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+
+LT void v2_attn_softmax_tile(float* s, int64_t nq, const uint32_t* mask, float scale, int mode, float* mx,
+                             float* sum, float* acc, int64_t dv) {
+  const __m256 ninf = _mm256_set1_ps(-INFINITY), sv = _mm256_set1_ps(scale);
+  const __m256i bits0 = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i bits1 = _mm256_slli_epi32(bits0, 8);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* row = s + i * kAttnKeyTile;
+    const uint32_t m = mask[i];
+    if (!m) {
+      _mm256_storeu_ps(row, _mm256_setzero_ps());
+      _mm256_storeu_ps(row + 8, _mm256_setzero_ps());
+      continue;
+    }
+    const __m256i mv = _mm256_set1_epi32(static_cast<int>(m));
+    const __m256 ok0 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(mv, bits0), bits0));
+    const __m256 ok1 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(mv, bits1), bits1));
+    __m256 x0 = _mm256_loadu_ps(row), x1 = _mm256_loadu_ps(row + 8);
+    if (mode == kSoftmaxOnline) {
+      x0 = _mm256_mul_ps(x0, sv);
+      x1 = _mm256_mul_ps(x1, sv);
+    } else {
+      x0 = bf16r8(_mm256_mul_ps(bf16r8(x0), sv));
+      x1 = bf16r8(_mm256_mul_ps(bf16r8(x1), sv));
+    }
+    x0 = _mm256_blendv_ps(ninf, x0, ok0);
+    x1 = _mm256_blendv_ps(ninf, x1, ok1);
+    if (mode == kSoftmaxFinal) {
+      const __m256 mxv = _mm256_set1_ps(mx[i]), smv = _mm256_set1_ps(sum[i]);
+      _mm256_storeu_ps(row, bf16r8(_mm256_div_ps(exp8(_mm256_sub_ps(x0, mxv)), smv)));
+      _mm256_storeu_ps(row + 8, bf16r8(_mm256_div_ps(exp8(_mm256_sub_ps(x1, mxv)), smv)));
+      continue;
+    }
+    const float m_new = std::max(mx[i], hmax8(_mm256_max_ps(x0, x1)));
+    if (m_new > mx[i]) {
+      const float alpha = mx[i] == -INFINITY ? 0.0f : std::exp(mx[i] - m_new);
+      sum[i] *= alpha;
+      if (mode == kSoftmaxOnline && alpha != 1.0f) {
+        float* a = acc + i * dv;
+        const __m256 av = _mm256_set1_ps(alpha);
+        int64_t c = 0;
+        for (; c + 8 <= dv; c += 8) _mm256_storeu_ps(a + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), av));
+        for (; c < dv; ++c) a[c] *= alpha;
+      }
+      mx[i] = m_new;
+    }
+    const __m256 mn = _mm256_set1_ps(m_new);
+    const __m256 e0 = exp8(_mm256_sub_ps(x0, mn)), e1 = exp8(_mm256_sub_ps(x1, mn));
+    sum[i] += hsum8(_mm256_add_ps(e0, e1));
+    if (mode == kSoftmaxOnline) {
+      _mm256_storeu_ps(row, e0);
+      _mm256_storeu_ps(row + 8, e1);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace latent::cpu

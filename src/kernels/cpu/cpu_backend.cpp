@@ -472,7 +472,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  static constexpr int64_t kQueryBlock = 32;
+  static constexpr int64_t kQueryBlock = 64;
   static constexpr int64_t kKT = cpu::kAttnKeyTile;
 
   // Per-thread state of one flash block (grow-only: no allocation once sized).
@@ -577,33 +577,9 @@ class CpuBackend final : public Backend {
           for (int64_t x = 0; x < dqk; ++x) kt[x * kKT + j] = 0.0f;
         pack(klist, j0, nk, kt, final_pass ? vt : nullptr);
         k_.attn_qk_tile(qr + r_lo * ldq, ldq, r_hi - r_lo, kt, dqk, sc + r_lo * kKT);
-        for (int64_t i = r_lo; i < r_hi; ++i) {
-          float* row = sc + i * kKT;
-          const uint32_t m = mask[i];
-          if (!m) {
-            std::fill(row, row + kKT, 0.0f);
-            continue;
-          }
-          float tmax = kNegInf;
-          for (int64_t j = 0; j < kKT; ++j) {
-            row[j] = (m >> j) & 1u ? scaled_score(row[j], scale, bf16) : kNegInf;
-            tmax = std::max(tmax, row[j]);
-          }
-          if (final_pass && bf16) {
-            k_.exp_sub_sum(row, kKT, mx[i]);
-            for (int64_t j = 0; j < kKT; ++j) row[j] = bf16r(row[j] / sum[i]);
-            continue;
-          }
-          const float m_new = std::max(mx[i], tmax);
-          if (m_new > mx[i]) {
-            const float alpha = mx[i] == kNegInf ? 0.0f : std::exp(mx[i] - m_new);
-            sum[i] *= alpha;
-            if (final_pass && alpha != 1.0f)
-              for (float* a = acc + i * dv; a < acc + (i + 1) * dv; ++a) *a *= alpha;
-            mx[i] = m_new;
-          }
-          sum[i] += k_.exp_sub_sum(row, kKT, m_new);
-        }
+        k_.attn_softmax_tile(sc + r_lo * kKT, r_hi - r_lo, mask + r_lo, scale,
+                             !bf16 ? cpu::kSoftmaxOnline : final_pass ? cpu::kSoftmaxFinal : cpu::kSoftmaxStats, mx + r_lo,
+                             sum + r_lo, acc + r_lo * dv, dv);
         if (final_pass) k_.attn_pv_tile(sc + r_lo * kKT, r_hi - r_lo, vt, nk, dv, acc + r_lo * dv);
       }
     }
