@@ -719,13 +719,16 @@ TEST(CpuOps, MlaAttentionAbsorbed) {
 
 // The absorbed attention straight over a paged pool (no gather): sequences with their own block tables (blocks
 // shuffled, 5 tokens per block, rows wider than dc + dr), decode tokens and a multi-token chunk in one run that
-// starts at row 2 of q / o (rows before it untouched), fp32 and bf16 pools, with and without a DSA selection.
+// starts at row 2 of q / o (rows before it untouched), fp32 and bf16 pools, with and without a DSA selection,
+// blocks of 5 and of 16 tokens.
 TEST(CpuOps, MlaAttentionAbsorbedPaged) {
   Rng rng(22);
   for (Fmt f : {Fmt::F32, Fmt::BF16, Fmt::Mxfp4}) {
     for (bool bf16 : {false, true}) {
-      for (bool use_sel : {false, true}) {
-        const int64_t H = 5, dn = 24, dr = 16, dv = 20, dc = 64, dqk = dn + dr, bt = 5, width = dc + dr + 3;
+      for (int64_t sel_bt = 0; sel_bt < 4; ++sel_bt) {
+        const bool use_sel = sel_bt & 1;
+        const int64_t bt = sel_bt & 2 ? 16 : 5;  // 16: whole key tiles inside one block (value rows read in place)
+        const int64_t H = 5, dn = 24, dr = 16, dv = 20, dc = 64, dqk = dn + dr, width = dc + dr + 3;
         MlaDims d{H, dn, dr, dv, dc};
         const std::vector<int32_t> q_begin = {2, 3, 7, 8, 9}, ctx = {23, 17, 1, 40};
         const int64_t n_seqs = 4, rows = 9, max_blocks = 8, n_blocks = n_seqs * max_blocks;

@@ -276,15 +276,24 @@ class CpuBackend final : public Backend {
     pool_.parallel_for(H * nqb, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t h = i / nqb, s0 = (i % nqb) * kQueryBlock, nq = std::min(S, s0 + kQueryBlock) - s0;
-        auto pack = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vt) {
-          for (int64_t j = 0; j < nk; ++j) {
-            const int64_t t = klist ? klist[j0 + j] : j0 + j;
-            const float* kn = kvb + (t * H + h) * dkv;
-            const float* kp = k_pe + t * dr;
-            for (int64_t x = 0; x < dn; ++x) kt[x * kKT + j] = kn[x];
-            for (int64_t x = 0; x < dr; ++x) kt[(dn + x) * kKT + j] = kp[x];
-            if (vt) std::memcpy(vt + j * dv, kn + dn, sizeof(float) * static_cast<size_t>(dv));
+        auto pack = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf, const float* zeros,
+                        bool want_v, int64_t& ldv) -> const float* {
+          const float* kn[kKT];
+          const float* kp[kKT];
+          for (int64_t j = 0; j < kKT; ++j) {
+            const int64_t t = j < nk ? (klist ? klist[j0 + j] : j0 + j) : -1;
+            kn[j] = t < 0 ? zeros : kvb + (t * H + h) * dkv;
+            kp[j] = t < 0 ? zeros : k_pe + t * dr;
           }
+          k_.attn_pack_kt(kn, dn, kt);
+          k_.attn_pack_kt(kp, dr, kt + dn * kKT);
+          if (!want_v) return nullptr;
+          // Value rows copied even for consecutive keys: in place they are H·(dn+dv) floats apart (a power of two
+          // in the usual shapes: 16 rows in one L1 set).
+          for (int64_t j = 0; j < nk; ++j)
+            std::memcpy(vbuf + j * dv, kn[j] + dn, sizeof(float) * static_cast<size_t>(dv));
+          ldv = dv;
+          return vbuf;
         };
         const float* res =
             flash_core(q + (s0 * H + h) * dqk, H * dqk, nq, dqk, dv, s0, nq, T, q_pos, sel, scale, bf16, pack);
@@ -300,15 +309,25 @@ class CpuBackend final : public Backend {
     const int64_t dc = d.latent, dr = d.rope;
     const int32_t q_begin[2] = {0, static_cast<int32_t>(S)};
     const int32_t ctx[1] = {static_cast<int32_t>(T)};
-    auto pack = [&](int64_t, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vt) {
-      for (int64_t j = 0; j < nk; ++j) {
-        const int64_t t = klist ? klist[j0 + j] : j0 + j;
-        const float* ct = c + t * dc;
-        const float* kp = k_pe + t * dr;
-        for (int64_t x = 0; x < dc; ++x) kt[x * kKT + j] = ct[x];
-        for (int64_t x = 0; x < dr; ++x) kt[(dc + x) * kKT + j] = kp[x];
-        if (vt) std::memcpy(vt + j * dc, ct, sizeof(float) * static_cast<size_t>(dc));
+    auto pack = [&](int64_t, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf,
+                    const float* zeros, bool want_v, int64_t& ldv) -> const float* {
+      const float* ct[kKT];
+      const float* kp[kKT];
+      for (int64_t j = 0; j < kKT; ++j) {
+        const int64_t t = j < nk ? (klist ? klist[j0 + j] : j0 + j) : -1;
+        ct[j] = t < 0 ? zeros : c + t * dc;
+        kp[j] = t < 0 ? zeros : k_pe + t * dr;
       }
+      k_.attn_pack_kt(ct, dc, kt);
+      k_.attn_pack_kt(kp, dr, kt + dc * kKT);
+      if (!want_v) return nullptr;
+      if (!klist) {
+        ldv = dc;
+        return ct[0];
+      }
+      for (int64_t j = 0; j < nk; ++j) std::memcpy(vbuf + j * dc, ct[j], sizeof(float) * static_cast<size_t>(dc));
+      ldv = dc;
+      return vbuf;
     };
     absorbed_flash(d, q, kv_b, 1, q_begin, ctx, q_pos, sel, scale, o, bf16, pack);
   }
@@ -320,21 +339,41 @@ class CpuBackend final : public Backend {
                                     float* o, bool bf16) override {
     const int64_t dc = d.latent, dq2 = d.latent + d.rope, bt = pool.block_tokens, width = pool.width;
     const bool pool_bf16 = pool.dtype == DType::BF16;
-    auto pack = [&](int64_t s, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vt) {
+    auto pack = [&](int64_t s, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf,
+                    const float* zeros, bool want_v, int64_t& ldv) -> const float* {
       const int32_t* blocks = seqs.block_table + s * seqs.max_blocks;
-      for (int64_t j = 0; j < nk; ++j) {
+      const float* pr[kKT];
+      bool strided = !pool_bf16;  // rows width apart in the pool (one block, consecutive keys)
+      for (int64_t j = 0; j < kKT; ++j) {
+        if (j >= nk) {
+          pr[j] = zeros;
+          continue;
+        }
         const int64_t t = klist ? klist[j0 + j] : j0 + j;
         const int64_t row = static_cast<int64_t>(blocks[t / bt]) * bt + t % bt;
-        if (pool_bf16) {
-          const uint16_t* pr = static_cast<const uint16_t*>(pool.data) + row * width;
-          for (int64_t x = 0; x < dq2; ++x) kt[x * kKT + j] = bf16_to_f32(pr[x]);
+        if (pool_bf16) {  // widened into vbuf [kKT, dq2]
+          const uint16_t* src = static_cast<const uint16_t*>(pool.data) + row * width;
+          float* dst = vbuf + j * dq2;
+          for (int64_t x = 0; x < dq2; ++x) dst[x] = bf16_to_f32(src[x]);
+          pr[j] = dst;
         } else {
-          const float* pr = static_cast<const float*>(pool.data) + row * width;
-          for (int64_t x = 0; x < dq2; ++x) kt[x * kKT + j] = pr[x];
+          pr[j] = static_cast<const float*>(pool.data) + row * width;
+          if (j > 0 && pr[j] != pr[j - 1] + width) strided = false;
         }
-        if (vt)
-          for (int64_t x = 0; x < dc; ++x) vt[j * dc + x] = kt[x * kKT + j];
       }
+      k_.attn_pack_kt(pr, dq2, kt);
+      if (!want_v) return nullptr;
+      if (pool_bf16) {
+        ldv = dq2;
+        return vbuf;
+      }
+      if (strided) {
+        ldv = width;
+        return pr[0];
+      }
+      for (int64_t j = 0; j < nk; ++j) std::memcpy(vbuf + j * dc, pr[j], sizeof(float) * static_cast<size_t>(dc));
+      ldv = dc;
+      return vbuf;
     };
     absorbed_flash(d, q, kv_b, seqs.n_seqs, seqs.q_begin, seqs.ctx_len, pos, sel, scale, o, bf16, pack);
   }
@@ -477,7 +516,7 @@ class CpuBackend final : public Backend {
 
   // Per-thread state of one flash block (grow-only: no allocation once sized).
   struct FlashScratch {
-    std::vector<float> kt, vt, sc, acc, mx, sum;
+    std::vector<float> kt, vt, sc, acc, mx, sum, zeros;
     std::vector<int32_t> keys, qkeys, tmp;
     std::vector<int64_t> qoff, cursor, last;
     std::vector<uint32_t> mask;
@@ -496,8 +535,9 @@ class CpuBackend final : public Backend {
   // kKT keys; row i belongs to token tok0 + i % tok_mod (its causal limit min(q_pos[tok], T − 1) and, with a
   // selection, selection row tok). The candidate keys are the causal range 0..max limit, or with a selection the
   // sorted union of the rows' allowed keys (each row's own sorted list walked alongside for its mask).
-  // pack(klist, j0, nk, kt, vt) fills columns j < nk of the tile kt [dqk, kKT] with keys klist[j0 + j] (or
-  // j0 + j without a list) and, when vt is not null, their value rows vt [nk, dv].
+  // pack(klist, j0, nk, kt, vbuf, zeros, want_v, ldv) fills the tile kt [dqk, kKT] with keys klist[j0 + j] (or
+  // j0 + j without a list) for j < nk, zeros after (`zeros`: a zero row of max(dqk, dv) floats), and when want_v
+  // returns their value rows (in place or copied to the scratch vbuf [kKT, max(dqk, dv)]) with row stride ldv.
   // Online softmax (running max and sum per row, the accumulator rescaled when the max grows); bf16 (HF rounds
   // the normalized probabilities) takes two passes: max and sum first, then P·V with p = bf16(e / sum).
   // Returns the per-thread result [nq, dv]: Σ p·v (bf16-rounded when bf16).
@@ -508,7 +548,8 @@ class CpuBackend final : public Backend {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     FlashScratch& fs = flash_scratch();
     float* kt = sized(fs.kt, std::max<int64_t>(dqk, 1) * kKT);
-    float* vt = sized(fs.vt, kKT * std::max<int64_t>(dv, 1));
+    float* vt = sized(fs.vt, kKT * std::max<int64_t>(std::max(dv, dqk), 1));
+    const float* zeros = sized(fs.zeros, std::max<int64_t>(std::max(dv, dqk), 1));  // never written
     float* sc = sized(fs.sc, nq * kKT);
     float* acc = sized(fs.acc, nq * std::max<int64_t>(dv, 1));
     float* mx = sized(fs.mx, nq);
@@ -573,14 +614,13 @@ class CpuBackend final : public Backend {
           }
         }
         if (r_lo >= r_hi) continue;
-        for (int64_t j = nk; j < kKT; ++j)
-          for (int64_t x = 0; x < dqk; ++x) kt[x * kKT + j] = 0.0f;
-        pack(klist, j0, nk, kt, final_pass ? vt : nullptr);
+        int64_t ldv = dv;
+        const float* v = pack(klist, j0, nk, kt, vt, zeros, final_pass, ldv);
         k_.attn_qk_tile(qr + r_lo * ldq, ldq, r_hi - r_lo, kt, dqk, sc + r_lo * kKT);
         k_.attn_softmax_tile(sc + r_lo * kKT, r_hi - r_lo, mask + r_lo, scale,
                              !bf16 ? cpu::kSoftmaxOnline : final_pass ? cpu::kSoftmaxFinal : cpu::kSoftmaxStats, mx + r_lo,
                              sum + r_lo, acc + r_lo * dv, dv);
-        if (final_pass) k_.attn_pv_tile(sc + r_lo * kKT, r_hi - r_lo, vt, nk, dv, acc + r_lo * dv);
+        if (final_pass) k_.attn_pv_tile(sc + r_lo * kKT, r_hi - r_lo, v, ldv, nk, dv, acc + r_lo * dv);
       }
     }
     for (int64_t i = 0; i < nq; ++i) {
@@ -657,9 +697,8 @@ class CpuBackend final : public Backend {
         for (int64_t g = 0; g < a.h1 - a.h0; ++g)
           std::memcpy(qblk + g * nbk * dq2, qcat + ((a.h0 + g) * N + b) * dq2,
                       sizeof(float) * static_cast<size_t>(nbk * dq2));
-        auto pack_s = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vt) {
-          pack(a.s, klist, j0, nk, kt, vt);
-        };
+        auto pack_s = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf, const float* zeros,
+                          bool want_v, int64_t& ldv) { return pack(a.s, klist, j0, nk, kt, vbuf, zeros, want_v, ldv); };
         const float* res = flash_core(qblk, dq2, rows, dq2, dc, m0 + b, nbk, ctx_len[a.s], pos, sel, scale, bf16,
                                       pack_s);
         for (int64_t g = 0; g < a.h1 - a.h0; ++g)

@@ -196,11 +196,16 @@ void attn_qk_tile(const float* q, int64_t ldq, int64_t nq, const float* kt, int6
   }
 }
 
-void attn_pv_tile(const float* p, int64_t nq, const float* v, int64_t nk, int64_t dv, float* o) {
+void attn_pack_kt(const float* const* rows, int64_t d, float* kt) {
+  for (int64_t x = 0; x < d; ++x)
+    for (int64_t j = 0; j < kAttnKeyTile; ++j) kt[x * kAttnKeyTile + j] = rows[j][x];
+}
+
+void attn_pv_tile(const float* p, int64_t nq, const float* v, int64_t ldv, int64_t nk, int64_t dv, float* o) {
   for (int64_t i = 0; i < nq; ++i)
     for (int64_t j = 0; j < nk; ++j) {
       const float pj = p[i * kAttnKeyTile + j];
-      for (int64_t c = 0; c < dv; ++c) o[i * dv + c] += pj * v[j * dv + c];
+      for (int64_t c = 0; c < dv; ++c) o[i * dv + c] += pj * v[j * ldv + c];
     }
 }
 
@@ -245,7 +250,7 @@ void attn_softmax_tile(float* s, int64_t nq, const uint32_t* mask, float scale, 
 const Kernels kScalar = {
     "scalar",     permutes,     prep_x, matmul_rows, dequant_row,      dot,      axpy,      scaled_add,
     exp_sub_sum, rms_norm_row, silu_mul, add,        round_bf16,       rope_interleaved, rope_half,
-    attn_qk_tile, attn_pv_tile, attn_softmax_tile,
+    attn_qk_tile, attn_pv_tile, attn_softmax_tile, attn_pack_kt,
 };
 
 }  // namespace
