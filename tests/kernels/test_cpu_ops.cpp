@@ -634,6 +634,56 @@ TEST(CpuOps, MlaAttentionNaive) {
   }
 }
 
+// The flash-style naive attention over several query blocks and key tiles: chunk offsets (past keys), causal
+// diagonals inside tiles, odd head sizes (dv not a multiple of 8), DSA selections whose union spans many tiles
+// (stride 48, keys anywhere in the causal range, duplicates and -1 ignored), queries with no key at all.
+TEST(CpuOps, MlaAttentionNaiveFlashTiles) {
+  struct Case {
+    int64_t H, dn, dr, dv, S, past, stride;
+  };
+  const Case cases[] = {{3, 24, 8, 20, 70, 45, 0},  {2, 64, 64, 64, 100, 0, 0}, {4, 16, 16, 33, 40, 90, 48},
+                        {1, 8, 8, 7, 33, 1, 0},     {2, 40, 24, 64, 65, 31, 48}, {16, 64, 64, 64, 37, 200, 0}};
+  Rng rng(21);
+  for (bool bf16 : {false, true}) {
+    for (const Case& a : cases) {
+      const int64_t T = a.past + a.S, dqk = a.dn + a.dr;
+      MlaDims d{a.H, a.dn, a.dr, a.dv, 64};
+      const std::vector<float> q = rng.normals(a.S * a.H * dqk), kvb = rng.normals(T * a.H * (a.dn + a.dv)),
+                               kpe = rng.normals(T * a.dr);
+      std::vector<int64_t> pos(static_cast<size_t>(a.S));
+      for (int64_t s = 0; s < a.S; ++s) pos[static_cast<size_t>(s)] = a.past + s;
+      if (a.S > 3) pos[2] = -1;  // a query that sees no key
+      Selection sel;
+      if (a.stride > 0) {
+        sel.stride = a.stride;
+        sel.sel.resize(static_cast<size_t>(a.S * a.stride));
+        sel.count.resize(static_cast<size_t>(a.S));
+        for (int64_t i = 0; i < a.S; ++i) {
+          sel.count[static_cast<size_t>(i)] = static_cast<int32_t>(rng.integer(i % 5 == 0 ? 0 : 1, a.stride));
+          for (int64_t j = 0; j < a.stride; ++j)
+            sel.sel[static_cast<size_t>(i * a.stride + j)] =
+                static_cast<int32_t>(rng.integer(-1, std::max<int64_t>(0, pos[static_cast<size_t>(i)])));
+        }
+      }
+      const float scale = 1.5f / std::sqrt(static_cast<float>(dqk));  // peaked softmax: the running max moves
+      std::vector<float> orf(static_cast<size_t>(a.S * a.H * a.dv));
+      ref_backend().mla_attention_naive(d, q.data(), kvb.data(), kpe.data(), a.S, T, pos.data(), sel.view(), scale,
+                                        orf.data(), bf16);
+      for (Cpu& c : cpus()) {
+        std::vector<float> o(orf.size(), -3.0f);
+        c.be->mla_attention_naive(d, q.data(), kvb.data(), kpe.data(), a.S, T, pos.data(), sel.view(), scale,
+                                  o.data(), bf16);
+        const double e = norm_err(o, orf);
+        record(std::string("mla_naive_tiles/") + (bf16 ? "bf16/" : "f32/") + cpu_isa_name(c.isa), e);
+        EXPECT_LE(e, bf16 ? kTolBf16 : kTolF32) << cpu_isa_name(c.isa) << " H " << a.H << " S " << a.S;
+        if (a.S > 3) {
+          for (int64_t x = 0; x < a.H * a.dv; ++x) EXPECT_EQ(o[static_cast<size_t>(2 * a.H * a.dv + x)], 0.0f);
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuOps, MlaAttentionAbsorbed) {
   Rng rng(11);
   for (Fmt f : {Fmt::F32, Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8BlockOdd, Fmt::Mxfp4}) {
@@ -661,6 +711,67 @@ TEST(CpuOps, MlaAttentionAbsorbed) {
                  e);
           EXPECT_LE(e, bf16 ? kTolBf16 : kTolF32)
               << fmt_name(f) << " " << cpu_isa_name(cb.isa) << " H " << a.H << " S " << a.S;
+        }
+      }
+    }
+  }
+}
+
+// The absorbed attention straight over a paged pool (no gather): sequences with their own block tables (blocks
+// shuffled, 5 tokens per block, rows wider than dc + dr), decode tokens and a multi-token chunk in one run that
+// starts at row 2 of q / o (rows before it untouched), fp32 and bf16 pools, with and without a DSA selection,
+// blocks of 5 and of 16 tokens.
+TEST(CpuOps, MlaAttentionAbsorbedPaged) {
+  Rng rng(22);
+  for (Fmt f : {Fmt::F32, Fmt::BF16, Fmt::Mxfp4}) {
+    for (bool bf16 : {false, true}) {
+      for (int64_t sel_bt = 0; sel_bt < 4; ++sel_bt) {
+        const bool use_sel = sel_bt & 1;
+        const int64_t bt = sel_bt & 2 ? 16 : 5;  // 16: whole key tiles inside one block (value rows read in place)
+        const int64_t H = 5, dn = 24, dr = 16, dv = 20, dc = 64, dqk = dn + dr, width = dc + dr + 3;
+        MlaDims d{H, dn, dr, dv, dc};
+        const std::vector<int32_t> q_begin = {2, 3, 7, 8, 9}, ctx = {23, 17, 1, 40};
+        const int64_t n_seqs = 4, rows = 9, max_blocks = 8, n_blocks = n_seqs * max_blocks;
+        std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+        for (int64_t i = 0; i < n_blocks; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+        std::shuffle(table.begin(), table.end(), rng.g);
+        std::vector<float> pool_f = rng.normals(n_blocks * bt * width);
+        std::vector<uint16_t> pool_b(pool_f.size());
+        for (size_t i = 0; i < pool_f.size(); ++i) pool_b[i] = f32_to_bf16(pool_f[i]);
+        KvPool pool;
+        pool.dtype = bf16 ? DType::BF16 : DType::F32;
+        pool.data = bf16 ? static_cast<void*>(pool_b.data()) : static_cast<void*>(pool_f.data());
+        pool.num_blocks = n_blocks;
+        pool.block_tokens = bt;
+        pool.width = width;
+        StepSeqs seqs;
+        seqs.n_seqs = n_seqs;
+        seqs.q_begin = q_begin.data();
+        seqs.ctx_len = ctx.data();
+        seqs.block_table = table.data();
+        seqs.max_blocks = max_blocks;
+        seqs.max_ctx = 40;
+        std::vector<int64_t> pos(static_cast<size_t>(rows), 0);
+        for (int64_t s = 0; s < n_seqs; ++s)
+          for (int32_t r = q_begin[static_cast<size_t>(s)]; r < q_begin[static_cast<size_t>(s + 1)]; ++r)
+            pos[static_cast<size_t>(r)] = ctx[static_cast<size_t>(s)] - (q_begin[static_cast<size_t>(s + 1)] - r);
+        const Selection sel = use_sel ? random_selection(rng, rows, 40, pos) : Selection{};
+        const TestWeight kvb = make_weight(f, H * (dn + dv), dc, rng);
+        const std::vector<float> q = rng.normals(rows * H * dqk);
+        const float scale = 0.5f / std::sqrt(static_cast<float>(dqk));
+        std::vector<float> orf(static_cast<size_t>(rows * H * dv), -3.0f);
+        ref_backend().mla_attention_absorbed_paged(d, q.data(), kvb.q, pool, seqs, pos.data(), sel.view(), scale,
+                                                   orf.data(), bf16);
+        for (Cpu& c : cpus()) {
+          std::vector<float> o(orf.size(), -3.0f);
+          c.be->mla_attention_absorbed_paged(d, q.data(), kvb.q, pool, seqs, pos.data(), sel.view(), scale,
+                                             o.data(), bf16);
+          const double e = norm_err(o, orf);
+          record(std::string("mla_absorbed_paged/") + fmt_name(f) + (bf16 ? "/bf16/" : "/f32/") +
+                     cpu_isa_name(c.isa),
+                 e);
+          EXPECT_LE(e, bf16 ? kTolBf16 : kTolF32) << fmt_name(f) << " " << cpu_isa_name(c.isa) << " sel " << use_sel;
+          for (int64_t x = 0; x < 2 * H * dv; ++x) EXPECT_EQ(o[static_cast<size_t>(x)], -3.0f);
         }
       }
     }

@@ -704,5 +704,192 @@ LT void v2_dequant_row(const QuantWeight& w, int64_t r, float* out) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Attention tiles: S = Q·Ktᵀ over one tile of 16 keys (R rows × 2 vectors of accumulators, q broadcast per
+// element), O += P·V (R rows × C vectors of output columns, p broadcast per key).
+// ---------------------------------------------------------------------------------------------------------------
+template <int R>
+LTI void v2_qk_rows(const float* q, int64_t ldq, const float* kt, int64_t d, float* s) {
+  __m256 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+  for (int64_t x = 0; x < d; ++x) {
+    const __m256 k0 = _mm256_loadu_ps(kt + x * kAttnKeyTile), k1 = _mm256_loadu_ps(kt + x * kAttnKeyTile + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(q + r * ldq + x);
+      a0[r] = _mm256_fmadd_ps(b, k0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(b, k1, a1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(s + r * kAttnKeyTile, a0[r]);
+    _mm256_storeu_ps(s + r * kAttnKeyTile + 8, a1[r]);
+  }
+}
+
+LT void v2_attn_qk_tile(const float* q, int64_t ldq, int64_t nq, const float* kt, int64_t d, float* s) {
+  static_assert(kAttnKeyTile == 16, "the AVX2 tile holds 16 keys in two vectors");
+  int64_t i = 0;
+  for (; i + 6 <= nq; i += 6) v2_qk_rows<6>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile);
+  switch (nq - i) {
+    case 5: v2_qk_rows<5>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    case 4: v2_qk_rows<4>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    case 3: v2_qk_rows<3>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    case 2: v2_qk_rows<2>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    case 1: v2_qk_rows<1>(q + i * ldq, ldq, kt, d, s + i * kAttnKeyTile); break;
+    default: break;
+  }
+}
+
+// Columns [c, c + 8·C) of R output rows (C full vectors), or with `mask` a last partial vector (C = 1).
+template <int R, int C, bool kMasked>
+LTI void v2_pv_block(const float* p, const float* v, int64_t ldv, int64_t nk, int64_t dv, float* o, __m256i mask) {
+  __m256 a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      a[r][c] = kMasked ? _mm256_maskload_ps(o + r * dv + 8 * c, mask) : _mm256_loadu_ps(o + r * dv + 8 * c);
+  for (int64_t j = 0; j < nk; ++j) {
+    __m256 vv[C];
+    for (int c = 0; c < C; ++c)
+      vv[c] = kMasked ? _mm256_maskload_ps(v + j * ldv + 8 * c, mask) : _mm256_loadu_ps(v + j * ldv + 8 * c);
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(p + r * kAttnKeyTile + j);
+      for (int c = 0; c < C; ++c) a[r][c] = _mm256_fmadd_ps(b, vv[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      if (kMasked)
+        _mm256_maskstore_ps(o + r * dv + 8 * c, mask, a[r][c]);
+      else
+        _mm256_storeu_ps(o + r * dv + 8 * c, a[r][c]);
+    }
+}
+
+template <int R>
+LTI void v2_pv_rows(const float* p, const float* v, int64_t ldv, int64_t nk, int64_t dv, float* o) {
+  const __m256i none = _mm256_setzero_si256();
+  int64_t c = 0;
+  for (; c + 32 <= dv; c += 32) v2_pv_block<R, 4, false>(p, v + c, ldv, nk, dv, o + c, none);
+  for (; c + 8 <= dv; c += 8) v2_pv_block<R, 1, false>(p, v + c, ldv, nk, dv, o + c, none);
+  if (c < dv) {
+    const __m256i mask =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(dv - c)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    v2_pv_block<R, 1, true>(p, v + c, ldv, nk, dv, o + c, mask);
+  }
+}
+
+LT void v2_attn_pv_tile(const float* p, int64_t nq, const float* v, int64_t ldv, int64_t nk, int64_t dv, float* o) {
+  int64_t i = 0;
+  for (; i + 3 <= nq; i += 3) v2_pv_rows<3>(p + i * kAttnKeyTile, v, ldv, nk, dv, o + i * dv);
+  if (nq - i == 2) v2_pv_rows<2>(p + i * kAttnKeyTile, v, ldv, nk, dv, o + i * dv);
+  if (nq - i == 1) v2_pv_rows<1>(p + i * kAttnKeyTile, v, ldv, nk, dv, o + i * dv);
+}
+
+LTI float hmax8(__m256 v) {
+  __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_max_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+}
+
+LT void v2_attn_softmax_tile(float* s, int64_t nq, const uint32_t* mask, float scale, int mode, float* mx,
+                             float* sum, float* acc, int64_t dv) {
+  const __m256 ninf = _mm256_set1_ps(-INFINITY), sv = _mm256_set1_ps(scale);
+  const __m256i bits0 = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i bits1 = _mm256_slli_epi32(bits0, 8);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* row = s + i * kAttnKeyTile;
+    const uint32_t m = mask[i];
+    if (!m) {
+      _mm256_storeu_ps(row, _mm256_setzero_ps());
+      _mm256_storeu_ps(row + 8, _mm256_setzero_ps());
+      continue;
+    }
+    const __m256i mv = _mm256_set1_epi32(static_cast<int>(m));
+    const __m256 ok0 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(mv, bits0), bits0));
+    const __m256 ok1 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(mv, bits1), bits1));
+    __m256 x0 = _mm256_loadu_ps(row), x1 = _mm256_loadu_ps(row + 8);
+    if (mode == kSoftmaxOnline) {
+      x0 = _mm256_mul_ps(x0, sv);
+      x1 = _mm256_mul_ps(x1, sv);
+    } else {
+      x0 = bf16r8(_mm256_mul_ps(bf16r8(x0), sv));
+      x1 = bf16r8(_mm256_mul_ps(bf16r8(x1), sv));
+    }
+    x0 = _mm256_blendv_ps(ninf, x0, ok0);
+    x1 = _mm256_blendv_ps(ninf, x1, ok1);
+    if (mode == kSoftmaxFinal) {
+      const __m256 mxv = _mm256_set1_ps(mx[i]), smv = _mm256_set1_ps(sum[i]);
+      _mm256_storeu_ps(row, bf16r8(_mm256_div_ps(exp8(_mm256_sub_ps(x0, mxv)), smv)));
+      _mm256_storeu_ps(row + 8, bf16r8(_mm256_div_ps(exp8(_mm256_sub_ps(x1, mxv)), smv)));
+      continue;
+    }
+    const float m_new = std::max(mx[i], hmax8(_mm256_max_ps(x0, x1)));
+    if (m_new > mx[i]) {
+      const float alpha = mx[i] == -INFINITY ? 0.0f : std::exp(mx[i] - m_new);
+      sum[i] *= alpha;
+      if (mode == kSoftmaxOnline && alpha != 1.0f) {
+        float* a = acc + i * dv;
+        const __m256 av = _mm256_set1_ps(alpha);
+        int64_t c = 0;
+        for (; c + 8 <= dv; c += 8) _mm256_storeu_ps(a + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), av));
+        for (; c < dv; ++c) a[c] *= alpha;
+      }
+      mx[i] = m_new;
+    }
+    const __m256 mn = _mm256_set1_ps(m_new);
+    const __m256 e0 = exp8(_mm256_sub_ps(x0, mn)), e1 = exp8(_mm256_sub_ps(x1, mn));
+    sum[i] += hsum8(_mm256_add_ps(e0, e1));
+    if (mode == kSoftmaxOnline) {
+      _mm256_storeu_ps(row, e0);
+      _mm256_storeu_ps(row + 8, e1);
+    }
+  }
+}
+
+// 8 rows × 8 columns transposed in registers (unpack / shuffle / permute2f128).
+LTI void v2_transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256& r4, __m256& r5, __m256& r6,
+                       __m256& r7) {
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r0 = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r2 = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+LT void v2_attn_pack_kt(const float* const* rows, int64_t d, float* kt) {
+  int64_t x = 0;
+  for (; x + 8 <= d; x += 8)
+    for (int g = 0; g < 2; ++g) {
+      const float* const* rg = rows + 8 * g;
+      __m256 r0 = _mm256_loadu_ps(rg[0] + x), r1 = _mm256_loadu_ps(rg[1] + x), r2 = _mm256_loadu_ps(rg[2] + x),
+             r3 = _mm256_loadu_ps(rg[3] + x), r4 = _mm256_loadu_ps(rg[4] + x), r5 = _mm256_loadu_ps(rg[5] + x),
+             r6 = _mm256_loadu_ps(rg[6] + x), r7 = _mm256_loadu_ps(rg[7] + x);
+      v2_transpose8(r0, r1, r2, r3, r4, r5, r6, r7);
+      float* o = kt + x * kAttnKeyTile + 8 * g;
+      _mm256_storeu_ps(o, r0);
+      _mm256_storeu_ps(o + kAttnKeyTile, r1);
+      _mm256_storeu_ps(o + 2 * kAttnKeyTile, r2);
+      _mm256_storeu_ps(o + 3 * kAttnKeyTile, r3);
+      _mm256_storeu_ps(o + 4 * kAttnKeyTile, r4);
+      _mm256_storeu_ps(o + 5 * kAttnKeyTile, r5);
+      _mm256_storeu_ps(o + 6 * kAttnKeyTile, r6);
+      _mm256_storeu_ps(o + 7 * kAttnKeyTile, r7);
+    }
+  for (; x < d; ++x)
+    for (int64_t j = 0; j < kAttnKeyTile; ++j) kt[x * kAttnKeyTile + j] = rows[j][x];
+}
+
 }  // namespace
 }  // namespace latent::cpu

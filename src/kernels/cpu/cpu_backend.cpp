@@ -268,27 +268,37 @@ class CpuBackend final : public Backend {
   void mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S,
                            int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
                            bool bf16) override {
+    // Flash-style (flash_core): blocks of kQueryBlock queries of one head against tiles of keys packed once per
+    // block. Head-major items: the static split gives each thread whole heads (equal work under the causal mask).
     const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, T * (dqk + dv)));
-    pool_.parallel_for(S * H, grain, [&](int64_t i0, int64_t i1) {
-      thread_local std::vector<int32_t> keys;
-      float* acc = scratch_ptr(2, dv);
+    if (S <= 0 || H <= 0) return;
+    const int64_t nqb = (S + kQueryBlock - 1) / kQueryBlock;
+    pool_.parallel_for(H * nqb, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t s = i / H, h = i % H;
-        const float* qs = q + (s * H + h) * dqk;
-        const int64_t n = key_list(s, T, q_pos, sel, keys);
-        float* sc = scratch_ptr(3, std::max<int64_t>(n, 1));
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t t = key_at(keys, sel, j);
-          const float dot = k_.dot(qs, kvb + (t * H + h) * dkv, dn) + k_.dot(qs + dn, k_pe + t * dr, dr);
-          sc[j] = scaled_score(dot, scale, bf16);
-        }
-        softmax(sc, n, bf16);
-        std::fill(acc, acc + dv, 0.0f);
-        for (int64_t j = 0; j < n; ++j)
-          k_.axpy(sc[j], kvb + (key_at(keys, sel, j) * H + h) * dkv + dn, acc, dv);
-        float* os = o + (s * H + h) * dv;
-        for (int64_t x = 0; x < dv; ++x) os[x] = bf16 ? bf16r(acc[x]) : acc[x];
+        const int64_t h = i / nqb, s0 = (i % nqb) * kQueryBlock, nq = std::min(S, s0 + kQueryBlock) - s0;
+        auto pack = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf, const float* zeros,
+                        bool want_v, int64_t& ldv) -> const float* {
+          const float* kn[kKT];
+          const float* kp[kKT];
+          for (int64_t j = 0; j < kKT; ++j) {
+            const int64_t t = j < nk ? (klist ? klist[j0 + j] : j0 + j) : -1;
+            kn[j] = t < 0 ? zeros : kvb + (t * H + h) * dkv;
+            kp[j] = t < 0 ? zeros : k_pe + t * dr;
+          }
+          k_.attn_pack_kt(kn, dn, kt);
+          k_.attn_pack_kt(kp, dr, kt + dn * kKT);
+          if (!want_v) return nullptr;
+          // Value rows copied even for consecutive keys: in place they are H·(dn+dv) floats apart (a power of two
+          // in the usual shapes: 16 rows in one L1 set).
+          for (int64_t j = 0; j < nk; ++j)
+            std::memcpy(vbuf + j * dv, kn[j] + dn, sizeof(float) * static_cast<size_t>(dv));
+          ldv = dv;
+          return vbuf;
+        };
+        const float* res =
+            flash_core(q + (s0 * H + h) * dqk, H * dqk, nq, dqk, dv, s0, nq, T, q_pos, sel, scale, bf16, pack);
+        for (int64_t r = 0; r < nq; ++r)
+          std::memcpy(o + ((s0 + r) * H + h) * dv, res + r * dv, sizeof(float) * static_cast<size_t>(dv));
       }
     });
   }
@@ -296,45 +306,76 @@ class CpuBackend final : public Backend {
   void mla_attention_absorbed(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
                               const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
                               const KeySelection& sel, float scale, float* o, bool bf16) override {
-    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = d.qk(), dkv = dn + dv;
-    const bool perm = k_.permutes(kv_b.format);
-    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
-      thread_local std::vector<int32_t> keys;
-      float* wrow = scratch_ptr(0, dc + 2 * S * dc);  // W_UK row | q_lat [S, dc] | o_lat [S, dc]
-      float* qlat = wrow + dc;
-      float* olat = qlat + S * dc;
-      float* olat_p = perm ? scratch_ptr(1, S * dc) : olat;
-      for (int64_t h = h0; h < h1; ++h) {
-        // q_lat[s] = W_UK[h]ᵀ · q_nope[s], W_UK rows decoded once per head.
-        std::fill(qlat, qlat + S * dc, 0.0f);
-        for (int64_t j = 0; j < dn; ++j) {
-          k_.dequant_row(kv_b, h * dkv + j, wrow);
-          for (int64_t s = 0; s < S; ++s) k_.axpy(q[(s * H + h) * dqk + j], wrow, qlat + s * dc, dc);
-        }
-        if (bf16) k_.round_bf16(qlat, S * dc);
-        for (int64_t s = 0; s < S; ++s) {
-          const float* qs = q + (s * H + h) * dqk;
-          const float* ql = qlat + s * dc;
-          float* ol = olat + s * dc;
-          const int64_t n = key_list(s, T, q_pos, sel, keys);
-          float* sc = scratch_ptr(3, std::max<int64_t>(n, 1));
-          for (int64_t j = 0; j < n; ++j) {
-            const int64_t t = key_at(keys, sel, j);
-            const float dot = k_.dot(ql, c + t * dc, dc) + k_.dot(qs + dn, k_pe + t * dr, dr);
-            sc[j] = scaled_score(dot, scale, bf16);
-          }
-          softmax(sc, n, bf16);
-          std::fill(ol, ol + dc, 0.0f);
-          for (int64_t j = 0; j < n; ++j) k_.axpy(sc[j], c + key_at(keys, sel, j) * dc, ol, dc);
-          if (bf16) k_.round_bf16(ol, dc);
-        }
-        // o[s, h, :] = W_UV[h] · o_lat[s]: rows h·dkv+dn .. +dv of kv_b, streamed in their stored format.
-        if (perm) k_.prep_x(kv_b.format, olat, S, dc, olat_p);
-        k_.matmul_rows(kv_b, olat_p, S, h * dkv + dn, h * dkv + dn + dv, o + h * dv, H * dv);
-        if (bf16)
-          for (int64_t s = 0; s < S; ++s) k_.round_bf16(o + (s * H + h) * dv, dv);
+    const int64_t dc = d.latent, dr = d.rope;
+    const int32_t q_begin[2] = {0, static_cast<int32_t>(S)};
+    const int32_t ctx[1] = {static_cast<int32_t>(T)};
+    auto pack = [&](int64_t, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf,
+                    const float* zeros, bool want_v, int64_t& ldv) -> const float* {
+      const float* ct[kKT];
+      const float* kp[kKT];
+      for (int64_t j = 0; j < kKT; ++j) {
+        const int64_t t = j < nk ? (klist ? klist[j0 + j] : j0 + j) : -1;
+        ct[j] = t < 0 ? zeros : c + t * dc;
+        kp[j] = t < 0 ? zeros : k_pe + t * dr;
       }
-    });
+      k_.attn_pack_kt(ct, dc, kt);
+      k_.attn_pack_kt(kp, dr, kt + dc * kKT);
+      if (!want_v) return nullptr;
+      if (!klist) {
+        ldv = dc;
+        return ct[0];
+      }
+      for (int64_t j = 0; j < nk; ++j) std::memcpy(vbuf + j * dc, ct[j], sizeof(float) * static_cast<size_t>(dc));
+      ldv = dc;
+      return vbuf;
+    };
+    absorbed_flash(d, q, kv_b, 1, q_begin, ctx, q_pos, sel, scale, o, bf16, pack);
+  }
+
+  // The paged form straight over the pool (no gather of the context): the key tiles are packed from the pool
+  // rows the block table names (c = columns 0..dc, k_pe = dc..dc+dr; bf16 pools widened while packing).
+  void mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b, const KvPool& pool,
+                                    const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
+                                    float* o, bool bf16) override {
+    const int64_t dc = d.latent, dq2 = d.latent + d.rope, bt = pool.block_tokens, width = pool.width;
+    const bool pool_bf16 = pool.dtype == DType::BF16;
+    auto pack = [&](int64_t s, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf,
+                    const float* zeros, bool want_v, int64_t& ldv) -> const float* {
+      const int32_t* blocks = seqs.block_table + s * seqs.max_blocks;
+      const float* pr[kKT];
+      bool strided = !pool_bf16;  // rows width apart in the pool (one block, consecutive keys)
+      for (int64_t j = 0; j < kKT; ++j) {
+        if (j >= nk) {
+          pr[j] = zeros;
+          continue;
+        }
+        const int64_t t = klist ? klist[j0 + j] : j0 + j;
+        const int64_t row = static_cast<int64_t>(blocks[t / bt]) * bt + t % bt;
+        if (pool_bf16) {  // widened into vbuf [kKT, dq2]
+          const uint16_t* src = static_cast<const uint16_t*>(pool.data) + row * width;
+          float* dst = vbuf + j * dq2;
+          for (int64_t x = 0; x < dq2; ++x) dst[x] = bf16_to_f32(src[x]);
+          pr[j] = dst;
+        } else {
+          pr[j] = static_cast<const float*>(pool.data) + row * width;
+          if (j > 0 && pr[j] != pr[j - 1] + width) strided = false;
+        }
+      }
+      k_.attn_pack_kt(pr, dq2, kt);
+      if (!want_v) return nullptr;
+      if (pool_bf16) {
+        ldv = dq2;
+        return vbuf;
+      }
+      if (strided) {
+        ldv = width;
+        return pr[0];
+      }
+      for (int64_t j = 0; j < nk; ++j) std::memcpy(vbuf + j * dc, pr[j], sizeof(float) * static_cast<size_t>(dc));
+      ldv = dc;
+      return vbuf;
+    };
+    absorbed_flash(d, q, kv_b, seqs.n_seqs, seqs.q_begin, seqs.ctx_len, pos, sel, scale, o, bf16, pack);
   }
 
   // ---------------- DSA indexer ----------------
@@ -470,10 +511,226 @@ class CpuBackend final : public Backend {
     }
   }
 
+  static constexpr int64_t kQueryBlock = 64;
+  static constexpr int64_t kKT = cpu::kAttnKeyTile;
+
+  // Per-thread state of one flash block (grow-only: no allocation once sized).
+  struct FlashScratch {
+    std::vector<float> kt, vt, sc, acc, mx, sum, zeros;
+    std::vector<int32_t> keys, qkeys, tmp;
+    std::vector<int64_t> qoff, cursor, last;
+    std::vector<uint32_t> mask;
+  };
+  static FlashScratch& flash_scratch() {
+    thread_local FlashScratch fs;
+    return fs;
+  }
+  template <class T>
+  static T* sized(std::vector<T>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    return v.data();
+  }
+
+  // The flash core: nq query rows qr [nq, dqk] (row stride ldq) against the keys of one sequence, in tiles of
+  // kKT keys; row i belongs to token tok0 + i % tok_mod (its causal limit min(q_pos[tok], T − 1) and, with a
+  // selection, selection row tok). The candidate keys are the causal range 0..max limit, or with a selection the
+  // sorted union of the rows' allowed keys (each row's own sorted list walked alongside for its mask).
+  // pack(klist, j0, nk, kt, vbuf, zeros, want_v, ldv) fills the tile kt [dqk, kKT] with keys klist[j0 + j] (or
+  // j0 + j without a list) for j < nk, zeros after (`zeros`: a zero row of max(dqk, dv) floats), and when want_v
+  // returns their value rows (in place or copied to the scratch vbuf [kKT, max(dqk, dv)]) with row stride ldv.
+  // Online softmax (running max and sum per row, the accumulator rescaled when the max grows); bf16 (HF rounds
+  // the normalized probabilities) takes two passes: max and sum first, then P·V with p = bf16(e / sum).
+  // Returns the per-thread result [nq, dv]: Σ p·v (bf16-rounded when bf16).
+  template <class Pack>
+  const float* flash_core(const float* qr, int64_t ldq, int64_t nq, int64_t dqk, int64_t dv, int64_t tok0,
+                          int64_t tok_mod, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale,
+                          bool bf16, const Pack& pack) const {
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    FlashScratch& fs = flash_scratch();
+    float* kt = sized(fs.kt, std::max<int64_t>(dqk, 1) * kKT);
+    float* vt = sized(fs.vt, kKT * std::max<int64_t>(std::max(dv, dqk), 1));
+    const float* zeros = sized(fs.zeros, std::max<int64_t>(std::max(dv, dqk), 1));  // never written
+    float* sc = sized(fs.sc, nq * kKT);
+    float* acc = sized(fs.acc, nq * std::max<int64_t>(dv, 1));
+    float* mx = sized(fs.mx, nq);
+    float* sum = sized(fs.sum, nq);
+    uint32_t* mask = sized(fs.mask, nq);
+    int64_t* last = sized(fs.last, nq);
+    const bool use_sel = sel.sel != nullptr;
+    int64_t n_keys = 0;
+    const int32_t* klist = nullptr;
+    if (!use_sel) {
+      for (int64_t i = 0; i < nq; ++i) {
+        last[i] = std::min<int64_t>(q_pos[tok0 + i % tok_mod], T - 1);
+        n_keys = std::max(n_keys, last[i] + 1);
+      }
+    } else {
+      int64_t* qoff = sized(fs.qoff, nq + 1);
+      fs.qkeys.clear();
+      qoff[0] = 0;
+      for (int64_t i = 0; i < nq; ++i) {
+        ref::allowed_keys(tok0 + i % tok_mod, T, q_pos, sel, fs.tmp);
+        fs.qkeys.insert(fs.qkeys.end(), fs.tmp.begin(), fs.tmp.end());
+        qoff[i + 1] = static_cast<int64_t>(fs.qkeys.size());
+      }
+      fs.keys.assign(fs.qkeys.begin(), fs.qkeys.end());
+      std::sort(fs.keys.begin(), fs.keys.end());
+      fs.keys.erase(std::unique(fs.keys.begin(), fs.keys.end()), fs.keys.end());
+      klist = fs.keys.data();
+      n_keys = static_cast<int64_t>(fs.keys.size());
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      mx[i] = kNegInf;
+      sum[i] = 0.0f;
+    }
+    std::fill(acc, acc + nq * dv, 0.0f);
+    for (int pass = bf16 ? 0 : 1; pass < 2; ++pass) {
+      const bool final_pass = pass == 1;
+      int64_t* cursor = use_sel ? sized(fs.cursor, nq) : nullptr;
+      if (use_sel) std::fill(cursor, cursor + nq, int64_t{0});
+      for (int64_t j0 = 0; j0 < n_keys; j0 += kKT) {
+        const int64_t nk = std::min(kKT, n_keys - j0);
+        // Masks of this tile per row (bit j: key j allowed) and the range of rows with any allowed key.
+        int64_t r_lo = nq, r_hi = 0;
+        for (int64_t i = 0; i < nq; ++i) {
+          uint32_t m = 0;
+          if (!use_sel) {
+            const int64_t nb = std::clamp<int64_t>(last[i] - j0 + 1, 0, nk);
+            m = static_cast<uint32_t>((uint64_t{1} << nb) - 1u);
+          } else {
+            const int32_t* qk = fs.qkeys.data() + fs.qoff[static_cast<size_t>(i)];
+            const int64_t qn = fs.qoff[static_cast<size_t>(i + 1)] - fs.qoff[static_cast<size_t>(i)];
+            int64_t& c = cursor[i];
+            for (int64_t j = 0; j < nk && c < qn; ++j)
+              if (qk[c] == klist[j0 + j]) {
+                m |= 1u << j;
+                ++c;
+              }
+          }
+          mask[i] = m;
+          if (m) {
+            r_lo = std::min(r_lo, i);
+            r_hi = i + 1;
+          }
+        }
+        if (r_lo >= r_hi) continue;
+        int64_t ldv = dv;
+        const float* v = pack(klist, j0, nk, kt, vt, zeros, final_pass, ldv);
+        k_.attn_qk_tile(qr + r_lo * ldq, ldq, r_hi - r_lo, kt, dqk, sc + r_lo * kKT);
+        k_.attn_softmax_tile(sc + r_lo * kKT, r_hi - r_lo, mask + r_lo, scale,
+                             !bf16 ? cpu::kSoftmaxOnline : final_pass ? cpu::kSoftmaxFinal : cpu::kSoftmaxStats, mx + r_lo,
+                             sum + r_lo, acc + r_lo * dv, dv);
+        if (final_pass) k_.attn_pv_tile(sc + r_lo * kKT, r_hi - r_lo, v, ldv, nk, dv, acc + r_lo * dv);
+      }
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      float* a = acc + i * dv;
+      if (bf16) {
+        for (int64_t x = 0; x < dv; ++x) a[x] = bf16r(a[x]);
+      } else {
+        const float inv = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
+        for (int64_t x = 0; x < dv; ++x) a[x] *= inv;
+      }
+    }
+    return acc;
+  }
+
+  // The weight-absorbed attention of the sequences' rows q_begin[0]..q_begin[n_seqs) (indices of q, o, pos and
+  // sel), in three parallel phases so that kv_b is streamed once per call and each key tile serves many rows:
+  //   1. per head: q_cat[h, m] = [W_UK[h]ᵀ·q_nope[m, h] ; q_rope[m, h]] (W_UK rows decoded once per head);
+  //   2. per (sequence, group of heads, block of tokens): flash_core of those rows over the latent keys
+  //      (key = [c ; k_pe], value = c) → o_lat[h, m];
+  //   3. per head: o[m, h, :] = W_UV[h]·o_lat[h, m] (kv_b rows in their stored format).
+  // pack(s, klist, j0, nk, kt, vt): flash_core's pack for sequence s.
+  template <class Pack>
+  void absorbed_flash(const MlaDims& d, const float* q, const QuantWeight& kv_b, int64_t n_seqs,
+                      const int32_t* q_begin, const int32_t* ctx_len, const int64_t* pos, const KeySelection& sel,
+                      float scale, float* o, bool bf16, const Pack& pack) {
+    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = d.qk(), dkv = dn + dv;
+    const int64_t dq2 = dc + dr;
+    if (n_seqs <= 0 || H <= 0) return;
+    const int64_t m0 = q_begin[0], N = q_begin[n_seqs] - m0;
+    if (N <= 0) return;
+    float* qcat = sized(abs_q_, H * N * dq2);  // [H, N, dc + dr]
+    float* olat = sized(abs_o_, H * N * std::max<int64_t>(dc, 1));  // [H, N, dc]
+    // Phase 1.
+    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+      float* wrow = scratch_ptr(0, std::max<int64_t>(dc, 1));
+      for (int64_t h = h0; h < h1; ++h) {
+        float* qh = qcat + h * N * dq2;
+        for (int64_t m = 0; m < N; ++m) {
+          std::fill(qh + m * dq2, qh + m * dq2 + dc, 0.0f);
+          std::memcpy(qh + m * dq2 + dc, q + ((m0 + m) * H + h) * dqk + dn, sizeof(float) * static_cast<size_t>(dr));
+        }
+        for (int64_t j = 0; j < dn; ++j) {
+          k_.dequant_row(kv_b, h * dkv + j, wrow);
+          for (int64_t m = 0; m < N; ++m) k_.axpy(q[((m0 + m) * H + h) * dqk + j], wrow, qh + m * dq2, dc);
+        }
+        if (bf16)
+          for (int64_t m = 0; m < N; ++m) k_.round_bf16(qh + m * dq2, dc);
+      }
+    });
+    // Phase 2: rows per item up to kAbsorbedRows (tokens first, then heads), halving the head groups while there
+    // are fewer items than threads.
+    int64_t nb_max = 1;
+    for (int64_t s = 0; s < n_seqs; ++s) nb_max = std::max<int64_t>(nb_max, q_begin[s + 1] - q_begin[s]);
+    nb_max = std::min(nb_max, kAbsorbedRows);
+    int64_t G = std::clamp<int64_t>(kAbsorbedRows / nb_max, 1, H);
+    auto build = [&](int64_t g) {
+      abs_items_.clear();
+      for (int64_t s = 0; s < n_seqs; ++s) {
+        const int64_t n = q_begin[s + 1] - q_begin[s];
+        if (n <= 0) continue;
+        const int64_t nb = std::min(n, kAbsorbedRows);
+        for (int64_t h = 0; h < H; h += g)
+          for (int64_t r = 0; r < n; r += nb)
+            abs_items_.push_back({s, h, std::min(H, h + g), r, std::min(n, r + nb)});
+      }
+    };
+    build(G);
+    while (G > 1 && static_cast<int64_t>(abs_items_.size()) < pool_.size()) build(G = (G + 1) / 2);
+    pool_.parallel_for(static_cast<int64_t>(abs_items_.size()), 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t it = i0; it < i1; ++it) {
+        const AbsItem& a = abs_items_[static_cast<size_t>(it)];
+        const int64_t nbk = a.r1 - a.r0, rows = (a.h1 - a.h0) * nbk, b = q_begin[a.s] - m0 + a.r0;
+        float* qblk = scratch_ptr(1, rows * dq2);
+        for (int64_t g = 0; g < a.h1 - a.h0; ++g)
+          std::memcpy(qblk + g * nbk * dq2, qcat + ((a.h0 + g) * N + b) * dq2,
+                      sizeof(float) * static_cast<size_t>(nbk * dq2));
+        auto pack_s = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf, const float* zeros,
+                          bool want_v, int64_t& ldv) { return pack(a.s, klist, j0, nk, kt, vbuf, zeros, want_v, ldv); };
+        const float* res = flash_core(qblk, dq2, rows, dq2, dc, m0 + b, nbk, ctx_len[a.s], pos, sel, scale, bf16,
+                                      pack_s);
+        for (int64_t g = 0; g < a.h1 - a.h0; ++g)
+          std::memcpy(olat + ((a.h0 + g) * N + b) * dc, res + g * nbk * dc,
+                      sizeof(float) * static_cast<size_t>(nbk * dc));
+      }
+    });
+    // Phase 3.
+    const bool perm = k_.permutes(kv_b.format);
+    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
+      float* xp = perm ? scratch_ptr(2, N * dc) : nullptr;
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* ol = olat + h * N * dc;
+        if (perm) k_.prep_x(kv_b.format, ol, N, dc, xp);
+        k_.matmul_rows(kv_b, perm ? xp : ol, N, h * dkv + dn, h * dkv + dn + dv, o + (m0 * H + h) * dv, H * dv);
+        if (bf16)
+          for (int64_t m = 0; m < N; ++m) k_.round_bf16(o + ((m0 + m) * H + h) * dv, dv);
+      }
+    });
+  }
+
   RefBackend& ref() {
     std::call_once(ref_once_, [&] { ref_ = std::make_unique<RefBackend>(pool_.size()); });
     return *ref_;
   }
+
+  struct AbsItem {
+    int64_t s, h0, h1, r0, r1;
+  };
+  static constexpr int64_t kAbsorbedRows = 64;
+  std::vector<float> abs_q_, abs_o_;  // absorbed_flash phases (grow-only)
+  std::vector<AbsItem> abs_items_;
 
   ThreadPool pool_;
   CpuIsa isa_;

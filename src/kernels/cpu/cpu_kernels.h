@@ -45,7 +45,29 @@ struct Kernels {
   void (*rope_interleaved)(float* v, const float* cc, const float* ss, int64_t dim, bool bf16);
   // Half-split RoPE: pairs (v[i], v[i+half]) with c[i], s[i].
   void (*rope_half)(float* v, const float* c, const float* s, int64_t half, bool bf16);
+
+  // ---- attention tiles (flash-style prefill attention, kAttnKeyTile keys per tile) ----
+  // s[i·kAttnKeyTile + j] = Σ_x q[i·ldq + x]·kt[x·kAttnKeyTile + j] for i < nq, j < kAttnKeyTile: one tile of
+  // keys packed transposed (kt [d, kAttnKeyTile]), fp32 accumulation in x order.
+  void (*attn_qk_tile)(const float* q, int64_t ldq, int64_t nq, const float* kt, int64_t d, float* s);
+  // o[i·dv + c] += Σ_{j<nk} p[i·kAttnKeyTile + j]·v[j·ldv + c] for i < nq, c < dv (v: nk value rows).
+  void (*attn_pv_tile)(const float* p, int64_t nq, const float* v, int64_t ldv, int64_t nk, int64_t dv, float* o);
+  // The softmax step of one tile for rows i < nq: s [nq, kAttnKeyTile] raw dots, bit j of mask[i] = key j
+  // allowed (a row with mask 0 becomes zeros and is left alone). Scores: dot·scale, or bf16(bf16(dot)·scale) when
+  // mode != kSoftmaxOnline; masked ones −inf.
+  //   kSoftmaxOnline (fp32): mx' = max(mx, scores), alpha = exp(mx − mx') (0 for mx = −inf), sum = sum·alpha +
+  //     Σ exp(score − mx'), acc row [dv] *= alpha when alpha != 1, s = exp(score − mx');
+  //   kSoftmaxStats (bf16 pass 1): mx and sum updated the same way, s and acc untouched;
+  //   kSoftmaxFinal (bf16 pass 2): s = bf16(exp(score − mx) / sum) with the final mx and sum.
+  void (*attn_softmax_tile)(float* s, int64_t nq, const uint32_t* mask, float scale, int mode, float* mx,
+                            float* sum, float* acc, int64_t dv);
+  // kt[x·kAttnKeyTile + j] = rows[j][x] for x < d, j < kAttnKeyTile (a key tile transposed; every pointer valid).
+  void (*attn_pack_kt)(const float* const* rows, int64_t d, float* kt);
 };
+
+inline constexpr int kSoftmaxOnline = 0, kSoftmaxStats = 1, kSoftmaxFinal = 2;
+
+inline constexpr int64_t kAttnKeyTile = 16;
 
 const Kernels& kernels_scalar();
 const Kernels* kernels_avx2();    // null when not compiled in

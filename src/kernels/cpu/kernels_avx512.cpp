@@ -379,6 +379,7 @@ const Kernels kAvx512 = {
     "avx512",        v5_permutes,     v5_prep_x,      v5_matmul_rows,  v2_dequant_row, v5_dot,
     v5_axpy,         v2_scaled_add,   v2_exp_sub_sum, v2_rms_norm_row, v2_silu_mul,    v2_add,
     v2_round_bf16,   v2_rope_interleaved, v2_rope_half,
+    v2_attn_qk_tile, v2_attn_pv_tile, v2_attn_softmax_tile, v2_attn_pack_kt,
 };
 
 }  // namespace

@@ -1,8 +1,10 @@
 // Scalar CPU kernels: the fallback level when neither AVX2 nor AVX-512 is available (and the level the op
 // harness checks on every machine). Plain C++ with fp32 accumulation in natural column order; the weight row is
 // decoded into a small buffer once and reused across the M activation rows.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -183,9 +185,72 @@ void rope_half(float* v, const float* c, const float* s, int64_t half, bool bf16
   }
 }
 
+void attn_qk_tile(const float* q, int64_t ldq, int64_t nq, const float* kt, int64_t d, float* s) {
+  for (int64_t i = 0; i < nq; ++i) {
+    float acc[kAttnKeyTile] = {};
+    for (int64_t x = 0; x < d; ++x) {
+      const float qx = q[i * ldq + x];
+      for (int64_t j = 0; j < kAttnKeyTile; ++j) acc[j] += qx * kt[x * kAttnKeyTile + j];
+    }
+    std::memcpy(s + i * kAttnKeyTile, acc, sizeof(acc));
+  }
+}
+
+void attn_pack_kt(const float* const* rows, int64_t d, float* kt) {
+  for (int64_t x = 0; x < d; ++x)
+    for (int64_t j = 0; j < kAttnKeyTile; ++j) kt[x * kAttnKeyTile + j] = rows[j][x];
+}
+
+void attn_pv_tile(const float* p, int64_t nq, const float* v, int64_t ldv, int64_t nk, int64_t dv, float* o) {
+  for (int64_t i = 0; i < nq; ++i)
+    for (int64_t j = 0; j < nk; ++j) {
+      const float pj = p[i * kAttnKeyTile + j];
+      for (int64_t c = 0; c < dv; ++c) o[i * dv + c] += pj * v[j * ldv + c];
+    }
+}
+
+void attn_softmax_tile(float* s, int64_t nq, const uint32_t* mask, float scale, int mode, float* mx, float* sum,
+                       float* acc, int64_t dv) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < nq; ++i) {
+    float* row = s + i * kAttnKeyTile;
+    const uint32_t m = mask[i];
+    if (!m) {
+      for (int64_t j = 0; j < kAttnKeyTile; ++j) row[j] = 0.0f;
+      continue;
+    }
+    float tmax = kNegInf;
+    for (int64_t j = 0; j < kAttnKeyTile; ++j) {
+      const float sc = mode == kSoftmaxOnline ? row[j] * scale : bf16r(bf16r(row[j]) * scale);
+      row[j] = (m >> j) & 1u ? sc : kNegInf;
+      tmax = std::max(tmax, row[j]);
+    }
+    if (mode == kSoftmaxFinal) {
+      for (int64_t j = 0; j < kAttnKeyTile; ++j) row[j] = bf16r(std::exp(row[j] - mx[i]) / sum[i]);
+      continue;
+    }
+    const float m_new = std::max(mx[i], tmax);
+    if (m_new > mx[i]) {
+      const float alpha = mx[i] == kNegInf ? 0.0f : std::exp(mx[i] - m_new);
+      sum[i] *= alpha;
+      if (mode == kSoftmaxOnline && alpha != 1.0f)
+        for (int64_t c = 0; c < dv; ++c) acc[i * dv + c] *= alpha;
+      mx[i] = m_new;
+    }
+    float add = 0.0f;
+    for (int64_t j = 0; j < kAttnKeyTile; ++j) {
+      const float e = std::exp(row[j] - m_new);
+      add += e;
+      if (mode == kSoftmaxOnline) row[j] = e;
+    }
+    sum[i] += add;
+  }
+}
+
 const Kernels kScalar = {
     "scalar",     permutes,     prep_x, matmul_rows, dequant_row,      dot,      axpy,      scaled_add,
     exp_sub_sum, rms_norm_row, silu_mul, add,        round_bf16,       rope_interleaved, rope_half,
+    attn_qk_tile, attn_pv_tile, attn_softmax_tile, attn_pack_kt,
 };
 
 }  // namespace
