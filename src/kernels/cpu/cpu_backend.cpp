@@ -534,7 +534,7 @@ class CpuBackend final : public Backend {
   // The flash core: nq query rows qr [nq, dqk] (row stride ldq) against the keys of one sequence, in tiles of
   // kKT keys; row i belongs to token tok0 + i % tok_mod (its causal limit min(q_pos[tok], T − 1) and, with a
   // selection, selection row tok). The candidate keys are the causal range 0..max limit, or with a selection the
-  // sorted union of the rows' allowed keys (each row's own sorted list walked alongside for its mask).
+  // kKT-aligned windows holding the rows' allowed keys (each row's own sorted list walked alongside for its mask).
   // pack(klist, j0, nk, kt, vbuf, zeros, want_v, ldv) fills the tile kt [dqk, kKT] with keys klist[j0 + j] (or
   // j0 + j without a list) for j < nk, zeros after (`zeros`: a zero row of max(dqk, dv) floats), and when want_v
   // returns their value rows (in place or copied to the scratch vbuf [kKT, max(dqk, dv)]) with row stride ldv.
@@ -573,9 +573,25 @@ class CpuBackend final : public Backend {
         fs.qkeys.insert(fs.qkeys.end(), fs.tmp.begin(), fs.tmp.end());
         qoff[i + 1] = static_cast<int64_t>(fs.qkeys.size());
       }
-      fs.keys.assign(fs.qkeys.begin(), fs.qkeys.end());
-      std::sort(fs.keys.begin(), fs.keys.end());
-      fs.keys.erase(std::unique(fs.keys.begin(), fs.keys.end()), fs.keys.end());
+      // Candidate keys: every position of each kKT-aligned window that holds an allowed key of some row. A row's
+      // keys then fall into the same tiles whatever other rows share its block (the union only adds windows and
+      // lanes masked for it, which add exact zeros), so its result does not depend on how a prompt is chunked or
+      // which tokens are batched with it (prefix-cache hits and chunked prefill stay bit-identical).
+      fs.tmp.assign(fs.qkeys.begin(), fs.qkeys.end());
+      std::sort(fs.tmp.begin(), fs.tmp.end());
+      fs.keys.clear();
+      // (capacity from the bound on the windows' positions, at least 8,192 and by doubling: a decode step
+      // allocates only when its context first passes a power of two above that)
+      const size_t bound = static_cast<size_t>(std::min<int64_t>((T + kKT - 1) / kKT * kKT,
+                                                                 static_cast<int64_t>(fs.tmp.size()) * kKT));
+      if (fs.keys.capacity() < bound) fs.keys.reserve(std::max({bound, 2 * fs.keys.capacity(), size_t{8192}}));
+      int64_t win_end = 0;
+      for (const int32_t k : fs.tmp) {
+        if (k < win_end) continue;
+        const int64_t w0 = k / kKT * kKT;
+        win_end = std::min<int64_t>(w0 + kKT, T);
+        for (int64_t j = w0; j < win_end; ++j) fs.keys.push_back(static_cast<int32_t>(j));
+      }
       klist = fs.keys.data();
       n_keys = static_cast<int64_t>(fs.keys.size());
     }
