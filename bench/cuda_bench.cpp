@@ -1,5 +1,6 @@
 // CUDA backend kernel timings (GPU machine): device copy bandwidth (the ceiling), decode GEMV / skinny GEMM GB/s
-// per weight format and shape, the tiled prefill matmul's TFLOP/s and the paged absorbed attention at decode.
+// per weight format and shape, the tiled prefill matmul's TFLOP/s, the bf16-mode prefill matmul (cuBLASLt) against
+// it (`cuda_bench prefill` alone) and the paged absorbed attention at decode.
 // Weights are rotated over enough copies (≥ 512 MB) that no timing runs out of the 60 MB L2. Figures are bytes that
 // must move (weights + scales; activations are negligible at these M) over the median-free mean time of `iters`
 // back-to-back launches measured with a host clock after a sync.
@@ -107,6 +108,60 @@ void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, 
   }
   be.dealloc(xd);
   be.dealloc(yd);
+}
+
+// Prefill matmul of the bf16 activation mode (Backend::matmul_bf16: cuBLASLt with bf16 operands, FP8 / MXFP4
+// weights dequantized whole to bf16 first) against the exact fp32 path (matmul: the skinny kernel ≤ 16 rows, the
+// 64×64 tiled kernel above), TFLOP/s against the H200's dense bf16 peak: 990 (datasheet) and 790 (cuBLAS 8192³
+// measured here, spec cuda.md). Weights rotate over copies ≥ 512 MB (no L2 reuse between calls); x is bf16 values.
+void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols) {
+  const HostWeight h = make(f, rows, cols);
+  const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
+  std::vector<QuantWeight> ws;
+  for (size_t i = 0; i < copies; ++i) ws.push_back(be.prepare_weight(h.q));
+  const int64_t max_m = 2048;
+  std::vector<float> x(static_cast<size_t>(max_m * cols));
+  for (float& v : x) v = bf16_to_f32(f32_to_bf16(next_normalish()));
+  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
+  be.upload(xd, x.data(), x.size() * 4);
+  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(max_m * rows) * 4, "y"));
+  std::vector<const QuantWeight*> wp{&ws[0]};
+  be.reserve_matmul_bf16(wp.data(), wp.size(), max_m);
+  for (int64_t M : {int64_t{17}, int64_t{32}, int64_t{64}, int64_t{512}, int64_t{2048}}) {
+    double t[2] = {0.0, 0.0};
+    for (int path = 0; path < 2; ++path) {
+      auto run = [&](size_t i) {
+        if (path == 0)
+          be.matmul(ws[i % copies], xd, M, yd);
+        else
+          be.matmul_bf16(ws[i % copies], xd, M, yd);
+      };
+      const int iters = path == 0 ? (M >= 512 ? 2 : 10) : (M >= 512 ? 20 : 60);
+      for (size_t i = 0; i < 2; ++i) run(i);
+      be.sync();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) run(static_cast<size_t>(i));
+      be.sync();
+      t[path] = seconds_since(t0) / iters;
+    }
+    const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(rows) * static_cast<double>(cols);
+    const double tf = flop / t[1] / 1e12;
+    std::printf("prefill %-20s %-8s %5lld x %-5lld M=%-5lld exact %9.1f us %6.1f TFLOP/s | bf16 cuBLASLt %8.1f us "
+                "%6.1f TFLOP/s = %4.1f%% of 990, %4.1f%% of 790 (%5.1fx)\n",
+                label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows),
+                static_cast<long long>(cols), static_cast<long long>(M), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6,
+                tf, 100.0 * tf / 990.0, 100.0 * tf / 790.0, t[0] / t[1]);
+  }
+  be.dealloc(xd);
+  be.dealloc(yd);
+}
+
+void run_prefill_benches(Backend& be) {
+  bench_prefill(be, "bf16 7168x2048", WeightFormat::BF16, 7168, 2048);
+  bench_prefill(be, "bf16 2048x7168", WeightFormat::BF16, 2048, 7168);
+  bench_prefill(be, "fp8 block 7168x2048", WeightFormat::FP8_E4M3_BLOCK, 7168, 2048);
+  bench_prefill(be, "mxfp4 expert GLM-5", WeightFormat::MXFP4, 2048, 6144);
+  bench_prefill(be, "mxfp4 expert down", WeightFormat::MXFP4, 6144, 2048);
 }
 
 void bench_copy(Backend& be) {
@@ -339,6 +394,10 @@ int main(int argc, char** argv) {
         for (bool g : {true, false}) bench_decode(argv[2], m, *be, bf16, b, g);
     return 0;
   }
+  if (argc > 1 && std::string(argv[1]) == "prefill") {  // only the prefill matmul timings (bf16 path vs exact)
+    run_prefill_benches(*be);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "attention") {  // only the attention timings
     bench_paged_attention(*be, 1, 64);
     bench_paged_attention(*be, 1, 4096);
@@ -351,6 +410,7 @@ int main(int argc, char** argv) {
   bench_matmul(*be, "mxfp4 30 MB", WeightFormat::MXFP4, 8192, 7168);
   bench_matmul(*be, "mxfp4 expert GLM-5", WeightFormat::MXFP4, 2048, 6144);
   bench_matmul(*be, "fp8 block 30 MB", WeightFormat::FP8_E4M3_BLOCK, 7168, 4096);
+  run_prefill_benches(*be);
   bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144);
   bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048);
   bench_paged_attention(*be, 1, 64);

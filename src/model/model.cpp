@@ -265,6 +265,25 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
   if (d.Tm != res_ctx_ || d.MB != res_blocks_) drop_graphs();  // graphs are shaped by these limits
   res_ctx_ = std::max(res_ctx_, d.Tm);
   res_blocks_ = std::max(res_blocks_, d.MB);
+  if (opt_.bf16_activations) {
+    // The bf16 matmul path's scratch, for every weight linear() (and the head, the router) multiplies, at up to
+    // the step's tokens; kv_b at up to max(tokens, context) rows (it runs over a sequence's whole context).
+    std::vector<const QuantWeight*> ws{&w_.lm_head}, kvb;
+    auto mlp = [&](const MlpWeights& m) { ws.insert(ws.end(), {&m.gate, &m.up, &m.down}); };
+    for (const LayerWeights& lw : w_.layers) {
+      ws.insert(ws.end(), {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.o});
+      kvb.push_back(&lw.attn.kv_b);
+      if (lw.indexer.present) ws.insert(ws.end(), {&lw.indexer.wq_b, &lw.indexer.wk, &lw.indexer.weights_proj});
+      if (lw.is_moe) {
+        ws.push_back(&lw.moe.router);
+        if (lw.moe.has_shared) mlp(lw.moe.shared);
+      } else {
+        mlp(lw.dense);
+      }
+    }
+    be_.reserve_matmul_bf16(ws.data(), ws.size(), d.N);
+    be_.reserve_matmul_bf16(kvb.data(), kvb.size(), std::max(d.N, d.Tm));
+  }
 }
 
 void Model::replace_workspace(size_t bytes) {
@@ -309,7 +328,11 @@ struct Model::Meta {
 };
 
 void Model::linear(const QuantWeight& w, const float* x, int64_t M, float* y, const float* bias) {
-  be_.matmul(w, x, M, y);
+  // bf16 mode: x is bf16 (every activation is rounded), so the backend may multiply on bf16 tensor cores.
+  if (opt_.bf16_activations)
+    be_.matmul_bf16(w, x, M, y);
+  else
+    be_.matmul(w, x, M, y);
   if (bias) be_.add_bias(y, bias, M, w.rows, false);
   if (opt_.bf16_activations) be_.round_bf16(y, M * w.rows);
 }
@@ -330,8 +353,12 @@ void Model::moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float
   const int64_t D = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
   const int64_t Im = sd_.moe_inter, M = m.N;  // (the full moe_intermediate_size on one rank)
   const bool bf16 = opt_.bf16_activations;
-  // Router in fp32 (never rounded, spec §8).
-  be_.matmul(w.router, b.x, M, b.rl);
+  // Router in fp32 (never rounded, spec §8). A bf16 router weight times bf16 x has exact products, so the bf16
+  // path (fp32 accumulation) keeps that; other formats take the exact matmul.
+  if (bf16 && w.router.format == WeightFormat::BF16)
+    be_.matmul_bf16(w.router, b.x, M, b.rl);
+  else
+    be_.matmul(w.router, b.x, M, b.rl);
   RouterParams rp;
   rp.n_experts = E;
   rp.n_group = std::max<int64_t>(1, cfg_.n_group);
@@ -694,12 +721,20 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
     // The head stays fp32 in bf16 mode (no rounding of the logits; top-1 ties would be artificial).
     be_.gather_rows(b.x, b.lrows, m.rows, D, b.hx);
     if (!sd_.vocab_split) {
-      be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
+      if (bf16)
+        be_.matmul_bf16(w_.lm_head, b.hx, m.rows, b.lg);
+      else
+        be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
       if (!capture) be_.download(logits, b.lg, sizeof(float) * m.rows * V);
     } else {  // (never captured: graphs are single-rank, see use_graph)
       // Vocab-parallel head: [rows, Vr] per rank, all-gathered ([ranks][rows * chunk]); rank 0 lays them out.
       const int64_t C = sd_.vocab_chunk, W = rank_.parallel.ranks, R = m.rows;
-      if (sd_.vocab1 > sd_.vocab0) be_.matmul(w_.lm_head, b.hx, R, b.lg);
+      if (sd_.vocab1 > sd_.vocab0) {
+        if (bf16)
+          be_.matmul_bf16(w_.lm_head, b.hx, R, b.lg);
+        else
+          be_.matmul(w_.lm_head, b.hx, R, b.lg);
+      }
       rank_.comm->all_gather(b.lg, sizeof(float) * static_cast<size_t>(R * C), b.lgall);
       if (rank_.rank == 0) {
         host_f32_.resize(static_cast<size_t>(W * R * C));

@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "quant/float_formats.h"
 
 namespace latent {
@@ -319,6 +320,72 @@ TEST(CudaOps, MatmulLargeBatch) {  // prefill-sized M: several m tiles, row tile
       const double e = norm_err(run_matmul(w.d, x, M), yr);
       record(std::string("matmul_large/") + fmt_name(f), e);
       EXPECT_LE(e, kTolF32) << fmt_name(f) << " M " << M;
+    }
+  }
+}
+
+// The bf16 activation mode's matmul (cuBLASLt from cuda_lt_min_rows() rows): bf16 x, every weight format, odd N
+// and K (K padded to a multiple of 8 in the bf16 operands), M from 17 to 257. BF16 and MXFP4 weights are exact in
+// bf16, so only the fp32 summation order differs from the ref (≤ 1e-3, measured ~1e-6); FP8 weights are rounded to
+// bf16 once (relative 2^-9; ≤ the bf16 tolerance 1e-2); F32/F16 weights and M ≤ 16 keep the exact kernels (1e-5).
+// The cuBLASLt call counter proves which path ran.
+TEST(CudaOps, MatmulBf16Lt) {
+  Rng rng(21);
+  ASSERT_GE(cuda_lt_matmuls(gpu()), 0);
+  struct Shape {
+    int64_t rows, cols;
+    std::vector<int64_t> ms;
+  };
+  for (Fmt f : kAllFmts) {
+    const bool lt = f != Fmt::F32 && f != Fmt::F16, exact_products = f == Fmt::BF16 || f == Fmt::Mxfp4;
+    const bool mx = f == Fmt::Mxfp4;
+    const Shape shapes[] = {{37, mx ? 160 : 33, {16, 17, 33, 64, 100, 257}},
+                            {301, mx ? 1088 : 1031, {17, 100, 257}},
+                            {129, mx ? 4128 : 4099, {33, 64}},
+                            {64, mx ? 512 : 520, {64}}};  // K % 8 == 0: a BF16 weight is used in place
+    for (const Shape& sh : shapes) {
+      const TestWeight w = make_weight(f, sh.rows, sh.cols, rng);
+      for (int64_t M : sh.ms) {
+        const std::vector<float> x = bf16_values(rng.normals(M * sh.cols));
+        std::vector<float> yr(static_cast<size_t>(M * sh.rows));
+        ref().matmul(w.q, x.data(), M, yr.data());
+        Dev dv;
+        const float* xd = dv.up(x);
+        float* yd = dv.out<float>(yr.size());
+        const int64_t calls0 = cuda_lt_matmuls(gpu());
+        gpu().matmul_bf16(w.d, xd, M, yd);
+        const std::vector<float> y = Dev::down(yd, yr.size());
+        const bool took_lt = cuda_lt_matmuls(gpu()) > calls0;
+        const bool want_lt = lt && M >= cuda_lt_min_rows();
+        EXPECT_EQ(took_lt, want_lt) << fmt_name(f) << " rows " << sh.rows << " cols " << sh.cols << " M " << M;
+        const double e = norm_err(y, yr);
+        const double tol = !want_lt ? kTolF32 : exact_products ? 1e-3 : kTolBf16;
+        record(std::string("matmul_bf16/") + fmt_name(f) + (want_lt ? "/cublaslt" : "/exact"), e);
+        EXPECT_LE(e, tol) << fmt_name(f) << " rows " << sh.rows << " cols " << sh.cols << " M " << M;
+        // The fp32 mode's matmul never takes the bf16 path.
+        if (M == 17 || M == 64) {
+          const int64_t c1 = cuda_lt_matmuls(gpu());
+          const double e32 = norm_err(run_matmul(w.d, x, M), yr);
+          EXPECT_EQ(cuda_lt_matmuls(gpu()), c1) << fmt_name(f);
+          EXPECT_LE(e32, kTolF32) << fmt_name(f) << " fp32 path, M " << M;
+        }
+      }
+    }
+  }
+  // A bigger prefill shape through every scratch size change (x and weight scratch grow, then are reused).
+  for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Mxfp4}) {
+    const int64_t rows = 1000, cols = f == Fmt::Mxfp4 ? 2048 : 2056, M = 300;
+    const TestWeight w = make_weight(f, rows, cols, rng);
+    const std::vector<float> x = bf16_values(rng.normals(M * cols));
+    std::vector<float> yr(static_cast<size_t>(M * rows));
+    ref().matmul(w.q, x.data(), M, yr.data());
+    for (int rep = 0; rep < 2; ++rep) {
+      Dev dv;
+      float* yd = dv.out<float>(yr.size());
+      gpu().matmul_bf16(w.d, dv.up(x), M, yd);
+      const double e = norm_err(Dev::down(yd, yr.size()), yr);
+      record(std::string("matmul_bf16/") + fmt_name(f) + "/cublaslt", e);
+      EXPECT_LE(e, f == Fmt::Fp8Block ? kTolBf16 : 1e-3) << fmt_name(f) << " rep " << rep;
     }
   }
 }

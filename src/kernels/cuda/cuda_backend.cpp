@@ -6,11 +6,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/cuda_lt.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace latent {
@@ -61,6 +63,7 @@ class CudaBackend final : public Backend {
     if (n == 0) fail("CUDA backend: no GPU found (cudaGetDeviceCount returned 0)");
     check(cudaGetDevice(&device_), "cudaGetDevice");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    lt_ = std::make_unique<cuda::LtGemm>();
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
@@ -69,6 +72,10 @@ class CudaBackend final : public Backend {
     for (void* p : owned_) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
     if (group_scratch_) cudaFree(group_scratch_);
+    for (Scratch* s : {&lt_x_, &lt_w_})
+      if (s->p) cudaFree(s->p);
+    for (void* p : lt_retired_) cudaFree(p);
+    lt_.reset();
     cudaStreamDestroy(stream_);
   }
 
@@ -167,6 +174,10 @@ class CudaBackend final : public Backend {
     sync();
     check(cudaGraphExecDestroy(graphs_[static_cast<size_t>(id)].exec), "cudaGraphExecDestroy");
     graphs_[static_cast<size_t>(id)].exec = nullptr;
+    if (!live_graphs()) {  // scratch that only released graphs could still read
+      for (void* p : lt_retired_) check(cudaFree(p), "cudaFree");
+      lt_retired_.clear();
+    }
   }
   int64_t graph_kernels(int id) const override {
     return id >= 0 && id < static_cast<int>(graphs_.size()) ? graphs_[static_cast<size_t>(id)].kernels : 0;
@@ -177,6 +188,42 @@ class CudaBackend final : public Backend {
     cuda::launch_matmul(cuda::make_wdesc(w), x, M, y, stream_);
     check_launch("matmul");
   }
+  // bf16 mode above the skinny sizes: x (bf16 values) and W as bf16 operands, one cuBLASLt GEMM with fp32
+  // accumulation into y. BF16 weights are used in place when their rows are 16-byte aligned (K % 8 == 0); FP8 and
+  // MXFP4 weights (and unaligned BF16) are dequantized whole into a reusable bf16 scratch first. Everything else
+  // (F32/F16 weights, M ≤ 16, a shape cuBLASLt has no algorithm for, or a graph capture that would need more
+  // scratch than any eager step had) takes matmul().
+  void matmul_bf16(const QuantWeight& w, const float* x, int64_t M, float* y) override {
+    if (!lt_eligible(w, M)) return matmul(w, x, M, y);
+    const int64_t N = w.rows, K = w.cols, Kp = lt_kp(K);
+    const bool direct = lt_direct(w);
+    void* xb = lt_scratch(lt_x_, static_cast<size_t>(M * Kp) * 2, "bf16 matmul activations");
+    void* ws = direct ? nullptr : lt_scratch(lt_w_, static_cast<size_t>(N * Kp) * 2, "bf16 matmul weights");
+    const void* wb = direct ? w.data : ws;
+    if (!xb || !wb || !lt_->supported(wb, xb, M, N, Kp, y)) return matmul(w, x, M, y);
+    cuda::launch_to_bf16(x, M, K, Kp, xb, stream_);
+    check_launch("matmul_bf16 (activations to bf16)");
+    if (!direct) {
+      cuda::launch_dequant_bf16(cuda::make_wdesc(w), Kp, ws, stream_);
+      check_launch("matmul_bf16 (weights to bf16)");
+    }
+    lt_->gemm(wb, xb, M, N, Kp, y, stream_);
+    check_launch("matmul_bf16 (cublasLtMatmul)");
+    ++lt_calls_;
+  }
+  void reserve_matmul_bf16(const QuantWeight* const* w, size_t n, int64_t max_rows) override {
+    int64_t kmax = 0, wmax = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!w[i] || !w[i]->data || !lt_eligible(*w[i], cuda_lt_min_rows())) continue;
+      kmax = std::max(kmax, lt_kp(w[i]->cols));
+      if (!lt_direct(*w[i])) wmax = std::max(wmax, w[i]->rows * lt_kp(w[i]->cols));
+    }
+    if (kmax > 0 && max_rows >= cuda_lt_min_rows())
+      lt_scratch(lt_x_, static_cast<size_t>(max_rows * kmax) * 2, "bf16 matmul activations");
+    if (wmax > 0) lt_scratch(lt_w_, static_cast<size_t>(wmax) * 2, "bf16 matmul weights");
+  }
+  int64_t lt_calls() const { return lt_calls_; }
+
   void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
                       float* y) override {
     if (n_groups <= 0) return;
@@ -314,6 +361,53 @@ class CudaBackend final : public Backend {
  private:
   void check_launch(const char* op) { check(cudaGetLastError(), op); }
 
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  static int64_t lt_kp(int64_t K) { return (K + 7) / 8 * 8; }
+  static bool lt_eligible(const QuantWeight& w, int64_t M) {
+    switch (w.format) {
+      case WeightFormat::BF16:
+      case WeightFormat::FP8_E4M3_BLOCK:
+      case WeightFormat::FP8_E4M3_TENSOR:
+      case WeightFormat::FP8_E4M3_CHANNEL:
+      case WeightFormat::MXFP4: return M >= cuda_lt_min_rows() && w.rows > 0 && w.cols > 0;
+      default: return false;
+    }
+  }
+  static bool lt_direct(const QuantWeight& w) {
+    return w.format == WeightFormat::BF16 && w.cols % 8 == 0 && (reinterpret_cast<uintptr_t>(w.data) & 15) == 0;
+  }
+  bool live_graphs() const {
+    for (const auto& g : graphs_)
+      if (g.exec) return true;
+    return false;
+  }
+  bool capturing() const {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream_, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone;
+  }
+  // A bf16-path scratch of at least `bytes` (grown by ≥ 1.5× in 2 MiB steps; null when growing is needed during a
+  // graph capture). A replaced buffer that live graphs may have recorded is kept until they are released.
+  void* lt_scratch(Scratch& s, size_t bytes, const char* what) {
+    if (bytes <= s.bytes) return s.p;
+    if (capturing()) return nullptr;
+    size_t nb = std::max(bytes, s.bytes + s.bytes / 2);
+    nb = (nb + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20);
+    sync();
+    if (s.p) {
+      if (live_graphs())
+        lt_retired_.push_back(s.p);
+      else
+        check(cudaFree(s.p), "cudaFree");
+      s = {};
+    }
+    s.p = alloc(nb, what);
+    s.bytes = nb;
+    return s.p;
+  }
+
   void* upload_owned(const void* src, size_t bytes, const char* what) {
     void* p = alloc(bytes, what);
     owned_.push_back(p);
@@ -380,10 +474,19 @@ class CudaBackend final : public Backend {
   void* group_scratch_ = nullptr;
   size_t group_scratch_bytes_ = 0;
   std::map<std::vector<const void*>, const cuda::WDesc*> tables_;
+  std::unique_ptr<cuda::LtGemm> lt_;
+  Scratch lt_x_, lt_w_;
+  std::vector<void*> lt_retired_;
+  int64_t lt_calls_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(int /*threads*/) { return std::make_unique<CudaBackend>(); }
+
+int64_t cuda_lt_matmuls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->lt_calls() : -1;
+}
 
 }  // namespace latent

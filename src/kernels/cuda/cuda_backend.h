@@ -1,6 +1,7 @@
 // The CUDA backend (src/kernels/cuda): every Backend op on one CUDA stream of the current device, both activation
 // modes. Plain C++ header (no CUDA types) so that the registry and the tests include it from host code.
 #pragma once
+#include <cstdint>
 #include <memory>
 
 #include "backend/backend.h"
@@ -10,5 +11,12 @@ namespace latent {
 // Throws Error naming the CUDA error when no usable GPU is there (no device, no driver, driver too old).
 // `threads` is accepted for symmetry with the CPU backends and ignored (host threads are not used).
 std::unique_ptr<Backend> make_cuda_backend(int threads);
+
+// matmul_bf16 takes cuBLASLt from this many rows of x (the skinny kernels keep M ≤ 16: decode, where they read the
+// weights at the bandwidth roofline; above it, even M = 17, the bf16 GEMM beats the fp32 tiled kernel, see
+// bench/cuda_bench prefill).
+constexpr int64_t cuda_lt_min_rows() { return 17; }
+// Diagnostics: the matmul_bf16 calls that ran on cuBLASLt so far (-1 when `be` is not the CUDA backend).
+int64_t cuda_lt_matmuls(const Backend& be);
 
 }  // namespace latent

@@ -369,6 +369,67 @@ __global__ void __launch_bounds__(256) tiled_kernel(WDesc single, const WDesc* t
   }
 }
 
+// ---- bf16 operands of the cuBLASLt path (cuda_lt.cpp) ----
+__device__ __forceinline__ uint32_t bf16_bits(float f) { return __float_as_uint(bf16r(f)) >> 16; }
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&v)[8]) {
+  return make_uint4(bf16_bits(v[0]) | (bf16_bits(v[1]) << 16), bf16_bits(v[2]) | (bf16_bits(v[3]) << 16),
+                    bf16_bits(v[4]) | (bf16_bits(v[5]) << 16), bf16_bits(v[6]) | (bf16_bits(v[7]) << 16));
+}
+
+// out [M, Kp] bf16 = x [M, K] rounded to nearest even (exact for bf16-mode activations); columns K..Kp zero.
+// One thread per 8 outputs (one 16-byte store); vec: K % 4 == 0 and x 16-byte aligned (two float4 loads).
+__global__ void to_bf16_kernel(const float* x, int64_t M, int64_t K, int64_t Kp, bool vec, uint4* out) {
+  const int64_t groups = Kp / 8, n = M * groups;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / groups, c0 = (i % groups) * 8;
+    const float* row = x + m * K;
+    float v[8];
+    if (vec && c0 + 8 <= K) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(row + c0));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(row + c0 + 4));
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = c0 + e < K ? row[c0 + e] : 0.0f;
+    }
+    out[i] = pack_bf16x8(v);
+  }
+}
+
+// out [N, Kp] bf16 = W dequantized exactly as wget (the ref's fp32 value), then rounded to nearest even (exact for
+// bf16 and MXFP4; FP8 codes times fp32 scales round once); columns K..Kp zero. One thread per 8 outputs. fast: the
+// 8 values share one scale and their codes are one aligned load (fp8: K % 8 == 0 and block_cols % 8 == 0;
+// mxfp4: always, K % 32 == 0); otherwise element-wise through wget.
+__global__ void dequant_bf16_kernel(WDesc w, int64_t Kp, bool fast, uint4* out) {
+  const int64_t K = w.cols, groups = Kp / 8, n = w.rows * groups;
+  const bool fnuz = w.fnuz != 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / groups, c0 = (i % groups) * 8;
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes;
+    float v[8];
+    if (fast && c0 + 8 <= K && w.format == kFmtMxfp4) {
+      const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + c0 / 2);
+      const float s = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r * w.scale_cols + c0 / 32]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(e2m1_to_f(codes >> (4 * e)), s);
+    } else if (fast && c0 + 8 <= K && w.format != kFmtBF16) {  // fp8 block / tensor / channel
+      const uint2 codes = *reinterpret_cast<const uint2*>(row + c0);
+      const float* sc = static_cast<const float*>(w.scale);
+      const float s = w.format == kFmtFp8Tensor    ? sc[0]
+                      : w.format == kFmtFp8Channel ? sc[r]
+                                                   : sc[(r / w.block_rows) * w.scale_cols + c0 / w.block_cols];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(e4m3_to_f((e < 4 ? codes.x : codes.y) >> (8 * (e & 3)), fnuz), s);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = c0 + e < K ? wget(w, r, c0 + e) : 0.0f;
+    }
+    out[i] = pack_bf16x8(v);
+  }
+}
+
 __global__ void embedding_kernel(WDesc t, const int32_t* ids, int64_t M, float* out) {
   const int64_t D = t.cols, n = M * D;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -432,6 +493,26 @@ void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, i
       table, offsets, lists + n_groups, counts + 1, (rows + r4 - 1) / r4, x, y);
   tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups, counts + 2,
                                                                (rows + kTN - 1) / kTN, 0, x, y);
+}
+
+void launch_to_bf16(const float* x, int64_t M, int64_t K, int64_t Kp, void* out, cudaStream_t st) {
+  if (M <= 0 || Kp <= 0) return;
+  const bool vec = K % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  to_bf16_kernel<<<grid_for(M * (Kp / 8), 256), 256, 0, st>>>(x, M, K, Kp, vec, static_cast<uint4*>(out));
+}
+
+void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st) {
+  if (w.rows <= 0 || Kp <= 0) return;
+  const bool aligned8 = (reinterpret_cast<uintptr_t>(w.data) & 7) == 0 && w.row_bytes % 8 == 0;
+  bool fast = false;
+  switch (w.format) {
+    case kFmtMxfp4: fast = (reinterpret_cast<uintptr_t>(w.data) & 3) == 0 && w.row_bytes % 4 == 0 && w.cols % 32 == 0; break;
+    case kFmtFp8Block: fast = aligned8 && w.cols % 8 == 0 && w.block_cols % 8 == 0; break;
+    case kFmtFp8Tensor:
+    case kFmtFp8Channel: fast = aligned8 && w.cols % 8 == 0; break;
+    default: break;
+  }
+  dequant_bf16_kernel<<<grid_for(w.rows * (Kp / 8), 256), 256, 0, st>>>(w, Kp, fast, static_cast<uint4*>(out));
 }
 
 void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, float* out, cudaStream_t st) {

@@ -30,6 +30,10 @@ size_t grouped_scratch_bytes(int64_t n_groups);
 void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
                            const float* x, float* y, void* scratch, cudaStream_t st);
 void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, float* out, cudaStream_t st);
+// The cuBLASLt path's bf16 operands (Kp = K rounded up to a multiple of 8, the padding columns zero): out [M, Kp]
+// = x rounded to bf16; out [rows, Kp] = W dequantized (as the exact kernels do) and rounded to bf16.
+void launch_to_bf16(const float* x, int64_t M, int64_t K, int64_t Kp, void* out, cudaStream_t st);
+void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st);
 
 // ---- norms / elementwise / MoE / top-k (cuda_ops.cu) ----
 void launch_rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16,

@@ -1,0 +1,118 @@
+// cuBLASLt GEMM of the bf16 matmul path (see cuda_lt.h).
+#include "kernels/cuda/cuda_lt.h"
+
+#include <cublasLt.h>
+
+#include "core/error.h"
+
+namespace latent::cuda {
+
+namespace {
+
+void check_lt(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    fail("CUDA backend: cuBLASLt {} failed: {} ({})", what, cublasLtGetStatusName(s), cublasLtGetStatusString(s));
+}
+
+// Largest power of two (≤ 16) dividing the address: the alignment the heuristic may assume. Capped at 16 (what
+// the 16-byte vector and bulk-copy accesses need) so that buffers of any larger alignment share one plan: a shape
+// then always runs the same algorithm, whatever the buffers' addresses.
+int64_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int64_t al = 16;
+  while (al > 1 && (a % static_cast<uintptr_t>(al)) != 0) al /= 2;
+  return al;
+}
+
+}  // namespace
+
+struct LtGemm::Plan {
+  bool ok = false;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+
+LtGemm::LtGemm() {
+  cublasLtHandle_t h = nullptr;
+  check_lt(cublasLtCreate(&h), "handle creation (cublasLtCreate)");
+  handle_ = h;
+  cublasLtMatmulDesc_t op = nullptr;
+  check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  desc_ = op;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
+  const cudaError_t e = cudaMalloc(&workspace_, kWorkspaceBytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    workspace_ = nullptr;
+    fail("CUDA backend: out of GPU memory allocating the cuBLASLt workspace ({} MiB): {}", kWorkspaceBytes >> 20,
+         cudaGetErrorName(e));
+  }
+}
+
+LtGemm::~LtGemm() {
+  plans_.clear();
+  if (workspace_) cudaFree(workspace_);
+  if (desc_) cublasLtMatmulDescDestroy(static_cast<cublasLtMatmulDesc_t>(desc_));
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+LtGemm::Plan* LtGemm::plan_for(const void* w, const void* x, int64_t M, int64_t N, int64_t Kp, const float* y) {
+  const Key key{M, N, Kp, alignment_of(w), alignment_of(x), alignment_of(y)};
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second.get();
+  auto p = std::make_unique<Plan>();
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  // Column-major terms: A = W stored [Kp x N] (ld Kp), op T; B = x stored [Kp x M] (ld Kp); D [N x M] (ld N).
+  check_lt(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, u(Kp), u(N), Kp), "layout A");
+  check_lt(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, u(Kp), u(M), Kp), "layout B");
+  check_lt(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, u(N), u(M), N), "layout D");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t ws = kWorkspaceBytes;
+  const auto al = [&](int i) { return static_cast<uint32_t>(key[static_cast<size_t>(i)]); };
+  const uint32_t aa = al(3), ab = al(4), ad = al(5);
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad));
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad));
+  cublasLtMatmulHeuristicResult_t res{};
+  int n = 0;
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), static_cast<cublasLtMatmulDesc_t>(desc_),
+                                       p->a, p->b, p->d, p->d, pref, 1, &res, &n);
+  cublasLtMatmulPreferenceDestroy(pref);
+  // No algorithm (NOT_SUPPORTED or none returned): the plan says so and the caller keeps its own kernel.
+  p->ok = s == CUBLAS_STATUS_SUCCESS && n > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+  if (p->ok) p->algo = res.algo;
+  Plan* raw = p.get();
+  plans_.emplace(key, std::move(p));
+  return raw;
+}
+
+bool LtGemm::supported(const void* w, const void* x, int64_t M, int64_t N, int64_t Kp, const float* y) {
+  return plan_for(w, x, M, N, Kp, y)->ok;
+}
+
+bool LtGemm::gemm(const void* w, const void* x, int64_t M, int64_t N, int64_t Kp, float* y, cudaStream_t st) {
+  Plan* p = plan_for(w, x, M, N, Kp, y);
+  if (!p->ok) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), static_cast<cublasLtMatmulDesc_t>(desc_), &alpha, w,
+                          p->a, x, p->b, &beta, y, p->d, y, p->d, &p->algo, workspace_, kWorkspaceBytes, st),
+           "matmul (cublasLtMatmul)");
+  return true;
+}
+
+}  // namespace latent::cuda
