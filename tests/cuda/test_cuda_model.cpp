@@ -1,7 +1,7 @@
 // Model-level checks of the CUDA backend on the tiny models (tests/models) against the transformers fixtures
 // (tests/golden): fp32 mode prefill logits and prefill-16-then-cached-decode logits within 1e-4 · max|logit|, and
-// the greedy continuation; bf16 mode against the ref backend's bf16 emulation (top-1 agreement and relative error
-// printed, ≥ 99 % top-1 required). The repository root is $LATENT_REPO (scripts/gpu_test sets it) or the source
+// the greedy continuation; bf16 mode against the ref backend's bf16 emulation (on the tiny models every clearly
+// decided row, on the demo model ≥ 99 % top-1; relative errors printed). The repository root is $LATENT_REPO (scripts/gpu_test sets it) or the source
 // tree this was built from.
 #include <gtest/gtest.h>
 
@@ -110,6 +110,12 @@ TEST_P(CudaModel, Fp32MatchesTransformers) {
   }
 }
 
+// bf16 mode against the ref backend's bf16 emulation on a tiny random model. The CUDA kernels sum in another
+// order (cuBLASLt tiles for M > 16, split reductions), so bf16-rounded activations differ by an ulp here and there
+// and rows whose two best logits are a near-tie may swap: the tiny random models are full of those. Required: the
+// same top-1 on every row the reference decides clearly (best − second ≥ 5 % of the row's max |logit|, far above
+// the bf16 noise), ≥ 90 % of all rows, and an RMS relative error ≤ 5e-2 (bf16 keeps 8 bits: 3.9e-3 per rounding,
+// compounded over the layers). The demo model below is the spec's criterion (top-1 ≥ 99 %).
 TEST_P(CudaModel, Bf16MatchesRefEmulation) {
   const std::string name = GetParam(), gold = repo() + "/tests/golden/" + name;
   const std::vector<int32_t> ids = read_tokens(gold + "/tokens.json");
@@ -118,12 +124,21 @@ TEST_P(CudaModel, Bf16MatchesRefEmulation) {
   const int64_t V = g->model->config().vocab_size;
   const std::vector<float> lg = g->model->logits(ids), lr = r->model->logits(ids);
   ASSERT_EQ(lg.size(), lr.size());
-  size_t agree = 0;
+  size_t agree = 0, decided = 0, decided_agree = 0;
   const size_t T = ids.size();
   for (size_t t = 0; t < T; ++t) {
     const float* a = lg.data() + t * V;
     const float* b = lr.data() + t * V;
-    agree += (std::max_element(a, a + V) - a) == (std::max_element(b, b + V) - b);
+    const int64_t ta = std::max_element(a, a + V) - a, tb = std::max_element(b, b + V) - b;
+    float second = -INFINITY, row_max = 0.0f;
+    for (int64_t v = 0; v < V; ++v) {
+      if (v != tb) second = std::max(second, b[v]);
+      row_max = std::max(row_max, std::fabs(b[v]));
+    }
+    const bool clear = b[tb] - second >= 0.05f * row_max;
+    agree += ta == tb;
+    decided += clear;
+    decided_agree += clear && ta == tb;
   }
   double num = 0, den = 0;
   for (size_t i = 0; i < lg.size(); ++i) {
@@ -131,10 +146,62 @@ TEST_P(CudaModel, Bf16MatchesRefEmulation) {
     den += static_cast<double>(lr[i]) * lr[i];
   }
   const double rel = std::sqrt(num / den), top1 = static_cast<double>(agree) / static_cast<double>(T);
-  std::printf("[cuda model] %-16s bf16 vs ref bf16 emulation: top-1 %.1f %% of %zu rows, relative error %.3e\n",
-              name.c_str(), 100.0 * top1, T, rel);
+  std::printf("[cuda model] %-16s bf16 vs ref bf16 emulation: top-1 %.1f %% of %zu rows (%zu of %zu clearly "
+              "decided rows), relative error %.3e\n",
+              name.c_str(), 100.0 * top1, T, decided_agree, decided, rel);
   EXPECT_FALSE(std::isnan(rel));
-  EXPECT_GE(top1, 0.99);
+  EXPECT_EQ(decided_agree, decided) << name << ": a clearly decided row changed its top-1";
+  EXPECT_GE(top1, 0.90);
+  EXPECT_LE(rel, 5e-2);
+}
+
+// The spec's bf16 criterion (cuda.md §3) on the trained demo model (models/latent-demo, MXFP4 experts): CUDA bf16
+// against the ref backend's bf16 emulation over 8 fixture conversations (prompt + transformers' greedy
+// continuation, one prefill each): top-1 ≥ 99 % of the rows; the relative error of every layer's hidden state is
+// printed.
+TEST(CudaDemoModel, Bf16MatchesRefEmulationTop1) {
+  const std::string dir = repo() + "/models/latent-demo";
+  if (!fs::exists(dir + "/model.safetensors")) GTEST_FAIL() << "demo model missing at " << dir;
+  std::ifstream f(repo() + "/tests/golden/latent-demo/greedy.json");
+  const auto fx = nlohmann::json::parse(f);
+  ModelFiles files = open_model_files(dir);
+  std::unique_ptr<Backend> bg = make_backend("cuda", 2), br = make_backend("ref", 16);
+  ModelOptions o;
+  o.bf16_activations = true;
+  Model mg(*files.cfg, *files.plan, *bg, o), mr(*files.cfg, *files.plan, *br, o);
+  const int64_t V = files.cfg->vocab_size, L = files.cfg->num_hidden_layers, D = files.cfg->hidden_size;
+  size_t rows = 0, agree = 0;
+  std::vector<double> num(static_cast<size_t>(L + 1), 0.0), den(static_cast<size_t>(L + 1), 0.0);
+  const size_t n_items = std::min<size_t>(8, fx.at("items").size());
+  for (size_t k = 0; k < n_items; ++k) {
+    const auto& it = fx.at("items")[k];
+    std::vector<int32_t> ids = it.at("prompt_ids").get<std::vector<int32_t>>();
+    for (int32_t t : it.at("generated_ids").get<std::vector<int32_t>>()) ids.push_back(t);
+    const int64_t S = static_cast<int64_t>(ids.size());
+    KvCache cg(*files.cfg), cr(*files.cfg);
+    std::vector<float> lg(static_cast<size_t>(S * V)), lr(lg.size()), hg, hr;
+    mg.forward(ids, cg, lg.data(), true, &hg);
+    mr.forward(ids, cr, lr.data(), true, &hr);
+    for (int64_t t = 0; t < S; ++t) {
+      const float* a = lg.data() + t * V;
+      const float* b = lr.data() + t * V;
+      agree += (std::max_element(a, a + V) - a) == (std::max_element(b, b + V) - b);
+      ++rows;
+    }
+    for (int64_t l = 0; l <= L; ++l)
+      for (int64_t i = 0; i < S * D; ++i) {
+        const double x = hg[static_cast<size_t>((l * S) * D + i)], y = hr[static_cast<size_t>((l * S) * D + i)];
+        num[static_cast<size_t>(l)] += (x - y) * (x - y);
+        den[static_cast<size_t>(l)] += y * y;
+      }
+  }
+  std::printf("[cuda model] latent-demo bf16 vs ref bf16 emulation: top-1 %.1f %% of %zu rows; hidden-state "
+              "relative error per layer:", 100.0 * static_cast<double>(agree) / static_cast<double>(rows), rows);
+  for (int64_t l = 0; l <= L; ++l)
+    std::printf(" %s%lld %.2e", l == L ? "final-norm/" : "", static_cast<long long>(l),
+                std::sqrt(num[static_cast<size_t>(l)] / std::max(den[static_cast<size_t>(l)], 1e-300)));
+  std::printf("\n");
+  EXPECT_GE(static_cast<double>(agree), 0.99 * static_cast<double>(rows));
 }
 
 // Decode steps in CUDA graphs (captured per bucketed batch size, replayed with the metadata uploaded into the same
