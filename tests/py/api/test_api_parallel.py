@@ -1,6 +1,9 @@
 """`latent serve --tensor-parallel-size 2 [--expert-parallel]` on the CPU (ranks as threads): the bundled demo model
 answers exactly as one rank does (greedy chat, reasoning split, streaming), and a refused layout fails at start
 with the reason."""
+import os
+import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -12,10 +15,20 @@ DEMO = ROOT / "models" / "latent-demo"
 PROMPTS = ["What is the capital of France?", "What is the capital of Japan?", "Say hello."]
 
 
+def _visible_gpus():
+    if not shutil.which("nvidia-smi"):
+        return 0
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
+
+
 def _need_demo():
     why = _skip_reason()
     if why:
         pytest.skip(why)
+    args = shlex.split(os.environ.get("LATENT_SERVE_ARGS", ""))
+    if "cuda" in args and _visible_gpus() < 2:  # (scripts/gpu_parallel_test runs this on a 2+ GPU machine)
+        pytest.skip("--device cuda with fewer than 2 GPUs: no room for 2 ranks")
     if not (DEMO / "model.safetensors").exists() or not (DEMO / "tokenizer.json").exists():
         pytest.skip(f"demo model not present at {DEMO}")
 
