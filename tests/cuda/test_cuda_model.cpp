@@ -274,6 +274,61 @@ TEST_P(CudaModel, GraphsEqualEagerBitForBit) {
   }
 }
 
+// A decode graph recorded the backend's op scratch (DSA top-k, grouped matmul); a later eager step that needs more
+// (a long prompt of another sequence) grows it. The graph must keep working on the buffer it recorded: replays
+// after the growth equal the eager model bit for bit (run under compute-sanitizer memcheck by scripts/gpu_test
+// --memcheck, a freed buffer would be reported).
+TEST(CudaGraphs, ScratchGrownAfterCaptureKeepsTheGraphValid) {
+  ModelFiles files = open_model_files(repo() + "/tests/models/glm5-tiny");
+  std::unique_ptr<Backend> be = make_backend("cuda", 1);
+  ModelOptions og, oe;
+  og.graphs = true;
+  oe.graphs = false;
+  Model mg(*files.cfg, *files.plan, *be, og), me(*files.cfg, *files.plan, *be, oe);
+  const ModelConfig& cfg = mg.config();
+  ASSERT_TRUE(cfg.has_indexer());
+  const int64_t V = cfg.vocab_size, bt = 16, per_seq = 16;  // 256 tokens per sequence
+  for (Model* m : {&mg, &me}) m->reserve(256, 4, per_seq * bt, per_seq);
+  PagedKvCache cg(cfg, *be, 2 * per_seq, bt, mg.cache_dtype()), ce(cfg, *be, 2 * per_seq, bt, me.cache_dtype());
+  std::vector<int32_t> ba, bb;
+  for (int32_t j = 0; j < per_seq; ++j) {
+    ba.push_back(j);
+    bb.push_back(static_cast<int32_t>(per_seq + j));
+  }
+  std::vector<float> lg(static_cast<size_t>(V)), le(lg.size());
+  StepSequence a{0, 20, ba, LogitRows::Last, false};
+  std::vector<int32_t> tokens;
+  for (int t = 0; t < 20; ++t) tokens.push_back((t * 37 + 5) % static_cast<int32_t>(V));
+  auto both = [&](const std::vector<int32_t>& tk, const StepSequence& q) {
+    const Step st{tk, std::span<const StepSequence>(&q, 1)};
+    mg.step(st, cg, lg.data());
+    me.step(st, ce, le.data());
+  };
+  both(tokens, a);
+  auto decode_a = [&](int steps) {
+    for (int i = 0; i < steps; ++i) {
+      const int32_t next = static_cast<int32_t>(std::max_element(le.begin(), le.end()) - le.begin());
+      a.start += a.n_tokens;
+      a.n_tokens = 1;
+      a.decode = true;
+      both({next}, a);
+      ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), lg.size() * sizeof(float))) << "decode step of A, start " << a.start;
+    }
+  };
+  decode_a(3);  // the first captures the batch-1 graph(s), the rest replay
+  const int64_t captures = mg.graph_captures();
+  ASSERT_GT(captures, 0);
+  // A 200-token prompt of sequence B: a larger top-k selection and more grouped rows than any decode step.
+  std::vector<int32_t> pb;
+  for (int t = 0; t < 200; ++t) pb.push_back((t * 53 + 11) % static_cast<int32_t>(V));
+  both(pb, StepSequence{0, 200, bb, LogitRows::Last, false});
+  ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), lg.size() * sizeof(float))) << "prefill of B";
+  const int64_t replays = mg.graph_replays();
+  decode_a(4);
+  EXPECT_EQ(mg.graph_captures(), captures) << "the graphs were recaptured (the test would not test the old ones)";
+  EXPECT_EQ(mg.graph_replays(), replays + 4);
+}
+
 std::vector<std::string> models() {
   std::vector<std::string> v;
   for (const char* n : {"glm5-tiny", "glm5-tiny-b", "glm5-tiny-mxfp4", "v3-tiny", "v3-tiny-fp8", "v32-tiny"}) v.push_back(n);

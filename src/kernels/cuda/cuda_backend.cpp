@@ -416,11 +416,20 @@ class CudaBackend final : public Backend {
   }
 
   // Device scratch of at least `bytes` (grown on demand; growing waits for the stream).
+  // A scratch buffer being replaced by a larger one: a live graph may have recorded it (a decode graph captured
+  // before a longer prompt grew the scratch), so it is kept until the graphs are released.
+  void retire_or_free(void* p) {
+    if (!p) return;
+    if (live_graphs())
+      lt_retired_.push_back(p);
+    else
+      check(cudaFree(p), "cudaFree");
+  }
   void* scratch_for(size_t bytes) {
     if (bytes == 0) return nullptr;
     if (bytes > scratch_bytes_) {
       sync();
-      if (scratch_) check(cudaFree(scratch_), "cudaFree");
+      retire_or_free(scratch_);
       scratch_ = nullptr;
       scratch_ = alloc(bytes, "op scratch");
       scratch_bytes_ = bytes;
@@ -432,7 +441,7 @@ class CudaBackend final : public Backend {
   void* group_scratch_for(size_t bytes) {
     if (bytes > group_scratch_bytes_) {
       sync();
-      if (group_scratch_) check(cudaFree(group_scratch_), "cudaFree");
+      retire_or_free(group_scratch_);
       group_scratch_ = nullptr;
       group_scratch_ = alloc(bytes, "grouped matmul scratch");
       group_scratch_bytes_ = bytes;
