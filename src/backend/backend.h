@@ -130,10 +130,11 @@ class Backend {
   // y[m, o] = Σ_i x[m, i] · W[o, i]  for m < M.  x [M, w.cols], y [M, w.rows].
   virtual void matmul(const QuantWeight& w, const float* x, int64_t M, float* y) = 0;
   // matmul() in the bf16 activation mode: every x value is bf16-representable. A backend may then multiply on bf16
-  // tensor cores (CUDA: cuBLASLt above the skinny-kernel sizes): products exact, fp32 accumulation in its own order;
-  // weights whose dequantized values are not bf16 (FP8 codes times fp32 scales) are rounded to bf16 once (relative
-  // 2^-9, as a bf16 run of the dequantized checkpoint computes); F32/F16 weights keep the exact path. The output is
-  // fp32, not rounded. Default: matmul().
+  // tensor cores (CUDA: cuBLASLt above the skinny-kernel sizes) for weights whose dequantized values are exactly
+  // bf16 (BF16; MXFP4: e2m1 codes times power-of-two scales): products exact, fp32 accumulation in its own order.
+  // FP8 weights (codes times fp32 scales are not bf16 values: a bf16 copy would round every weight, a precision
+  // change the checkpoint did not ask for) and F32/F16 keep the exact path. The output is fp32, not rounded.
+  // Default: matmul().
   virtual void matmul_bf16(const QuantWeight& w, const float* x, int64_t M, float* y) { matmul(w, x, M, y); }
   // Preallocates what matmul_bf16 needs for these weights (entries with data == null are skipped) at up to
   // max_rows rows of x, so that no later step allocates (called at reserve time; larger steps still grow it).

@@ -367,11 +367,10 @@ class CudaBackend final : public Backend {
   };
   static int64_t lt_kp(int64_t K) { return (K + 7) / 8 * 8; }
   static bool lt_eligible(const QuantWeight& w, int64_t M) {
+    // Only formats whose values are exactly bf16 (backend.h): FP8 times fp32 scales would be rounded by a bf16
+    // copy, so FP8 stays on the exact kernels until a block-scaled FP8 GEMM takes it.
     switch (w.format) {
       case WeightFormat::BF16:
-      case WeightFormat::FP8_E4M3_BLOCK:
-      case WeightFormat::FP8_E4M3_TENSOR:
-      case WeightFormat::FP8_E4M3_CHANNEL:
       case WeightFormat::MXFP4: return M >= cuda_lt_min_rows() && w.rows > 0 && w.cols > 0;
       default: return false;
     }
