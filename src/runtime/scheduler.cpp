@@ -612,12 +612,13 @@ bool Scheduler::step() {
     consecutive_failures_ = 0;
   } catch (const std::exception& e) {
     log::error("engine step failed: {}", e.what());
-    for (Plan* p : ran) abort_request(*p->s->req, AbortReason::EngineError, "internal error in the engine");
+    // Dead before the requests hear of their abort: a client woken by it must already see the scheduler dead.
     const bool lost = engine_.lost();
     if (++consecutive_failures_ >= 3 || lost) {
       std::lock_guard lk(mu_);
       dead_ = true;
     }
+    for (Plan* p : ran) abort_request(*p->s->req, AbortReason::EngineError, "internal error in the engine");
     if (lost) {
       log::error("the engine is lost (its device context is unusable): no request can be served any more");
       if (opt_.on_engine_lost && !lost_reported_) opt_.on_engine_lost(e.what());
