@@ -9,8 +9,8 @@ _deselected = []
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "heavy: long numeric checks (hundreds of generations); the sanitizer build deselects them "
-                   "(-m 'not heavy'), the release build runs them")
+        "markers", "heavy: long checks (hundreds of generations, or long prompts on the demo model); the sanitizer build "
+                   "deselects them (-m 'not heavy'), the release build runs them")
 
 
 def pytest_deselected(items):

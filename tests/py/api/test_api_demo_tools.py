@@ -87,6 +87,7 @@ def test_no_call_when_no_tool_fits(client):
     assert r.choices[0].message.content == "Grass is green."
 
 
+@pytest.mark.heavy
 def test_weather_round_trip(client):
     """question -> get_weather call (auto) -> tool result -> the answer reads the result."""
     q = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -120,6 +121,7 @@ def test_tool_choice_none_answers_in_text(client):
     assert r.choices[0].message.content == "The capital of Japan is Tokyo."
 
 
+@pytest.mark.heavy
 def test_tool_choice_required_and_named(client):
     r = _chat(client, "Look up the capital of Japan.", tools=TOOLS, tool_choice="required")
     assert r.choices[0].finish_reason == "tool_calls" and _calls(r) == [("get_capital", {"country": "Japan"})]
@@ -134,6 +136,7 @@ def test_tool_choice_required_and_named(client):
     _check_ids(r)
 
 
+@pytest.mark.heavy
 def test_streaming_tool_call_deltas_equal_non_streaming(client):
     q = "Tell me the weather in London and in Berlin."
     full = _chat(client, q, tools=TOOLS)
@@ -249,6 +252,7 @@ def test_logprobs_without_echo_unchanged(client):
     assert e.choices[0].text == ch.text and e.choices[0].logprobs is None
 
 
+@pytest.mark.heavy
 def test_echo_logprobs_equal_latent_logits(client, tmp_path):
     """The echoed prompt logprobs are log_softmax of `latent logits` (the same model, every position) at the next
     prompt token, and the top alternatives are its argmax."""

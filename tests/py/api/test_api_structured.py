@@ -111,6 +111,7 @@ def test_json_object_is_an_object(client):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+@pytest.mark.heavy
 def test_json_schema_streaming_equals_non_streaming(client):
     rf = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
     full = _chat(client, response_format=rf).choices[0].message.content
@@ -118,6 +119,7 @@ def test_json_schema_streaming_equals_non_streaming(client):
     assert text == full
 
 
+@pytest.mark.heavy
 def test_json_schema_n2_each_choice_constrained(client):
     r = _chat(client, n=2, temperature=1.0, seed=5, response_format={
         "type": "json_schema", "json_schema": {"name": "city", "schema": CITY}})
@@ -171,6 +173,7 @@ def _check_call(call):
 W = [{"role": "user", "content": "What's the weather in Paris?"}]
 
 
+@pytest.mark.heavy
 def test_tool_choice_required(client):
     r = _chat(client, messages=W, tools=TOOLS, tool_choice="required")
     ch = r.choices[0]
@@ -242,6 +245,7 @@ def test_streaming_tool_call_deltas(client):
     assert (got["name"], json.loads(got["arguments"])) == (want.function.name, json.loads(want.function.arguments))
 
 
+@pytest.mark.heavy
 def test_weather_round_trip(client):
     """call (forced) -> tool result -> final answer."""
     r = _chat(client, messages=W, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
