@@ -781,12 +781,16 @@ void HttpServer::shutdown(double timeout_s) {
     Scheduler& s = svc->scheduler();
     s.begin_drain();
     log::info("draining: waiting up to {} s for running requests", timeout_s);
+    auto limit = t0 + seconds(timeout_s) + std::chrono::milliseconds(300);
     if (!s.wait_idle(timeout_s)) {
       log::warn("draining: aborting the requests still running");
       s.abort_all(AbortReason::Shutdown, "The server is shutting down.");
+      // abort_all returns once every request has its abort event (after the step that was running); the
+      // streams still have to write that last event: give them up to 1 s from here, not from the timeout (under
+      // a loaded machine the step alone could eat a fixed 300 ms and streams ended without their error event).
+      limit = std::max(limit, Clock::now() + std::chrono::milliseconds(1000));
     }
-    // Let the connections write their last bytes (bounded: shutdown ends within timeout + 0.5 s).
-    const auto limit = t0 + seconds(timeout_s) + std::chrono::milliseconds(300);
+    // Let the connections write their last bytes (bounded: a client that does not read cannot hold shutdown).
     while (impl_->ctx.active_generations.load() > 0 && Clock::now() < limit)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
