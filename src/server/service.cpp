@@ -290,6 +290,9 @@ GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const C
       g.arrival = arrival;
       g.constraint = constraint;
       g.prompt_logprobs = prompt_logprobs;
+      // Echo without prompt logprobs: the prompt text goes out now and the engine computes only the last row
+      // (with them, the scheduler delivers text and logprobs together). A no-op for choices without echo.
+      if (prompt_logprobs < 0) job.state->on_prompt_logprobs(g.choice_offset, g.n, {});
       job.handles.push_back(scheduler_.submit(std::move(g)));
     }
   } catch (const SchedulerRejected& r) {
@@ -448,7 +451,8 @@ GenerationJob Service::start_completion(const CompletionRequest& r) {
     }
     for (int j = 0; j < r.c.n; ++j) configs.push_back(pc);
   }
-  const int prompt_lp = r.echo ? r.logprobs.value_or(0) : -1;
+  // Prompt rows are computed only when their logprobs are asked for (echo alone needs no logits row).
+  const int prompt_lp = r.echo && r.logprobs ? *r.logprobs : -1;
   return submit(std::move(prompts), r.c, M, std::move(configs), sp, structured_constraint(r.structured, -1),
                 prompt_lp);
 }

@@ -241,6 +241,24 @@ def test_echo_is_recomputed_when_the_prefix_is_cached(client):
     assert len(b.logprobs.token_logprobs) == len(b.logprobs.tokens)
 
 
+def test_echo_without_logprobs_needs_no_prompt_rows(client):
+    """Echo alone: the prompt text first (max_tokens 0 allowed), no logprobs; the engine then computes only the last
+    row, so the request takes the prefix cache like any other (an all-rows scoring request does not)."""
+    prompt = "What is the capital of Chile? " * 12
+    r = client.completions.create(model="tiny-glm", prompt=prompt, max_tokens=0, echo=True)
+    ch = r.choices[0]
+    assert ch.text == prompt and ch.logprobs is None and ch.finish_reason == "length"
+    again = client.completions.create(model="tiny-glm", prompt=prompt, max_tokens=0, echo=True)
+    assert again.choices[0].text == prompt
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    g = client.completions.create(model="tiny-glm", prompt=prompt, max_tokens=4, temperature=0)
+    e = client.completions.create(model="tiny-glm", prompt=prompt, max_tokens=4, temperature=0, echo=True)
+    assert e.choices[0].text == prompt + g.choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny-glm", prompt=prompt, max_tokens=4, temperature=0, echo=True, stream=True) if c.choices)
+    assert streamed == e.choices[0].text
+
+
 def test_logprobs_without_echo_unchanged(client):
     prompt = "The capital of France is"
     r = client.completions.create(model="tiny-glm", prompt=prompt, max_tokens=3, temperature=0, logprobs=1)
