@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "bench_decode.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "quant/float_formats.h"
 
@@ -146,7 +147,7 @@ void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows,
     }
     const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(rows) * static_cast<double>(cols);
     const double tf = flop / t[1] / 1e12;
-    std::printf("prefill %-20s %-8s %5lld x %-5lld M=%-5lld exact %9.1f us %6.1f TFLOP/s | bf16 cuBLASLt %8.1f us "
+    std::printf("prefill %-20s %-8s %5lld x %-5lld M=%-5lld exact %9.1f us %6.1f TFLOP/s | bf16 mode %8.1f us "
                 "%6.1f TFLOP/s = %4.1f%% of 990, %4.1f%% of 790 (%5.1fx)\n",
                 label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows),
                 static_cast<long long>(cols), static_cast<long long>(M), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6,
@@ -156,12 +157,62 @@ void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows,
   be.dealloc(yd);
 }
 
+// One MoE layer's routed experts at prefill: `tokens` tokens × top_k over E experts, spread evenly (tokens·top_k/E
+// rows each), fp32 tiled kernel (grouped_matmul) vs the bf16 mode's tensor-core kernel (grouped_matmul_bf16).
+void bench_grouped_prefill(Backend& be, WeightFormat f, int64_t E, int64_t tokens, int64_t top_k, int64_t rows,
+                           int64_t cols) {
+  const HostWeight h = make(f, rows, cols);
+  std::vector<QuantWeight> ws;
+  for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
+  std::vector<const QuantWeight*> wp(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) wp[static_cast<size_t>(e)] = &ws[static_cast<size_t>(e)];
+  const int64_t n = tokens * top_k;
+  std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) off[static_cast<size_t>(e + 1)] = n * (e + 1) / E;
+  auto* offd = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
+  be.upload(offd, off.data(), off.size() * 8);
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (float& v : x) v = bf16_to_f32(f32_to_bf16(next_normalish()));
+  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
+  be.upload(xd, x.data(), x.size() * 4);
+  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(n * rows) * 4, "y"));
+  double t[2] = {0.0, 0.0};
+  for (int path = 0; path < 2; ++path) {
+    auto run = [&] {
+      if (path == 0)
+        be.grouped_matmul(wp.data(), E, offd, xd, yd);
+      else
+        be.grouped_matmul_bf16(wp.data(), E, offd, xd, yd);
+    };
+    run();
+    be.sync();
+    const int iters = path == 0 ? 2 : 10;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) run();
+    be.sync();
+    t[path] = seconds_since(t0) / iters;
+  }
+  const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(rows) * static_cast<double>(cols);
+  std::printf("grouped prefill %s %lld experts, %lld tokens x top-%lld (%lld rows each), [%lld x %lld]: fp32 tiled "
+              "%.1f us %.1f TFLOP/s | bf16 tensor cores %.1f us %.1f TFLOP/s (%.1fx)\n",
+              std::string(weight_format_name(f)).c_str(), static_cast<long long>(E), static_cast<long long>(tokens),
+              static_cast<long long>(top_k), static_cast<long long>(n / E), static_cast<long long>(rows),
+              static_cast<long long>(cols), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6, flop / t[1] / 1e12,
+              t[0] / t[1]);
+  be.dealloc(offd);
+  be.dealloc(xd);
+  be.dealloc(yd);
+}
+
 void run_prefill_benches(Backend& be) {
+  cuda_set_tc_dispatch(be, true);  // the bf16 mode's tensor-core kernel for FP8 (cuda_backend.h: off by default)
   bench_prefill(be, "bf16 7168x2048", WeightFormat::BF16, 7168, 2048);
   bench_prefill(be, "bf16 2048x7168", WeightFormat::BF16, 2048, 7168);
   bench_prefill(be, "fp8 block 7168x2048", WeightFormat::FP8_E4M3_BLOCK, 7168, 2048);
   bench_prefill(be, "mxfp4 expert GLM-5", WeightFormat::MXFP4, 2048, 6144);
   bench_prefill(be, "mxfp4 expert down", WeightFormat::MXFP4, 6144, 2048);
+  bench_grouped_prefill(be, WeightFormat::MXFP4, 256, 2048, 8, 2048, 6144);  // GLM-5 gate/up, 2048-token chunk
+  bench_grouped_prefill(be, WeightFormat::FP8_E4M3_BLOCK, 256, 2048, 8, 2048, 7168);  // DeepSeek-V3 gate/up
 }
 
 void bench_copy(Backend& be) {

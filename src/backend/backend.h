@@ -144,6 +144,12 @@ class Backend {
   // Groups with no rows are skipped (their w[g] may be null).
   virtual void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
                               float* y) = 0;
+  // grouped_matmul() in the bf16 activation mode (every x value bf16-representable; see matmul_bf16).
+  // Default: grouped_matmul().
+  virtual void grouped_matmul_bf16(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets,
+                                   const float* x, float* y) {
+    grouped_matmul(w, n_groups, offsets, x, y);
+  }
   // out[m, :] = row ids[m] of table [V, D] (dequantized). ids must be in [0, V).
   virtual void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) = 0;
 

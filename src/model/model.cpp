@@ -420,14 +420,20 @@ void Model::moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float
     be_.fill(b.eu, n * Im, 0.0f);
     be_.fill(b.ed, n * D, 0.0f);
   }
-  be_.grouped_matmul(wg.data() + e0, e1 - e0, b.offs + e0, b.xs, b.eg);
-  be_.grouped_matmul(wu.data() + e0, e1 - e0, b.offs + e0, b.xs, b.eu);
+  auto grouped = [&](const std::vector<const QuantWeight*>& ws, const float* x, float* y) {
+    if (bf16)
+      be_.grouped_matmul_bf16(ws.data() + e0, e1 - e0, b.offs + e0, x, y);
+    else
+      be_.grouped_matmul(ws.data() + e0, e1 - e0, b.offs + e0, x, y);
+  };
+  grouped(wg, b.xs, b.eg);
+  grouped(wu, b.xs, b.eu);
   if (bf16) {
     be_.round_bf16(b.eg, n * Im);
     be_.round_bf16(b.eu, n * Im);
   }
   be_.silu_mul(b.eg, b.eu, n * Im, b.eg, bf16);
-  be_.grouped_matmul(wd.data() + e0, e1 - e0, b.offs + e0, b.eg, b.ed);
+  grouped(wd, b.eg, b.ed);
   if (bf16) be_.round_bf16(b.ed, n * D);
   be_.fill(out, M * D, 0.0f);
   be_.scatter_add_weighted(b.ed, b.tok, b.aw, n, D, out, bf16);

@@ -329,16 +329,26 @@ TEST(CudaOps, MatmulLargeBatch) {  // prefill-sized M: several m tiles, row tile
 // bf16, so only the fp32 summation order differs from the ref (≤ 1e-3, measured ~1e-6); FP8 weights are rounded to
 // bf16 once (relative 2^-9; ≤ the bf16 tolerance 1e-2); F32/F16 weights and M ≤ 16 keep the exact kernels (1e-5).
 // The cuBLASLt call counter proves which path ran.
+// Turns the tensor-core kernel's dispatch on for one test (cuda_backend.h: off by default until verified here).
+struct TcOn {
+  TcOn() { cuda_set_tc_dispatch(gpu(), true); }
+  ~TcOn() { cuda_set_tc_dispatch(gpu(), false); }
+};
+
 TEST(CudaOps, MatmulBf16Lt) {
   Rng rng(21);
   ASSERT_GE(cuda_lt_matmuls(gpu()), 0);
+  const TcOn tc_on;
   struct Shape {
     int64_t rows, cols;
     std::vector<int64_t> ms;
   };
   for (Fmt f : kAllFmts) {
-    // cuBLASLt only for weights that are exactly bf16 values (BF16, MXFP4); FP8 keeps the exact kernels.
+    // cuBLASLt only for weights that are exactly bf16 values (BF16, MXFP4); FP8 takes the own tensor-core kernel
+    // (raw e4m3 codes, scales on the fp32 partial sums) when its scale blocks are multiples of 16 × 32, else (and
+    // F32 / F16 always) the exact kernels.
     const bool lt = f == Fmt::BF16 || f == Fmt::Mxfp4, exact_products = lt;
+    const bool tc = f == Fmt::Fp8Block || f == Fmt::Fp8BlockFnuz || f == Fmt::Fp8Tensor || f == Fmt::Fp8Channel;
     const bool mx = f == Fmt::Mxfp4;
     const Shape shapes[] = {{37, mx ? 160 : 33, {16, 17, 33, 64, 100, 257}},
                             {301, mx ? 1088 : 1031, {17, 100, 257}},
@@ -353,15 +363,18 @@ TEST(CudaOps, MatmulBf16Lt) {
         Dev dv;
         const float* xd = dv.up(x);
         float* yd = dv.out<float>(yr.size());
-        const int64_t calls0 = cuda_lt_matmuls(gpu());
+        const int64_t calls0 = cuda_lt_matmuls(gpu()), tc0 = cuda_tc_matmuls(gpu());
         gpu().matmul_bf16(w.d, xd, M, yd);
         const std::vector<float> y = Dev::down(yd, yr.size());
-        const bool took_lt = cuda_lt_matmuls(gpu()) > calls0;
-        const bool want_lt = lt && M >= cuda_lt_min_rows();
+        const bool took_lt = cuda_lt_matmuls(gpu()) > calls0, took_tc = cuda_tc_matmuls(gpu()) > tc0;
+        const bool want_lt = lt && M >= cuda_lt_min_rows(), want_tc = tc && M >= cuda_lt_min_rows();
         EXPECT_EQ(took_lt, want_lt) << fmt_name(f) << " rows " << sh.rows << " cols " << sh.cols << " M " << M;
+        EXPECT_EQ(took_tc, want_tc) << fmt_name(f) << " rows " << sh.rows << " cols " << sh.cols << " M " << M;
         const double e = norm_err(y, yr);
-        const double tol = !want_lt ? kTolF32 : exact_products ? 1e-3 : kTolBf16;
-        record(std::string("matmul_bf16/") + fmt_name(f) + (want_lt ? "/cublaslt" : "/exact"), e);
+        // Exact products (bf16 x times bf16 values or e4m3 codes), fp32 tensor-core accumulation.
+        const double tol = want_tc ? 1e-3 : !want_lt ? kTolF32 : exact_products ? 1e-3 : kTolBf16;
+        record(std::string("matmul_bf16/") + fmt_name(f) + (want_lt ? "/cublaslt" : want_tc ? "/tensor-core" : "/exact"),
+               e);
         EXPECT_LE(e, tol) << fmt_name(f) << " rows " << sh.rows << " cols " << sh.cols << " M " << M;
         // The fp32 mode's matmul never takes the bf16 path.
         if (M == 17 || M == 64) {
@@ -374,6 +387,21 @@ TEST(CudaOps, MatmulBf16Lt) {
     }
   }
   // A bigger prefill shape through every scratch size change (x and weight scratch grow, then are reused).
+  // Off (a backend's default until this test has passed on a GPU): FP8 takes the exact kernels.
+  {
+    cuda_set_tc_dispatch(gpu(), false);
+    const TestWeight w = make_weight(Fmt::Fp8Block, 300, 520, rng);
+    const std::vector<float> x = bf16_values(rng.normals(64 * 520));
+    std::vector<float> yr(static_cast<size_t>(64 * 300));
+    ref().matmul(w.q, x.data(), 64, yr.data());
+    Dev dv;
+    float* yd = dv.out<float>(yr.size());
+    const int64_t tc0 = cuda_tc_matmuls(gpu());
+    gpu().matmul_bf16(w.d, dv.up(x), 64, yd);
+    EXPECT_EQ(cuda_tc_matmuls(gpu()), tc0);
+    EXPECT_LE(norm_err(Dev::down(yd, yr.size()), yr), kTolF32);
+    cuda_set_tc_dispatch(gpu(), true);
+  }
   for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Mxfp4}) {
     const int64_t rows = 1000, cols = f == Fmt::Mxfp4 ? 2048 : 2056, M = 300;
     const TestWeight w = make_weight(f, rows, cols, rng);
@@ -385,8 +413,8 @@ TEST(CudaOps, MatmulBf16Lt) {
       float* yd = dv.out<float>(yr.size());
       gpu().matmul_bf16(w.d, dv.up(x), M, yd);
       const double e = norm_err(Dev::down(yd, yr.size()), yr);
-      record(std::string("matmul_bf16/") + fmt_name(f) + (f == Fmt::Fp8Block ? "/exact" : "/cublaslt"), e);
-      EXPECT_LE(e, f == Fmt::Fp8Block ? kTolF32 : 1e-3) << fmt_name(f) << " rep " << rep;
+      record(std::string("matmul_bf16/") + fmt_name(f) + (f == Fmt::Fp8Block ? "/tensor-core" : "/cublaslt"), e);
+      EXPECT_LE(e, 1e-3) << fmt_name(f) << " rep " << rep;
     }
   }
 }
@@ -472,6 +500,58 @@ TEST(CudaOps, GroupedMatmulManyExperts) {  // 300 groups (more than one classifi
     const double e = norm_err(Dev::down(yd, yr.size()), yr);
     record("grouped_matmul/300_groups", e);
     EXPECT_LE(e, kTolF32) << "pass " << pass;
+  }
+}
+
+// The bf16 mode's grouped matmul: groups of more than 16 rows on the tensor-core kernel when every weight's
+// values or codes are bf16 values (a table with an F32 weight keeps the fp32 tiled kernel for all); bf16 x.
+TEST(CudaOps, GroupedMatmulBf16TensorCores) {
+  Rng rng(22);
+  const TcOn tc_on;
+  struct Case {
+    std::vector<Fmt> fmts;
+    bool tc;
+  };
+  const Case cases[] = {{{Fmt::Mxfp4, Fmt::Mxfp4, Fmt::Mxfp4, Fmt::Mxfp4, Fmt::Mxfp4, Fmt::Mxfp4}, true},
+                        {{Fmt::Fp8Block, Fmt::Fp8Block, Fmt::Fp8BlockFnuz, Fmt::Fp8Block, Fmt::Fp8Block, Fmt::Fp8Block}, true},
+                        {{Fmt::BF16, Fmt::Fp8Channel, Fmt::Fp8Tensor, Fmt::Mxfp4, Fmt::BF16, Fmt::Fp8Block}, true},
+                        {{Fmt::BF16, Fmt::F32, Fmt::Mxfp4, Fmt::BF16, Fmt::Mxfp4, Fmt::BF16}, false},
+                        {{Fmt::Fp8BlockOdd, Fmt::Fp8Block, Fmt::BF16, Fmt::BF16, Fmt::BF16, Fmt::BF16}, false}};
+  const int64_t counts[] = {3, 0, 17, 65, 1, 130};  // one group of each kernel class, an empty one, tile edges
+  for (const Case& c : cases) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 160}, {200, 1024 + 32}, {129, 4096}}) {
+      const int64_t G = static_cast<int64_t>(c.fmts.size());
+      std::vector<TestWeight> ws;
+      ws.reserve(static_cast<size_t>(G));
+      for (Fmt f : c.fmts) ws.push_back(make_weight(f, rows, cols, rng));
+      std::vector<const QuantWeight*> wr, wd;
+      std::vector<int64_t> off(static_cast<size_t>(G + 1), 0);
+      for (int64_t g = 0; g < G; ++g) {
+        wr.push_back(&ws[static_cast<size_t>(g)].q);
+        wd.push_back(&ws[static_cast<size_t>(g)].d);
+        off[static_cast<size_t>(g + 1)] = off[static_cast<size_t>(g)] + counts[g];
+      }
+      const int64_t n = off.back();
+      const std::vector<float> x = bf16_values(rng.normals(n * cols));
+      std::vector<float> yr(static_cast<size_t>(n * rows));
+      ref().grouped_matmul(wr.data(), G, off.data(), x.data(), yr.data());
+      Dev dv;
+      float* yd = dv.out<float>(yr.size());
+      const int64_t tc0 = cuda_tc_matmuls(gpu());
+      gpu().grouped_matmul_bf16(wd.data(), G, dv.up(off), dv.up(x), yd);
+      const std::vector<float> y = Dev::down(yd, yr.size());
+      EXPECT_EQ(cuda_tc_matmuls(gpu()) > tc0, c.tc) << fmt_name(c.fmts[0]) << " rows " << rows << " cols " << cols;
+      const double e = norm_err(y, yr);
+      record(std::string("grouped_matmul_bf16/") + (c.tc ? "tensor-core" : "exact"), e);
+      EXPECT_LE(e, c.tc ? 1e-3 : kTolF32) << fmt_name(c.fmts[0]) << " rows " << rows << " cols " << cols;
+      // Rows of every group, checked one by one (a group written to another's rows would hide in the norm).
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t a = off[static_cast<size_t>(g)] * rows, b = off[static_cast<size_t>(g + 1)] * rows;
+        if (b == a) continue;
+        const double eg = norm_err(y.data() + a, yr.data() + a, b - a);
+        EXPECT_LE(eg, c.tc ? 2e-3 : 1e-4) << "group " << g << " rows " << rows;
+      }
+    }
   }
 }
 

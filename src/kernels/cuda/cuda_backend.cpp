@@ -194,13 +194,13 @@ class CudaBackend final : public Backend {
   // (F32/F16 weights, M ≤ 16, a shape cuBLASLt has no algorithm for, or a graph capture that would need more
   // scratch than any eager step had) takes matmul().
   void matmul_bf16(const QuantWeight& w, const float* x, int64_t M, float* y) override {
-    if (!lt_eligible(w, M)) return matmul(w, x, M, y);
+    if (!lt_eligible(w, M)) return matmul_tc_or_exact(w, x, M, y);
     const int64_t N = w.rows, K = w.cols, Kp = lt_kp(K);
     const bool direct = lt_direct(w);
     void* xb = lt_scratch(lt_x_, static_cast<size_t>(M * Kp) * 2, "bf16 matmul activations");
     void* ws = direct ? nullptr : lt_scratch(lt_w_, static_cast<size_t>(N * Kp) * 2, "bf16 matmul weights");
     const void* wb = direct ? w.data : ws;
-    if (!xb || !wb || !lt_->supported(wb, xb, M, N, Kp, y)) return matmul(w, x, M, y);
+    if (!xb || !wb || !lt_->supported(wb, xb, M, N, Kp, y)) return matmul_tc_or_exact(w, x, M, y);
     cuda::launch_to_bf16(x, M, K, Kp, xb, stream_);
     check_launch("matmul_bf16 (activations to bf16)");
     if (!direct) {
@@ -223,6 +223,17 @@ class CudaBackend final : public Backend {
     if (wmax > 0) lt_scratch(lt_w_, static_cast<size_t>(wmax) * 2, "bf16 matmul weights");
   }
   int64_t lt_calls() const { return lt_calls_; }
+  int64_t tc_calls() const { return tc_calls_; }
+  bool tc_dispatch = false;  // cuda_set_tc_dispatch (cuda_backend.h: off until the kernel has passed on a GPU)
+  // bf16 mode without cuBLASLt (FP8 weights; BF16 / MXFP4 when cuBLASLt cannot take the shape): the own
+  // tensor-core kernel from cuda_lt_min_rows() rows for the formats it multiplies exactly, else the exact kernels.
+  void matmul_tc_or_exact(const QuantWeight& w, const float* x, int64_t M, float* y) {
+    const cuda::WDesc d = cuda::make_wdesc(w);
+    if (!tc_dispatch || M < cuda_lt_min_rows() || !cuda::tc_format(d)) return matmul(w, x, M, y);
+    cuda::launch_matmul_tc(d, x, M, y, stream_);
+    check_launch("matmul_bf16 (tensor-core kernel)");
+    ++tc_calls_;
+  }
 
   void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
                       float* y) override {
@@ -233,6 +244,20 @@ class CudaBackend final : public Backend {
     void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
     cuda::launch_grouped_matmul(table, n_groups, rows, cols, offsets, x, y, scratch, stream_);
     check_launch("grouped_matmul");
+  }
+  // The groups of more than 16 rows on the tensor-core kernel when every weight's values or codes are bf16 values
+  // (the expert prefill); the others, and tables with another format, as grouped_matmul.
+  void grouped_matmul_bf16(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
+                           float* y) override {
+    if (n_groups <= 0) return;
+    int64_t rows = 0, cols = 0;
+    bool tc = tc_dispatch;
+    const cuda::WDesc* table = group_table(w, n_groups, rows, cols, &tc);
+    if (!table) return;
+    void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
+    cuda::launch_grouped_matmul(table, n_groups, rows, cols, offsets, x, y, scratch, stream_, tc);
+    check_launch(tc ? "grouped_matmul_bf16 (tensor-core kernel)" : "grouped_matmul_bf16");
+    if (tc) ++tc_calls_;
   }
   void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) override {
     cuda::launch_embedding(cuda::make_wdesc(table), ids, M, out, stream_);
@@ -449,7 +474,9 @@ class CudaBackend final : public Backend {
   }
 
   // The device table of a grouped matmul's weights (cached per distinct list of weights).
-  const cuda::WDesc* group_table(const QuantWeight* const* w, int64_t n_groups, int64_t& rows, int64_t& cols) {
+  // tc (optional): set false unless every listed weight passes cuda::tc_format.
+  const cuda::WDesc* group_table(const QuantWeight* const* w, int64_t n_groups, int64_t& rows, int64_t& cols,
+                                 bool* tc = nullptr) {
     std::vector<const void*> key(static_cast<size_t>(n_groups));
     std::vector<cuda::WDesc> descs(static_cast<size_t>(n_groups));
     bool any = false;
@@ -457,6 +484,7 @@ class CudaBackend final : public Backend {
       if (!w[g]) continue;
       key[static_cast<size_t>(g)] = w[g]->data;
       descs[static_cast<size_t>(g)] = cuda::make_wdesc(*w[g]);
+      if (tc && !cuda::tc_format(descs[static_cast<size_t>(g)])) *tc = false;
       rows = w[g]->rows;
       cols = w[g]->cols;
       any = true;
@@ -486,6 +514,7 @@ class CudaBackend final : public Backend {
   Scratch lt_x_, lt_w_;
   std::vector<void*> lt_retired_;
   int64_t lt_calls_ = 0;
+  int64_t tc_calls_ = 0;
 };
 
 }  // namespace
@@ -495,6 +524,20 @@ std::unique_ptr<Backend> make_cuda_backend(int /*threads*/) { return std::make_u
 int64_t cuda_lt_matmuls(const Backend& be) {
   const auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->lt_calls() : -1;
+}
+
+int64_t cuda_tc_matmuls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->tc_calls() : -1;
+}
+
+void cuda_set_tc_dispatch(Backend& be, bool on) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->tc_dispatch = on;
+}
+
+bool cuda_tc_dispatch(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c && c->tc_dispatch;
 }
 
 }  // namespace latent

@@ -5,9 +5,15 @@
 //    once to its partial sum, fp32 accumulation per thread, the cross-thread reduction (warp shuffles, then shared memory in a fixed order) in fp64 in a fixed order. Rows whose
 //    bytes are not 16-byte aligned (odd sizes) take the element-wise path (one value at a time).
 //  * larger M (prefill): a 64×64 fp32 tiled kernel; weight tiles are dequantized element-wise into shared memory.
+//  * larger M in the bf16 activation mode (x values are bf16): a 64×64 tensor-core kernel (bf16 wmma, fp32
+//    accumulators) for the formats whose weight values, or codes, are exact bf16 values — BF16, MXFP4 (e2m1 × 2^e)
+//    and FP8 (e4m3 codes): FP8 multiplies the raw codes and applies each 128×128 block's fp32 scale to that block's
+//    fp32 partial sum (per-channel / per-tensor scales to the finished sum), so no weight is ever rounded.
 //  * grouped: the group offsets live on the device, so both kernels are launched over all groups and each block
 //    reads its group's row range; the small kernel takes groups of ≤ kSmallRows rows, the tiled one the others.
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
+#include <mma.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -369,6 +375,115 @@ __global__ void __launch_bounds__(256) tiled_kernel(WDesc single, const WDesc* t
   }
 }
 
+// ---- tensor-core tiles (bf16 activation mode) ----
+constexpr int kCM = 64, kCN = 64, kCK = 32;       // block tile: tokens × weight rows × K step
+constexpr int kCLd = kCK + 8, kCLdc = kCN + 4;    // shared-memory leading dimensions (wmma: ×8 bf16, ×4 f32)
+
+// The bf16 value a weight element enters the tensor cores with: BF16 and MXFP4 their (exact) value, FP8 its code's
+// value (the scale comes later). Callers check tc_format() first.
+__device__ __forceinline__ float tc_weight(const WDesc& w, int64_t r, int64_t c) {
+  if (w.format == kFmtFp8Block || w.format == kFmtFp8Tensor || w.format == kFmtFp8Channel)
+    return e4m3_to_f(static_cast<const uint8_t*>(w.data)[r * w.row_bytes + c], w.fnuz);
+  return wget(w, r, c);
+}
+
+// Same structure as tiled_kernel (single weight or persistent grouped grid). 4 warps, each a 32×32 quarter of the
+// tile as 2×2 wmma 16×16×16 fragments. FP8 block scales: the fragments' partial sums over one scale block (K
+// steps of kCK inside block_cols) are scaled into the accumulators when the block ends; a fragment's 16 weight
+// rows lie in one scale block (block_rows % 16 == 0, checked on the host), so its scale is uniform.
+__global__ void __launch_bounds__(128) tc_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
+                                                  const int32_t* list, const int32_t* list_count, int64_t ntiles,
+                                                  int64_t M, const float* x, float* y) {
+  using namespace nvcuda;
+  __shared__ __align__(32) __nv_bfloat16 xs[kCM][kCLd];
+  __shared__ __align__(32) __nv_bfloat16 ws[kCN][kCLd];
+  __shared__ __align__(32) float cs[kCM][kCLdc];
+  const int tid = threadIdx.x, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+  const int64_t n_items = list ? static_cast<int64_t>(*list_count) * ntiles : ntiles;
+  for (int64_t item = blockIdx.x; item < n_items; item += list ? gridDim.x : n_items) {
+    const int64_t g = list ? list[item / ntiles] : 0;
+    const WDesc w = list ? table[g] : single;
+    const int64_t m0 = list ? offsets[g] : 0, m1 = list ? offsets[g + 1] : M;
+    const int64_t N = w.rows, K = w.cols;
+    const int64_t n0 = (item % ntiles) * kCN;
+    const bool blk = w.format == kFmtFp8Block;
+    const float* sc = static_cast<const float*>(w.scale);
+    const int64_t mstart = m0 + (list ? 0 : static_cast<int64_t>(blockIdx.y) * kCM);
+    const int64_t mstep = (list ? 1 : static_cast<int64_t>(gridDim.y)) * kCM;
+    for (int64_t mt = mstart; mt < m1; mt += mstep) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2], part[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fill_fragment(acc[i][j], 0.0f);
+          wmma::fill_fragment(part[i][j], 0.0f);
+        }
+      for (int64_t k0 = 0; k0 < K; k0 += kCK) {
+#pragma unroll
+        for (int q = 0; q < kCM * kCK / 128; ++q) {
+          const int idx = tid + 128 * q, a = idx / kCK, kk = idx % kCK;
+          const int64_t m = mt + a, n = n0 + a, k = k0 + kk;
+          xs[a][kk] = __float2bfloat16_rn((m < m1 && k < K) ? x[m * K + k] : 0.0f);
+          ws[a][kk] = __float2bfloat16_rn((n < N && k < K) ? tc_weight(w, n, k) : 0.0f);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kCK; kk += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &xs[wm * 32 + i * 16][kk], kCLd);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &ws[wn * 32 + j * 16][kk], kCLd);
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              if (blk)
+                wmma::mma_sync(part[i][j], fa[i], fb[j], part[i][j]);
+              else
+                wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            }
+        }
+        __syncthreads();
+        const int64_t kend = k0 + kCK;
+        if (blk && (kend % w.block_cols == 0 || kend >= K)) {
+          const int64_t kb = k0 / w.block_cols;
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int64_t nf = n0 + wn * 32 + j * 16;
+            const float s = nf < N ? sc[(nf / w.block_rows) * w.scale_cols + kb] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+#pragma unroll
+              for (int t = 0; t < acc[i][j].num_elements; ++t) acc[i][j].x[t] = fmaf(s, part[i][j].x[t], acc[i][j].x[t]);
+              wmma::fill_fragment(part[i][j], 0.0f);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          wmma::store_matrix_sync(&cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kCLdc, wmma::mem_row_major);
+      __syncthreads();
+#pragma unroll 4
+      for (int q = 0; q < kCM * kCN / 128; ++q) {
+        const int idx = tid + 128 * q, a = idx / kCN, c = idx % kCN;
+        const int64_t m = mt + a, n = n0 + c;
+        if (m >= m1 || n >= N) continue;
+        float v = cs[a][c];
+        if (w.format == kFmtFp8Channel) v *= sc[n];
+        else if (w.format == kFmtFp8Tensor) v *= sc[0];
+        y[m * N + n] = v;
+      }
+      __syncthreads();
+    }
+  }
+}
+
 // ---- bf16 operands of the cuBLASLt path (cuda_lt.cpp) ----
 __device__ __forceinline__ uint32_t bf16_bits(float f) { return __float_as_uint(bf16r(f)) >> 16; }
 __device__ __forceinline__ uint4 pack_bf16x8(const float (&v)[8]) {
@@ -474,10 +589,28 @@ void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStre
   }
 }
 
+bool tc_format(const WDesc& w) {
+  switch (w.format) {
+    case kFmtBF16:
+    case kFmtMxfp4:
+    case kFmtFp8Tensor:
+    case kFmtFp8Channel: return true;
+    case kFmtFp8Block: return w.block_rows > 0 && w.block_rows % 16 == 0 && w.block_cols > 0 && w.block_cols % kCK == 0;
+    default: return false;  // F32 / F16 values are not bf16 values
+  }
+}
+
+void launch_matmul_tc(const WDesc& w, const float* x, int64_t M, float* y, cudaStream_t st) {
+  if (M <= 0 || w.rows <= 0) return;
+  const int64_t mt = (M + kCM - 1) / kCM, ntiles = (w.rows + kCN - 1) / kCN;
+  const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(mt < 65535 ? mt : 65535), 1);
+  tc_kernel<<<grid, 128, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr, ntiles, M, x, y);
+}
+
 size_t grouped_scratch_bytes(int64_t n_groups) { return static_cast<size_t>(3 * n_groups + 3) * sizeof(int32_t); }
 
 void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
-                           const float* x, float* y, void* scratch, cudaStream_t st) {
+                           const float* x, float* y, void* scratch, cudaStream_t st, bool tc) {
   if (n_groups <= 0 || rows <= 0) return;
   int32_t* lists = static_cast<int32_t*>(scratch);
   int32_t* counts = lists + 3 * n_groups;
@@ -491,8 +624,12 @@ void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, i
                                                                                (rows + r1 - 1) / r1, x, y);
   small_grouped_kernel<kMC><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(
       table, offsets, lists + n_groups, counts + 1, (rows + r4 - 1) / r4, x, y);
-  tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups, counts + 2,
-                                                               (rows + kTN - 1) / kTN, 0, x, y);
+  if (tc)
+    tc_kernel<<<static_cast<unsigned>(sms * 4), 128, 0, st>>>(none, table, offsets, lists + 2 * n_groups, counts + 2,
+                                                              (rows + kCN - 1) / kCN, 0, x, y);
+  else
+    tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups,
+                                                                 counts + 2, (rows + kTN - 1) / kTN, 0, x, y);
 }
 
 void launch_to_bf16(const float* x, int64_t M, int64_t K, int64_t Kp, void* out, cudaStream_t st) {

@@ -27,8 +27,15 @@ void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStre
 // Grouped: table [n_groups] on the device (entries with data == null are skipped), offsets [n_groups + 1] on the
 // device, rows/cols the common shape, scratch ≥ grouped_scratch_bytes(n_groups) of device memory.
 size_t grouped_scratch_bytes(int64_t n_groups);
+// tc: the groups with more than 16 rows take the tensor-core kernel (bf16 activation mode; every non-null entry
+// passes tc_format), else the fp32 tiled kernel.
 void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
-                           const float* x, float* y, void* scratch, cudaStream_t st);
+                           const float* x, float* y, void* scratch, cudaStream_t st, bool tc = false);
+// Tensor-core matmul for the bf16 activation mode (x values bf16): formats whose values or codes are exact bf16
+// values (tc_format: BF16, MXFP4, FP8 with block scales in 16×32 multiples, per tensor or per channel); FP8 scales
+// are applied to fp32 partial sums, never to the weights.
+bool tc_format(const WDesc& w);
+void launch_matmul_tc(const WDesc& w, const float* x, int64_t M, float* y, cudaStream_t st);
 void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, float* out, cudaStream_t st);
 // The cuBLASLt path's bf16 operands (Kp = K rounded up to a multiple of 8, the padding columns zero): out [M, Kp]
 // = x rounded to bf16; out [rows, Kp] = W dequantized (as the exact kernels do) and rounded to bf16.
