@@ -329,10 +329,11 @@ TEST(CudaOps, MatmulLargeBatch) {  // prefill-sized M: several m tiles, row tile
 // bf16, so only the fp32 summation order differs from the ref (≤ 1e-3, measured ~1e-6); FP8 weights are rounded to
 // bf16 once (relative 2^-9; ≤ the bf16 tolerance 1e-2); F32/F16 weights and M ≤ 16 keep the exact kernels (1e-5).
 // The cuBLASLt call counter proves which path ran.
-// Turns the tensor-core kernel's dispatch on for one test (cuda_backend.h: off by default until verified here).
+// The tensor-core kernel's dispatch on for one test (the default; a test may turn it off), then as before.
 struct TcOn {
+  bool was = cuda_tc_dispatch(gpu());
   TcOn() { cuda_set_tc_dispatch(gpu(), true); }
-  ~TcOn() { cuda_set_tc_dispatch(gpu(), false); }
+  ~TcOn() { cuda_set_tc_dispatch(gpu(), was); }
 };
 
 TEST(CudaOps, MatmulBf16Lt) {
@@ -387,7 +388,7 @@ TEST(CudaOps, MatmulBf16Lt) {
     }
   }
   // A bigger prefill shape through every scratch size change (x and weight scratch grow, then are reused).
-  // Off (a backend's default until this test has passed on a GPU): FP8 takes the exact kernels.
+  // Off: FP8 takes the exact kernels.
   {
     cuda_set_tc_dispatch(gpu(), false);
     const TestWeight w = make_weight(Fmt::Fp8Block, 300, 520, rng);

@@ -224,7 +224,7 @@ class CudaBackend final : public Backend {
   }
   int64_t lt_calls() const { return lt_calls_; }
   int64_t tc_calls() const { return tc_calls_; }
-  bool tc_dispatch = false;  // cuda_set_tc_dispatch (cuda_backend.h: off until the kernel has passed on a GPU)
+  bool tc_dispatch = true;  // cuda_set_tc_dispatch (cuda_backend.h)
   // bf16 mode without cuBLASLt (FP8 weights; BF16 / MXFP4 when cuBLASLt cannot take the shape): the own
   // tensor-core kernel from cuda_lt_min_rows() rows for the formats it multiplies exactly, else the exact kernels.
   void matmul_tc_or_exact(const QuantWeight& w, const float* x, int64_t M, float* y) {

@@ -21,10 +21,8 @@ int64_t cuda_lt_matmuls(const Backend& be);
 // Diagnostics: the matmul_bf16 / grouped_matmul_bf16 calls that ran on the own tensor-core kernel (FP8 weights,
 // expert groups of more than 16 rows) so far (-1 when `be` is not the CUDA backend).
 int64_t cuda_tc_matmuls(const Backend& be);
-// The own tensor-core kernel (FP8 weights at prefill sizes; expert groups of more than 16 rows) is written and has
-// its tests (CudaOps.MatmulBf16Lt, CudaOps.GroupedMatmulBf16TensorCores turn it on for their backend), but it has
-// not run on a GPU yet (the device was withdrawn the session it was written): until test_cuda has passed with it,
-// a backend starts with it off and the bf16 path takes the exact kernels there, as before. Benches turn it on.
+// The own tensor-core kernel of the bf16 mode (FP8 weights from cuda_lt_min_rows() rows; expert groups of more
+// than 16 rows) is on by default; off, those take the exact fp32 kernels (tests compare the two).
 void cuda_set_tc_dispatch(Backend& be, bool on);
 bool cuda_tc_dispatch(const Backend& be);
 

@@ -376,8 +376,9 @@ __global__ void __launch_bounds__(256) tiled_kernel(WDesc single, const WDesc* t
 }
 
 // ---- tensor-core tiles (bf16 activation mode) ----
-constexpr int kCM = 64, kCN = 64, kCK = 32;       // block tile: tokens × weight rows × K step
-constexpr int kCLd = kCK + 8, kCLdc = kCN + 4;    // shared-memory leading dimensions (wmma: ×8 bf16, ×4 f32)
+constexpr int kCM = 128, kCN = 128, kCK = 32;  // block tile: tokens × weight rows × K step
+constexpr int kCLd = kCK + 8;                   // shared-memory leading dimension (wmma: a multiple of 8 bf16)
+constexpr int kCThreads = 256;                  // 8 warps: 4 (tokens) × 2 (weight rows), 32 × 64 each
 
 // The bf16 value a weight element enters the tensor cores with: BF16 and MXFP4 their (exact) value, FP8 its code's
 // value (the scale comes later). Callers check tc_format() first.
@@ -387,18 +388,107 @@ __device__ __forceinline__ float tc_weight(const WDesc& w, int64_t r, int64_t c)
   return wget(w, r, c);
 }
 
-// Same structure as tiled_kernel (single weight or persistent grouped grid). 4 warps, each a 32×32 quarter of the
-// tile as 2×2 wmma 16×16×16 fragments. FP8 block scales: the fragments' partial sums over one scale block (K
-// steps of kCK inside block_cols) are scaled into the accumulators when the block ends; a fragment's 16 weight
-// rows lie in one scale block (block_rows % 16 == 0, checked on the host), so its scale is uniform.
-__global__ void __launch_bounds__(128) tc_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
-                                                  const int32_t* list, const int32_t* list_count, int64_t ntiles,
-                                                  int64_t M, const float* x, float* y) {
+__device__ __forceinline__ uint32_t bf162_bits(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Weight rows n0 .. n0+kCN, columns k0 .. k0+kCK into ws as bf16 (zero outside the matrix). Vector paths for
+// aligned rows: BF16 16-byte copies, FP8 (fn) 4 codes per 32-bit load through the hardware e4m3→f16 conversion,
+// MXFP4 16 codes per 8-byte load with the step's one E8M0 scale; else element by element.
+__device__ __forceinline__ void tc_load_w(const WDesc& w, int64_t n0, int64_t k0, __nv_bfloat16 (*ws)[kCLd], int tid) {
+  const int64_t N = w.rows, K = w.cols;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(w.data);
+  const uint8_t* data = static_cast<const uint8_t*>(w.data);
+  if (w.format == kFmtBF16 && (base & 15) == 0 && w.row_bytes % 16 == 0) {
+#pragma unroll
+    for (int q = 0; q < kCN * kCK / 8 / kCThreads; ++q) {
+      const int idx = tid + kCThreads * q, a = idx >> 2, c = (idx & 3) * 8;
+      const int64_t n = n0 + a, k = k0 + c;
+      uint4 u = make_uint4(0, 0, 0, 0);
+      if (n < N && k < K) u = *reinterpret_cast<const uint4*>(data + n * w.row_bytes + k * 2);
+      *reinterpret_cast<uint4*>(&ws[a][c]) = u;
+    }
+  } else if ((w.format == kFmtFp8Block || w.format == kFmtFp8Tensor || w.format == kFmtFp8Channel) && !w.fnuz &&
+             (base & 3) == 0 && w.row_bytes % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < kCN * kCK / 4 / kCThreads; ++q) {
+      const int idx = tid + kCThreads * q, a = idx >> 3, c = (idx & 7) * 4;
+      const int64_t n = n0 + a, k = k0 + c;
+      uint2 o = make_uint2(0, 0);
+      if (n < N && k < K) {
+        const uint32_t u = *reinterpret_cast<const uint32_t*>(data + n * w.row_bytes + k);
+        const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+                         static_cast<__nv_fp8x2_storage_t>(u & 0xFFFFu), __NV_E4M3)));
+        const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+                         static_cast<__nv_fp8x2_storage_t>(u >> 16), __NV_E4M3)));
+        o = make_uint2(bf162_bits(lo.x, lo.y), bf162_bits(hi.x, hi.y));
+      }
+      *reinterpret_cast<uint2*>(&ws[a][c]) = o;
+    }
+  } else if (w.format == kFmtMxfp4 && (base & 7) == 0 && w.row_bytes % 16 == 0 && K % 32 == 0) {
+    const int a = tid >> 1, c = (tid & 1) * 16;  // 2 threads per row, 16 codes each
+    const int64_t n = n0 + a, k = k0 + c;
+    uint4 o0 = make_uint4(0, 0, 0, 0), o1 = o0;
+    if (n < N && k < K) {
+      const uint2 u = *reinterpret_cast<const uint2*>(data + n * w.row_bytes + k / 2);
+      const float s = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[n * w.scale_cols + k / 32]);
+      float v[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const uint32_t word = e < 8 ? u.x : u.y;
+        v[e] = __fmul_rn(e2m1_to_f(word >> (4 * (e & 7))), s);
+      }
+      o0 = make_uint4(bf162_bits(v[0], v[1]), bf162_bits(v[2], v[3]), bf162_bits(v[4], v[5]), bf162_bits(v[6], v[7]));
+      o1 = make_uint4(bf162_bits(v[8], v[9]), bf162_bits(v[10], v[11]), bf162_bits(v[12], v[13]),
+                      bf162_bits(v[14], v[15]));
+    }
+    *reinterpret_cast<uint4*>(&ws[a][c]) = o0;
+    *reinterpret_cast<uint4*>(&ws[a][c + 8]) = o1;
+  } else {
+#pragma unroll 4
+    for (int q = 0; q < kCN * kCK / kCThreads; ++q) {
+      const int idx = tid + kCThreads * q, a = idx / kCK, kk = idx % kCK;
+      const int64_t n = n0 + a, k = k0 + kk;
+      ws[a][kk] = __float2bfloat16_rn((n < N && k < K) ? tc_weight(w, n, k) : 0.0f);
+    }
+  }
+}
+
+// Tokens mt .. mt+kCM (below m1), columns k0 .. k0+kCK of x into xs as bf16 (exact for bf16-mode activations).
+__device__ __forceinline__ void tc_load_x(const float* x, int64_t mt, int64_t m1, int64_t K, int64_t k0, bool vec,
+                                          __nv_bfloat16 (*xs)[kCLd], int tid) {
+  if (vec) {
+#pragma unroll
+    for (int q = 0; q < kCM * kCK / 4 / kCThreads; ++q) {
+      const int idx = tid + kCThreads * q, a = idx >> 3, c = (idx & 7) * 4;
+      const int64_t m = mt + a, k = k0 + c;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (m < m1 && k < K) v = *reinterpret_cast<const float4*>(x + m * K + k);
+      *reinterpret_cast<uint2*>(&xs[a][c]) = make_uint2(bf162_bits(v.x, v.y), bf162_bits(v.z, v.w));
+    }
+  } else {
+#pragma unroll 4
+    for (int q = 0; q < kCM * kCK / kCThreads; ++q) {
+      const int idx = tid + kCThreads * q, a = idx / kCK, kk = idx % kCK;
+      const int64_t m = mt + a, k = k0 + kk;
+      xs[a][kk] = __float2bfloat16_rn((m < m1 && k < K) ? x[m * K + k] : 0.0f);
+    }
+  }
+}
+
+// Same structure as tiled_kernel (single weight or persistent grouped grid). Each warp a 32×64 part of the tile as
+// 2×4 wmma 16×16×16 fragments. FP8 block scales: the fragments' partial sums over one scale block (the K steps of
+// kCK inside block_cols) are scaled into the accumulators when the block ends; a fragment's 16 weight rows lie in
+// one scale block (block_rows % 16 == 0, checked on the host), so its scale is uniform over the fragment.
+__global__ void __launch_bounds__(kCThreads) tc_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
+                                                        const int32_t* list, const int32_t* list_count,
+                                                        int64_t ntiles, int64_t M, const float* x, float* y) {
   using namespace nvcuda;
   __shared__ __align__(32) __nv_bfloat16 xs[kCM][kCLd];
   __shared__ __align__(32) __nv_bfloat16 ws[kCN][kCLd];
-  __shared__ __align__(32) float cs[kCM][kCLdc];
-  const int tid = threadIdx.x, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+  __shared__ __align__(32) float st[kCThreads / 32][16][20];  // per-warp epilogue staging
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
   const int64_t n_items = list ? static_cast<int64_t>(*list_count) * ntiles : ntiles;
   for (int64_t item = blockIdx.x; item < n_items; item += list ? gridDim.x : n_items) {
     const int64_t g = list ? list[item / ntiles] : 0;
@@ -407,39 +497,35 @@ __global__ void __launch_bounds__(128) tc_kernel(WDesc single, const WDesc* tabl
     const int64_t N = w.rows, K = w.cols;
     const int64_t n0 = (item % ntiles) * kCN;
     const bool blk = w.format == kFmtFp8Block;
+    const bool xvec = K % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
     const float* sc = static_cast<const float*>(w.scale);
     const int64_t mstart = m0 + (list ? 0 : static_cast<int64_t>(blockIdx.y) * kCM);
     const int64_t mstep = (list ? 1 : static_cast<int64_t>(gridDim.y)) * kCM;
     for (int64_t mt = mstart; mt < m1; mt += mstep) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2], part[2][2];
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4], part[2][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < 4; ++j) {
           wmma::fill_fragment(acc[i][j], 0.0f);
           wmma::fill_fragment(part[i][j], 0.0f);
         }
       for (int64_t k0 = 0; k0 < K; k0 += kCK) {
-#pragma unroll
-        for (int q = 0; q < kCM * kCK / 128; ++q) {
-          const int idx = tid + 128 * q, a = idx / kCK, kk = idx % kCK;
-          const int64_t m = mt + a, n = n0 + a, k = k0 + kk;
-          xs[a][kk] = __float2bfloat16_rn((m < m1 && k < K) ? x[m * K + k] : 0.0f);
-          ws[a][kk] = __float2bfloat16_rn((n < N && k < K) ? tc_weight(w, n, k) : 0.0f);
-        }
+        tc_load_x(x, mt, m1, K, k0, xvec, xs, tid);
+        tc_load_w(w, n0, k0, ws, tid);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < kCK; kk += 16) {
           wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[4];
 #pragma unroll
           for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &xs[wm * 32 + i * 16][kk], kCLd);
 #pragma unroll
-          for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], &ws[wn * 32 + j * 16][kk], kCLd);
+          for (int j = 0; j < 4; ++j) wmma::load_matrix_sync(fb[j], &ws[wn * 64 + j * 16][kk], kCLd);
 #pragma unroll
           for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < 4; ++j) {
               if (blk)
                 wmma::mma_sync(part[i][j], fa[i], fb[j], part[i][j]);
               else
@@ -451,8 +537,8 @@ __global__ void __launch_bounds__(128) tc_kernel(WDesc single, const WDesc* tabl
         if (blk && (kend % w.block_cols == 0 || kend >= K)) {
           const int64_t kb = k0 / w.block_cols;
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int64_t nf = n0 + wn * 32 + j * 16;
+          for (int j = 0; j < 4; ++j) {
+            const int64_t nf = n0 + wn * 64 + j * 16;
             const float s = nf < N ? sc[(nf / w.block_rows) * w.scale_cols + kb] : 0.0f;
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -466,20 +552,22 @@ __global__ void __launch_bounds__(128) tc_kernel(WDesc single, const WDesc* tabl
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
-          wmma::store_matrix_sync(&cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kCLdc, wmma::mem_row_major);
-      __syncthreads();
-#pragma unroll 4
-      for (int q = 0; q < kCM * kCN / 128; ++q) {
-        const int idx = tid + 128 * q, a = idx / kCN, c = idx % kCN;
-        const int64_t m = mt + a, n = n0 + c;
-        if (m >= m1 || n >= N) continue;
-        float v = cs[a][c];
-        if (w.format == kFmtFp8Channel) v *= sc[n];
-        else if (w.format == kFmtFp8Tensor) v *= sc[0];
-        y[m * N + n] = v;
-      }
-      __syncthreads();
+        for (int j = 0; j < 4; ++j) {
+          wmma::store_matrix_sync(&st[warp][0][0], acc[i][j], 20, wmma::mem_row_major);
+          __syncwarp();
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const int idx = lane + 32 * e, r = idx >> 4, c = idx & 15;
+            const int64_t m = mt + wm * 32 + i * 16 + r, n = n0 + wn * 64 + j * 16 + c;
+            if (m < m1 && n < N) {
+              float v = st[warp][r][c];
+              if (w.format == kFmtFp8Channel) v *= sc[n];
+              else if (w.format == kFmtFp8Tensor) v *= sc[0];
+              y[m * N + n] = v;
+            }
+          }
+          __syncwarp();
+        }
     }
   }
 }
@@ -604,7 +692,7 @@ void launch_matmul_tc(const WDesc& w, const float* x, int64_t M, float* y, cudaS
   if (M <= 0 || w.rows <= 0) return;
   const int64_t mt = (M + kCM - 1) / kCM, ntiles = (w.rows + kCN - 1) / kCN;
   const dim3 grid(static_cast<unsigned>(ntiles), static_cast<unsigned>(mt < 65535 ? mt : 65535), 1);
-  tc_kernel<<<grid, 128, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr, ntiles, M, x, y);
+  tc_kernel<<<grid, kCThreads, 0, st>>>(w, nullptr, nullptr, nullptr, nullptr, ntiles, M, x, y);
 }
 
 size_t grouped_scratch_bytes(int64_t n_groups) { return static_cast<size_t>(3 * n_groups + 3) * sizeof(int32_t); }
@@ -625,8 +713,8 @@ void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, i
   small_grouped_kernel<kMC><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(
       table, offsets, lists + n_groups, counts + 1, (rows + r4 - 1) / r4, x, y);
   if (tc)
-    tc_kernel<<<static_cast<unsigned>(sms * 4), 128, 0, st>>>(none, table, offsets, lists + 2 * n_groups, counts + 2,
-                                                              (rows + kCN - 1) / kCN, 0, x, y);
+    tc_kernel<<<static_cast<unsigned>(sms * 2), kCThreads, 0, st>>>(none, table, offsets, lists + 2 * n_groups,
+                                                                    counts + 2, (rows + kCN - 1) / kCN, 0, x, y);
   else
     tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups,
                                                                  counts + 2, (rows + kTN - 1) / kTN, 0, x, y);
