@@ -52,6 +52,11 @@ void Backend::moe_group(const int32_t* ids, const float* weights, int64_t M, int
     }
 }
 
+void Backend::sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowParams* params,
+                          const SampleEdit* edits, const uint32_t* allow, const uint32_t* banned, int32_t* ids) {
+  sample_rows_reference(logits, rows, V, params, edits, allow, banned, ids);
+}
+
 void Backend::gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * D, src + static_cast<int64_t>(rows[i]) * D, sizeof(float) * D);
 }
