@@ -17,14 +17,11 @@
 //     choice index and the token index: counter-based, no state), W the kept total; the token is the first kept
 //     id, in ascending id order, whose running weight sum exceeds r.
 // Greedy (temperature <= 0): the largest x among the non-banned ids, ties to the lower id (penalties and bias
-// apply, the truncations do not).
+// apply, the truncations do not). The host reference of the whole op is backend/sample_reference.h.
 #pragma once
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
-#include <utility>
 #include <vector>
 
 #if defined(__CUDACC__)
@@ -194,111 +191,6 @@ LATENT_HD float sample_apply_edit(float x, const SampleEdit& e, const SampleRowP
   if (e.count > 0 && (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f))
     x = sample_fsub(x, sample_fadd(sample_fmul(p.frequency_penalty, static_cast<float>(e.count)), p.presence_penalty));
   return x;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Host reference.
-// ---------------------------------------------------------------------------------------------------------------
-
-// Greedy argmax over the non-banned ids (ties to the lowest); 0 when every id is banned.
-inline int32_t sample_argmax(const float* x, int64_t V, const std::vector<bool>* banned) {
-  int32_t best = -1;
-  float bv = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < V; ++i) {
-    if (banned && (*banned)[static_cast<size_t>(i)]) continue;
-    if (best < 0 || x[i] > bv) {
-      best = static_cast<int32_t>(i);
-      bv = x[i];
-    }
-  }
-  return best < 0 ? 0 : best;
-}
-
-// The draw on final scores x [V] (see the top of this file). scratch: reused between calls.
-inline int32_t sample_pick(const float* x, int64_t V, const std::vector<bool>* banned, const SampleRowParams& p,
-                           std::vector<std::pair<uint64_t, int32_t>>& scratch) {
-  if (p.temperature <= 0.0f) return sample_argmax(x, V, banned);
-  const float ninf = -std::numeric_limits<float>::infinity();
-  float xmax = ninf;
-  scratch.clear();
-  for (int64_t i = 0; i < V; ++i)
-    if (x[i] > ninf) {
-      scratch.emplace_back(sample_key(x[i], static_cast<int32_t>(i)), static_cast<int32_t>(i));
-      xmax = x[i] > xmax ? x[i] : xmax;
-    }
-  if (scratch.empty()) return sample_argmax(x, V, banned);
-  auto desc = [](const auto& a, const auto& b) { return a.first > b.first; };
-  size_t keep = scratch.size();
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < keep) {
-    std::partial_sort(scratch.begin(), scratch.begin() + p.top_k, scratch.end(), desc);
-    keep = static_cast<size_t>(p.top_k);
-  } else {
-    std::sort(scratch.begin(), scratch.end(), desc);
-  }
-  auto w = [&](size_t j) { return sample_weight(sample_fsub(x[scratch[j].second], xmax)); };
-  if (p.top_p < 1.0f) {
-    uint64_t W = 0;
-    for (size_t j = 0; j < keep; ++j) W += w(j);
-    const uint64_t T = sample_top_p_target(p.top_p, W);
-    uint64_t cum = 0;
-    size_t c = 0;
-    while (c < keep) {
-      cum += w(c++);
-      if (cum >= T) break;
-    }
-    keep = c;
-  }
-  if (p.min_p > 0.0f) {
-    const uint64_t T = sample_min_p_threshold(p.min_p);
-    size_t c = 0;
-    while (c < keep && w(c) >= T) ++c;
-    keep = c < 1 ? 1 : c;
-  }
-  // Ascending id order over the kept set.
-  scratch.resize(keep);
-  std::sort(scratch.begin(), scratch.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
-  uint64_t W = 0;
-  for (size_t j = 0; j < keep; ++j) W += w(j);
-  const uint64_t r = sample_mulhi(sample_random(p.rng_key, p.rng_counter), W);
-  uint64_t acc = 0;
-  for (size_t j = 0; j < keep; ++j) {
-    acc += w(j);
-    if (acc > r) return scratch[j].second;
-  }
-  return scratch[keep - 1].second;  // (unreachable: r < W)
-}
-
-inline void sample_rows_reference(float* logits, int64_t rows, int64_t V, const SampleRowParams* params,
-                                  const SampleEdit* edits, const uint32_t* allow, const uint32_t* banned_bits,
-                                  int32_t* ids) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  std::vector<bool> banned;
-  if (banned_bits) {
-    banned.resize(static_cast<size_t>(V));
-    for (int64_t i = 0; i < V; ++i) banned[static_cast<size_t>(i)] = (banned_bits[i >> 5] >> (i & 31)) & 1u;
-  }
-  std::vector<std::pair<uint64_t, int32_t>> scratch;
-  for (int64_t r = 0; r < rows; ++r) {
-    const SampleRowParams& p = params[r];
-    float* x = logits + r * V;
-    const uint32_t* a = p.allow_offset >= 0 && allow ? allow + p.allow_offset : nullptr;
-    for (int64_t i = 0; i < V; ++i)
-      if ((banned_bits && banned[static_cast<size_t>(i)]) || (a && !((a[i >> 5] >> (i & 31)) & 1u))) x[i] = ninf;
-    for (int32_t e = 0; e < p.n_edits; ++e) {
-      const SampleEdit& ed = edits[p.edit_begin + e];
-      if (ed.token >= 0 && ed.token < V) x[ed.token] = sample_apply_edit(x[ed.token], ed, p);
-    }
-    if (p.temperature > 0.0f && p.temperature != 1.0f)
-      for (int64_t i = 0; i < V; ++i) x[i] = sample_fdiv(x[i], p.temperature);
-    ids[r] = sample_pick(x, V, banned_bits ? &banned : nullptr, p, scratch);
-  }
-}
-
-inline std::vector<uint32_t> sample_bitmask(const std::vector<bool>& v) {
-  std::vector<uint32_t> w((v.size() + 31) / 32, 0u);
-  for (size_t i = 0; i < v.size(); ++i)
-    if (v[i]) w[i >> 5] |= 1u << (i & 31);
-  return w;
 }
 
 }  // namespace latent

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/sample_reference.h"
 #include "core/error.h"
 
 namespace latent {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/sampling.h"
+#include "backend/sample_reference.h"
 
 namespace latent {
 
@@ -60,7 +60,7 @@ class Sampler {
  private:
   SamplingParams p_;
   uint64_t key_ = 0, counter_ = 0;
-  std::vector<std::pair<uint64_t, int32_t>> scratch_;
+  std::vector<SampleCand> scratch_;
   SampleRowParams row_params() const;
 };
 

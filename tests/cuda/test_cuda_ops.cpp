@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/sample_reference.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "quant/float_formats.h"

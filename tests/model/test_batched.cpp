@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 
+#include "backend/sample_reference.h"
 #include "core/error.h"
 #include "model_test_util.h"
 

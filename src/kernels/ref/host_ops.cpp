@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/sample_reference.h"
 #include "core/error.h"
 #include "quant/float_formats.h"
 
