@@ -94,6 +94,40 @@ __device__ int block_argmax(float bv, int bi, SampleShared& sh) {
   return bi;
 }
 
+// f(i, x[i]) for this thread's elements of a row, in ascending i. Rows of a multiple of 4 floats on a 16-byte
+// boundary are read as float4, four per thread in flight (a row pass is bound by the latency of its loads: one SM
+// works on a row); others element by element.
+template <class F>
+__device__ __forceinline__ void for_row(const float* x, int64_t V, F&& f) {
+  if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int64_t n4 = V >> 2;
+    int64_t q = threadIdx.x;
+    for (; q + 3 * kThreads < n4; q += 4 * kThreads) {
+      float4 a[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) a[u] = x4[q + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t i = 4 * (q + u * kThreads);
+        f(i, a[u].x);
+        f(i + 1, a[u].y);
+        f(i + 2, a[u].z);
+        f(i + 3, a[u].w);
+      }
+    }
+    for (; q < n4; q += kThreads) {
+      const float4 a = x4[q];
+      f(4 * q, a.x);
+      f(4 * q + 1, a.y);
+      f(4 * q + 2, a.z);
+      f(4 * q + 3, a.w);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) f(i, x[i]);
+  }
+}
+
 // Four direct-mapped per-thread histogram slots in front of the shared-memory atomics: the first digits of the
 // key fall into a handful of bins for every element, which would serialize the atomics.
 struct SlotCache {
@@ -138,14 +172,13 @@ __device__ u64 radix_select(const float* x, int64_t V, float xm, bool mass, u64 
     __syncthreads();
     const u64 prefix = sh.bc_u[0];
     SlotCache c;
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-      const float v = x[i];
-      if (!(v > neg_inf())) continue;
+    for_row(x, V, [&](int64_t i, float v) {
+      if (!(v > neg_inf())) return;
       const u64 k = sample_key(v, static_cast<int32_t>(i));
-      if ((k & hi_mask) != prefix) continue;
+      if ((k & hi_mask) != prefix) return;
       const u64 a = mass ? sample_weight(sample_fsub(v, xm)) : 1ull;
       if (a) c.add(static_cast<int>((k >> shift) & 255u), a, sh.hist);
-    }
+    });
     c.flush(sh.hist);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -184,8 +217,7 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(float* logits, int64_t
   float bv = neg_inf(), xm = neg_inf();
   int bi = -1;
   u64 nc = 0;
-  for (int64_t i = tid; i < V; i += kThreads) {
-    float v = x[i];
+  for_row(x, V, [&](int64_t i, float v) {
     if (divide) {
       v = sample_fdiv(v, p.temperature);
       x[i] = v;
@@ -198,7 +230,7 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(float* logits, int64_t
       xm = fmaxf(xm, v);
       ++nc;
     }
-  }
+  });
   bi = block_argmax(bv, bi, sh);
   xm = block_fmax(xm, sh);
   nc = block_sum(nc, sh);
@@ -212,10 +244,9 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(float* logits, int64_t
   if (p.top_k > 0 && static_cast<u64>(p.top_k) < nc) cut = radix_select(x, V, xm, false, static_cast<u64>(p.top_k), sh);
   if (p.top_p < 1.0f) {
     u64 s = 0;
-    for (int64_t i = tid; i < V; i += kThreads) {
-      const float v = x[i];
+    for_row(x, V, [&](int64_t i, float v) {
       if (v > neg_inf() && sample_key(v, static_cast<int32_t>(i)) >= cut) s += sample_weight(sample_fsub(v, xm));
-    }
+    });
     const u64 T = sample_top_p_target(p.top_p, block_sum(s, sh));
     const u64 kp = radix_select(x, V, xm, true, T, sh);
     cut = kp > cut ? kp : cut;
@@ -223,38 +254,55 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(float* logits, int64_t
   if (p.min_p > 0.0f) {
     const u64 T = sample_min_p_threshold(p.min_p);
     u64 kf = 0;
-    for (int64_t i = tid; i < V; i += kThreads) {
-      const float v = x[i];
+    for_row(x, V, [&](int64_t i, float v) {
       if (v > neg_inf() && sample_weight(sample_fsub(v, xm)) < T) kf = umax(kf, sample_key(v, static_cast<int32_t>(i)));
-    }
+    });
     kf = block_max(kf, sh);
     if (kf != 0) {  // the element before the first one below the threshold (none: the top element)
       u64 kmin = ~0ull, ktop = 0;
-      for (int64_t i = tid; i < V; i += kThreads) {
-        const float v = x[i];
-        if (!(v > neg_inf())) continue;
+      for_row(x, V, [&](int64_t i, float v) {
+        if (!(v > neg_inf())) return;
         const u64 k = sample_key(v, static_cast<int32_t>(i));
         if (k > kf) kmin = umin(kmin, k);
         ktop = umax(ktop, k);
-      }
+      });
       kmin = block_min(kmin, sh);
       ktop = block_max(ktop, sh);
       const u64 km = kmin == ~0ull ? ktop : kmin;
       cut = km > cut ? km : cut;
     }
   }
-  // The draw, in ascending id order over the kept set.
+  // The draw, in ascending id order over the kept set: each warp sums its segment (a multiple of 512 ids), the
+  // segment holding r is scanned by its warp 512 ids at a time (each lane a float4 of each 128-id chunk).
   const int warp = tid >> 5, lane = tid & 31;
-  const int64_t seg = ((V + kWarps - 1) / kWarps + 31) / 32 * 32;
+  const bool vec = (V & 3) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const int64_t seg = ((V + kWarps - 1) / kWarps + 511) / 512 * 512;
   const int64_t s0 = warp * seg, s1 = s0 + seg < V ? s0 + seg : V;
-  auto weight_of = [&](int64_t i) -> u64 {
-    if (i >= V) return 0;
-    const float v = x[i];
+  auto weight_of = [&](int64_t i, float v) -> u64 {
     if (!(v > neg_inf()) || sample_key(v, static_cast<int32_t>(i)) < cut) return 0;
     return sample_weight(sample_fsub(v, xm));
   };
+  // The weights of the 4 ids from i (a multiple of 4; 0 beyond s1).
+  struct Quad {
+    u64 a, b, c, d;
+  };
+  auto quad = [&](int64_t i) -> Quad {
+    if (vec) {
+      if (i >= s1) return {0, 0, 0, 0};
+      const float4 v = reinterpret_cast<const float4*>(x)[i >> 2];
+      return {weight_of(i, v.x), weight_of(i + 1, v.y), weight_of(i + 2, v.z), weight_of(i + 3, v.w)};
+    }
+    return {i < s1 ? weight_of(i, x[i]) : 0, i + 1 < s1 ? weight_of(i + 1, x[i + 1]) : 0,
+            i + 2 < s1 ? weight_of(i + 2, x[i + 2]) : 0, i + 3 < s1 ? weight_of(i + 3, x[i + 3]) : 0};
+  };
   u64 ws = 0;
-  for (int64_t i = s0 + lane; i < s1; i += 32) ws += weight_of(i);
+  for (int64_t c = s0; c < s1; c += 512) {
+    Quad w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) w[u] = quad(c + 128 * u + 4 * lane);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) ws += w[u].a + w[u].b + w[u].c + w[u].d;
+  }
   const u64 W = block_sum(ws, sh);  // (also leaves each warp's sum in sh.red_u)
   if (tid == 0) {
     const u64 r = sample_mulhi(sample_random(p.rng_key, p.rng_counter), W);
@@ -274,19 +322,33 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(float* logits, int64_t
   if (warp != sh.bc_i) return;
   u64 rr = sh.bc_u[1];
   int32_t out = static_cast<int32_t>(s1 > s0 ? s1 - 1 : 0);
-  for (int64_t c = s0; c < s1; c += 32) {
-    u64 v = weight_of(c + lane);
-    for (int o = 1; o < 32; o <<= 1) {
-      const u64 y = __shfl_up_sync(0xFFFFFFFFu, v, o);
-      if (lane >= o) v += y;
+  bool found = false;
+  for (int64_t c = s0; c < s1 && !found; c += 512) {
+    Quad w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) w[u] = quad(c + 128 * u + 4 * lane);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (found) break;
+      const u64 own = w[u].a + w[u].b + w[u].c + w[u].d;
+      u64 incl = own;
+      for (int o = 1; o < 32; o <<= 1) {
+        const u64 y = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      const u64 tot = __shfl_sync(0xFFFFFFFFu, incl, 31);
+      if (rr < tot) {
+        const unsigned m = __ballot_sync(0xFFFFFFFFu, incl > rr);
+        const int l = __ffs(static_cast<int>(m)) - 1;
+        // In lane l: the running sum before its 4 ids, then the first of them that passes rr.
+        const u64 a0 = incl - own + w[u].a, a1 = a0 + w[u].b, a2 = a1 + w[u].c;
+        const int j = a0 > rr ? 0 : a1 > rr ? 1 : a2 > rr ? 2 : 3;
+        out = __shfl_sync(0xFFFFFFFFu, static_cast<int32_t>(c + 128 * u + 4 * lane + j), l);
+        found = true;
+      } else {
+        rr -= tot;
+      }
     }
-    const u64 tot = __shfl_sync(0xFFFFFFFFu, v, 31);
-    if (rr < tot) {
-      const unsigned m = __ballot_sync(0xFFFFFFFFu, v > rr);
-      out = static_cast<int32_t>(c + __ffs(static_cast<int>(m)) - 1);
-      break;
-    }
-    rr -= tot;
   }
   if (lane == 0) ids[row] = out;
 }
