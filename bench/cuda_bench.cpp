@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "quant/float_formats.h"
+#include "runtime/sampler.h"
 
 namespace latent {
 namespace {
@@ -419,6 +422,123 @@ void bench_decode(const std::string& dir, Model& m, Backend& be, bool bf16, int6
               batch == 1 ? "exact at batch 1" : "distinct experts: uniform-routing expectation");
 }
 
+// Sampling: Backend::sample_rows on the device against the host path (download [rows, V] fp32 logits, then the
+// host Sampler per row), per step, for greedy / temperature 1 / top_k 50 + top_p 0.9 rows.
+SamplingParams sample_mode(int mode) {
+  SamplingParams p;
+  p.seed = 1;
+  if (mode == 0) p.temperature = 0.0f;
+  if (mode == 2) {
+    p.top_k = 50;
+    p.top_p = 0.9f;
+  }
+  return p;
+}
+const char* sample_mode_name(int mode) { return mode == 0 ? "greedy" : mode == 1 ? "temperature 1" : "top_k 50 + top_p 0.9"; }
+
+void bench_sample_op(Backend& be, int64_t V, int64_t rows, int mode) {
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> x(static_cast<size_t>(rows * V));
+  for (float& v : x) v = nd(g);
+  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "bench logits"));
+  be.upload(xd, x.data(), x.size() * 4);
+  std::vector<Sampler> samplers;
+  std::vector<SampleRowParams> ps(static_cast<size_t>(rows));
+  std::vector<SampleEdit> edits;
+  for (int64_t r = 0; r < rows; ++r) {
+    samplers.emplace_back(sample_mode(mode), static_cast<uint64_t>(r));
+    samplers.back().device_row({}, {}, V, ps[static_cast<size_t>(r)], edits);
+  }
+  auto* pd = static_cast<SampleRowParams*>(be.alloc(ps.size() * sizeof(SampleRowParams), "bench params"));
+  be.upload(pd, ps.data(), ps.size() * sizeof(SampleRowParams));
+  auto* idd = static_cast<int32_t*>(be.alloc(static_cast<size_t>(rows) * 4, "bench ids"));
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  const int iters = 30;
+  auto device = [&] {  // (temperature 1 / greedy rows: the in-place final scores equal the input)
+    be.sample_rows(xd, rows, V, pd, nullptr, nullptr, nullptr, idd);
+    be.download(ids.data(), idd, ids.size() * 4);
+  };
+  device();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) device();
+  const double td = seconds_since(t0) / iters;
+  std::vector<float> host(x.size());
+  auto hostpath = [&] {
+    be.download(host.data(), xd, host.size() * 4);
+    for (int64_t r = 0; r < rows; ++r)
+      ids[static_cast<size_t>(r)] =
+          samplers[static_cast<size_t>(r)].sample(std::span<float>(host.data() + r * V, static_cast<size_t>(V)), {}, {}).token;
+  };
+  hostpath();
+  const int hiters = rows * V > 4'000'000 ? 3 : 10;
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < hiters; ++i) hostpath();
+  const double th = seconds_since(t0) / hiters;
+  std::printf("sample_rows V %lld rows %lld %-22s: device %.1f us (op + ids back), host path %.1f us (%.1f MB down + "
+              "Sampler), %.1fx\n", static_cast<long long>(V), static_cast<long long>(rows), sample_mode_name(mode),
+              td * 1e6, th * 1e6, static_cast<double>(x.size()) * 4 / 1e6, th / td);
+  be.dealloc(xd);
+  be.dealloc(pd);
+  be.dealloc(idd);
+}
+
+// Decode steps of the model in graphs (bf16) with the rows sampled on the host (logits downloaded, host Sampler) or
+// on the device (only the ids back).
+void bench_sample_decode(const std::string& dir, Model& m, Backend& be, int64_t batch, int mode) {
+  ModelOptions o;
+  o.bf16_activations = true;
+  o.graphs = true;
+  m.set_options(o);
+  const ModelConfig& c = m.config();
+  const int64_t V = c.vocab_size, bt = 64, prompt = 32, steps = 48, warm = 4;
+  double t[2] = {0, 0};
+  for (int dev = 0; dev < 2; ++dev) {
+    bench::DecodeBatch db(V, batch, prompt, prompt + warm + steps + 1, bt);
+    m.reserve(std::max<int64_t>(batch * prompt, 256), batch, db.blocks_per_seq * bt, db.blocks_per_seq);
+    PagedKvCache cache(c, be, db.pool_blocks(), bt, m.cache_dtype());
+    m.step(db.prefill(), cache, db.logits.data());
+    std::vector<Sampler> samplers;
+    for (int64_t r = 0; r < batch; ++r) samplers.emplace_back(sample_mode(mode), static_cast<uint64_t>(r));
+    std::vector<int32_t> next(static_cast<size_t>(batch));
+    for (int64_t s = 0; s < batch; ++s) {
+      const float* row = db.logits.data() + s * V;
+      next[static_cast<size_t>(s)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    }
+    std::vector<SampleRowParams> ps(static_cast<size_t>(batch));
+    std::vector<SampleEdit> edits;
+    auto decode = [&] {
+      for (int64_t s = 0; s < batch; ++s) {
+        db.tokens[static_cast<size_t>(s)] = next[static_cast<size_t>(s)];
+        db.seqs[s].start += db.seqs[s].n_tokens;
+        db.seqs[s].n_tokens = 1;
+        db.seqs[s].decode = true;
+      }
+      db.tokens.resize(static_cast<size_t>(batch));
+      const Step st{db.tokens, db.seqs};
+      if (dev) {
+        edits.clear();
+        for (int64_t s = 0; s < batch; ++s) samplers[s].device_row({}, {}, V, ps[static_cast<size_t>(s)], edits);
+        SampleBatch sb{ps.data(), batch, edits.data(), static_cast<int64_t>(edits.size()), nullptr, 0, nullptr};
+        m.step(st, cache, nullptr, nullptr, &sb, next.data());
+        for (auto& smp : samplers) smp.advance();
+      } else {
+        m.step(st, cache, db.logits.data());
+        for (int64_t s = 0; s < batch; ++s)
+          next[static_cast<size_t>(s)] =
+              samplers[s].sample(std::span<float>(db.logits.data() + s * V, static_cast<size_t>(V)), {}, {}).token;
+      }
+    };
+    for (int64_t i = 0; i < warm; ++i) decode();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) decode();
+    t[dev] = seconds_since(t0) / static_cast<double>(steps);
+  }
+  std::printf("decode %s bf16 graphs batch %lld, %s: step %.1f us with host sampling, %.1f us with device sampling "
+              "(%.1f us saved)\n", dir.c_str(), static_cast<long long>(batch), sample_mode_name(mode), t[0] * 1e6,
+              t[1] * 1e6, (t[0] - t[1]) * 1e6);
+}
+
 }  // namespace
 }  // namespace latent
 
@@ -443,6 +563,20 @@ int main(int argc, char** argv) {
     for (bool bf16 : {true, false})
       for (int64_t b : batches)
         for (bool g : {true, false}) bench_decode(argv[2], m, *be, bf16, b, g);
+    return 0;
+  }
+  // cuda_bench sample [dir]: sampling on the device vs on the host (the op at the GLM-5 vocabulary, and the
+  // decode step of the model in `dir` at batch 1 and 32).
+  if (argc > 1 && std::string(argv[1]) == "sample") {
+    for (int64_t rows : {1, 32, 64})
+      for (int mode = 0; mode < 3; ++mode) bench_sample_op(*be, 154880, rows, mode);
+    if (argc > 2) {
+      ModelFiles files = open_model_files(argv[2]);
+      Model m(*files.cfg, *files.plan, *be, ModelOptions{});
+      for (int64_t rows : {1, 32}) bench_sample_op(*be, m.config().vocab_size, rows, 2);
+      for (int64_t b : {1, 32})
+        for (int mode = 0; mode < 3; ++mode) bench_sample_decode(argv[2], m, *be, b, mode);
+    }
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "prefill") {  // only the prefill matmul timings (bf16 path vs exact)

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/sampling.h"
 #include "core/dtype.h"
 #include "quant/weight_format.h"
 
@@ -242,6 +243,14 @@ class Backend {
   virtual void mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b,
                                             const KvPool& pool, const StepSeqs& seqs, const int64_t* pos,
                                             const KeySelection& sel, float scale, float* o, bool bf16);
+
+  // ---------------- sampling (backend/sampling.h) ----------------
+  // One token per row of logits [rows, V], every pointer in backend memory: params [rows], the rows' edits and
+  // allowed-id bitmasks (indexed by the params), banned [ceil(V / 32)] bitmask words (bit set = never sampled) or
+  // null, ids [rows] out. The logits are overwritten with the rows' final scores. The draws equal
+  // sample_rows_reference's (the host Sampler's) bit for bit. May be recorded in a graph.
+  virtual void sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowParams* params,
+                           const SampleEdit* edits, const uint32_t* allow, const uint32_t* banned, int32_t* ids);
 
   // ---------------- graphs (decode steps replayed, DESIGN.md / spec cuda.md §1) ----------------
   // A backend that can record the ops issued between graph_begin() and graph_end() and replay them later (CUDA

@@ -28,7 +28,7 @@ void register_run(CLI::App& app) {
     std::string chat, system;
     bool no_think = false;
     std::string prompt, prompt_tokens, activations, backend = "cpu";
-    bool no_cuda_graphs = false;
+    bool no_cuda_graphs = false, host_sampling = false;
     int64_t max_tokens = 16;
     double temperature = 0.0;
     uint64_t seed = 0;
@@ -52,6 +52,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Sampling seed");
   cmd->add_option("--activations", o->activations, "fp32 or bf16 (default: bf16 on --device cuda, fp32 on cpu)");
   cmd->add_flag("--no-cuda-graphs", o->no_cuda_graphs, "--chat on --device cuda: run decode steps eagerly");
+  cmd->add_flag("--host-sampling", o->host_sampling, "--chat on --device cuda: sample on the host, not the GPU");
   cmd->add_option("--backend", o->backend, "ref or cpu (default)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at an end-of-sequence token");
   cmd->callback([o, p_max]() {
@@ -80,6 +81,7 @@ void register_run(CLI::App& app) {
       co.seed = static_cast<int64_t>(o->seed);
       if (o->no_think) co.enable_thinking = false;
       co.ignore_eos = o->ignore_eos;
+      co.host_sampling = o->host_sampling;
       const std::string finish = server::run_chat_once(*m, co);
       std::fprintf(stderr, "latent: finish_reason %s\n", finish.c_str());
       return;

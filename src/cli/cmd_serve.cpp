@@ -48,7 +48,8 @@ struct ServeOpts {
   bool prefix_cache = true;          // --enable-prefix-caching / --no-enable-prefix-caching
   size_t max_request_bytes = 32u << 20;
   bool trust_template = false, clamp = false, no_metrics = false, metrics_auth = false, stop_on_loop = false,
-       deterministic = false, no_prefault = false, allow_long_context = false, no_cuda_graphs = false;
+       deterministic = false, no_prefault = false, allow_long_context = false, no_cuda_graphs = false,
+       host_sampling = false;
 };
 
 // A one-line progress bar on stderr (only on a terminal).
@@ -261,6 +262,7 @@ void run_serve(const ServeOpts& o) {
                                                     (mo.bf16_activations ? "bf16" : "fp32") + "\n" +
                                                     std::to_string(m->files.cfg->vocab_size));
     so.banned = &m->banned;
+    so.device_sampling = !o.host_sampling;
     // A lost device context (a CUDA kernel fault): the step's requests were aborted with a 500; stop serving and
     // exit non-zero (below) rather than answer from a poisoned device.
     so.on_engine_lost = [&http, &engine_lost](const std::string& what) {
@@ -395,6 +397,8 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--activations", o->activations, "fp32 or bf16 (default: bf16 on --device cuda, fp32 on cpu)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_flag("--no-cuda-graphs", o->no_cuda_graphs, "--device cuda: run decode steps eagerly (no CUDA graphs)");
+  cmd->add_flag("--host-sampling", o->host_sampling,
+                "--device cuda: sample on the host (logits copied back every step) instead of on the GPU");
   cmd->add_option("--api-key", o->api_keys, "Require this Bearer key (repeatable or comma-separated)");
   cmd->add_option("--api-key-file", o->api_key_file, "File with one API key per line (# comments)")
       ->check(CLI::ExistingFile);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/sample_reference.h"
 #include "core/error.h"
 
 namespace latent {
@@ -128,6 +129,51 @@ Model::~Model() {
   } catch (...) {  // a lost device context: the graphs are gone with it
   }
   for (void* p : owned_) be_.dealloc(p);
+  if (smp_buf_) be_.dealloc(smp_buf_);
+  if (smp_banned_) be_.dealloc(smp_banned_);
+}
+
+void Model::upload_sampling(const SampleBatch& s) {
+  const int64_t V = cfg_.vocab_size;
+  auto al = [](size_t n) { return (n + 63) / 64 * 64; };
+  const size_t o_par = 0, o_ed = al(sizeof(SampleRowParams) * static_cast<size_t>(s.n_rows));
+  const size_t o_al = o_ed + al(sizeof(SampleEdit) * static_cast<size_t>(s.n_edits));
+  const size_t o_ids = o_al + al(sizeof(uint32_t) * static_cast<size_t>(s.n_allow));
+  const size_t total = o_ids + al(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(s.n_rows, 1)));
+  for (int64_t r = 0; r < s.n_rows; ++r) {
+    const SampleRowParams& p = s.rows[r];
+    if (p.edit_begin < 0 || p.n_edits < 0 || p.edit_begin + p.n_edits > s.n_edits)
+      fail("model step: sampling row {} names edits [{}, {}) of {}", r, p.edit_begin, p.edit_begin + p.n_edits,
+           s.n_edits);
+    if (p.allow_offset >= 0 && p.allow_offset + (V + 31) / 32 > s.n_allow)
+      fail("model step: sampling row {} names allow words at {} beyond the {} given", r, p.allow_offset, s.n_allow);
+  }
+  if (s.banned && static_cast<int64_t>(s.banned->size()) != V)
+    fail("model step: the banned list has {} entries for a vocabulary of {}", s.banned->size(), V);
+  if (total > smp_cap_) {
+    if (smp_buf_) be_.dealloc(smp_buf_);
+    smp_buf_ = nullptr;
+    smp_buf_ = static_cast<char*>(be_.alloc(std::max<size_t>(total, 4096), "sampling parameters"));
+    smp_cap_ = std::max<size_t>(total, 4096);
+  }
+  smp_host_.assign(o_ids, 0);
+  if (s.n_rows) std::memcpy(smp_host_.data() + o_par, s.rows, sizeof(SampleRowParams) * static_cast<size_t>(s.n_rows));
+  if (s.n_edits) std::memcpy(smp_host_.data() + o_ed, s.edits, sizeof(SampleEdit) * static_cast<size_t>(s.n_edits));
+  if (s.n_allow) std::memcpy(smp_host_.data() + o_al, s.allow, sizeof(uint32_t) * static_cast<size_t>(s.n_allow));
+  be_.upload(smp_buf_, smp_host_.data(), o_ids);
+  smp_params_ = reinterpret_cast<const SampleRowParams*>(smp_buf_ + o_par);
+  smp_edits_ = reinterpret_cast<const SampleEdit*>(smp_buf_ + o_ed);
+  smp_allow_ = reinterpret_cast<const uint32_t*>(smp_buf_ + o_al);
+  smp_ids_ = reinterpret_cast<int32_t*>(smp_buf_ + o_ids);
+  if (s.banned && (s.banned != smp_banned_src_ || s.banned->size() != smp_banned_size_ || !smp_banned_)) {
+    const std::vector<uint32_t> words = sample_bitmask(*s.banned);
+    if (smp_banned_) be_.dealloc(smp_banned_);
+    smp_banned_ = nullptr;
+    smp_banned_ = static_cast<uint32_t*>(be_.alloc(words.size() * sizeof(uint32_t), "banned-id bitmask"));
+    be_.upload(smp_banned_, words.data(), words.size() * sizeof(uint32_t));
+    smp_banned_src_ = s.banned;
+    smp_banned_size_ = s.banned->size();
+  }
 }
 
 const float* Model::upload_vector(const std::vector<float>& v, const char* what) {
@@ -596,7 +642,8 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
 // ---------------------------------------------------------------------------------------------------------------
 // The step
 // ---------------------------------------------------------------------------------------------------------------
-void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector<float>* hidden) {
+void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector<float>* hidden,
+                 const SampleBatch* sampling, int32_t* ids) {
   const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
   const int64_t V = cfg_.vocab_size, bt = cache.block_tokens();
   if (N == 0) return;
@@ -628,9 +675,29 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
   if (total != N) fail("model step: the sequences hold {} tokens, the step {}", total, N);
   for (int32_t id : st.tokens)
     if (id < 0 || id >= V) fail("token id {} is out of range [0, {})", id, V);
+  if (sampling) {
+    if (!ids) fail("model step: sampling without an ids output");
+    if (sampling->n_rows != rows)
+      fail("model step: {} sampling rows for {} logits rows", sampling->n_rows, rows);
+    if (rank_.parallel.ranks > 1) fail("model step: sampling on the backend needs a single-rank model");
+    upload_sampling(*sampling);
+  }
+  struct SamplingScope {
+    bool& flag;
+    ~SamplingScope() { flag = false; }
+  } scope{sampling_step_};
+  sampling_step_ = sampling != nullptr && rows > 0;
+  last_lg_ = nullptr;
+  auto sample = [&] {
+    if (!sampling_step_ || !last_lg_) return;
+    be_.sample_rows(last_lg_, rows, V, smp_params_, smp_edits_, smp_allow_, sampling->banned ? smp_banned_ : nullptr,
+                    smp_ids_);
+    be_.download(ids, smp_ids_, sizeof(int32_t) * static_cast<size_t>(rows));
+  };
 
   if (graph_eligible(st, max_ctx, max_blocks, logits, hidden)) {
     graph_step(st, cache, logits, any_long);
+    sample();
     return;
   }
   const Dims d = dims_for(N, S, max_ctx, max_blocks, rows);
@@ -683,6 +750,7 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
 
   const Meta m(st, N, S, max_ctx, max_blocks, rows, any_long, h_qb, h_ctx, b);
   forward_step(st, cache, m, b, logits, hidden);
+  sample();
 }
 
 void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
@@ -723,7 +791,7 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
   }
   be_.rms_norm(b.h, final_norm_, N, D, eps, b.x, bf16);
   if (hidden) be_.download(hidden->data() + L * N * D, b.x, sizeof(float) * N * D);
-  if ((logits || capture) && m.rows > 0) {
+  if ((logits || capture || sampling_step_) && m.rows > 0) {
     // The head stays fp32 in bf16 mode (no rounding of the logits; top-1 ties would be artificial).
     be_.gather_rows(b.x, b.lrows, m.rows, D, b.hx);
     if (!sd_.vocab_split) {
@@ -731,7 +799,8 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
         be_.matmul_bf16(w_.lm_head, b.hx, m.rows, b.lg);
       else
         be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
-      if (!capture) be_.download(logits, b.lg, sizeof(float) * m.rows * V);
+      if (!capture && logits) be_.download(logits, b.lg, sizeof(float) * m.rows * V);
+      if (!capture) last_lg_ = b.lg;
     } else {  // (never captured: graphs are single-rank, see use_graph)
       // Vocab-parallel head: [rows, Vr] per rank, all-gathered ([ranks][rows * chunk]); rank 0 lays them out.
       const int64_t C = sd_.vocab_chunk, W = rank_.parallel.ranks, R = m.rows;
@@ -763,7 +832,8 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
 bool Model::graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
                            const std::vector<float>* hidden) const {
   // Single rank only: the in-process communicator cannot be recorded in a graph (NCCL could; not done yet).
-  if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || !logits || hidden || rank_.parallel.ranks > 1)
+  if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || (!logits && !sampling_step_) || hidden ||
+      rank_.parallel.ranks > 1)
     return false;
   if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return false;
   if (max_ctx > res_ctx_ || max_blocks > res_blocks_) return false;  // (DSA selection runs in the graph too)
@@ -869,7 +939,8 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
     be_.graph_replay(id);
     ++graph_replays_;
   }
-  be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(S * V));
+  if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(S * V));
+  last_lg_ = b.lg;
 }
 
 void Model::forward(std::span<const int32_t> ids, KvCache& cache, float* logits, bool all_rows,

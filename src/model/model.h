@@ -109,7 +109,11 @@ class Model {
   // hidden: if non-null, resized to [L+1, N, D] with HF's hidden_states convention: entry 0 = embeddings,
   //   entry i (1..L-1) = output of decoder layer i-1, entry L = final-norm output.
   // Validates the step (token ids, block tables, sizes) and throws Error before touching the cache.
-  void step(const Step& step, PagedKvCache& cache, float* logits, std::vector<float>* hidden = nullptr);
+  // sampling (optional): one row per logits row (Backend::sample_rows on the head's output, in backend memory):
+  // ids [rows] (host memory) get the sampled tokens; logits may then be null (nothing is downloaded but the ids).
+  // Not with a parallel model.
+  void step(const Step& step, PagedKvCache& cache, float* logits, std::vector<float>* hidden = nullptr,
+            const SampleBatch* sampling = nullptr, int32_t* ids = nullptr);
 
   // A step of one sequence: runs ids at positions cache.length() .. +S-1 and appends them to the cache. A single
   // token after the first call is a decode token (absorbed attention), anything else a prompt chunk.
@@ -193,6 +197,21 @@ class Model {
   int64_t graph_captures_ = 0, graph_replays_ = 0;
   std::vector<StepSequence> pad_seqs_;
   std::vector<char> graph_meta_;  // host image of the metadata bytes of a graph step
+  // Sampling on the backend: the batch's arrays in one grow-only backend buffer (params, edits, allow, ids), the
+  // banned bitmask uploaded once per distinct list, and the head's output of the step being run.
+  void upload_sampling(const SampleBatch& s);
+  bool sampling_step_ = false;
+  char* smp_buf_ = nullptr;
+  size_t smp_cap_ = 0;
+  std::vector<char> smp_host_;
+  const SampleRowParams* smp_params_ = nullptr;
+  const SampleEdit* smp_edits_ = nullptr;
+  const uint32_t* smp_allow_ = nullptr;
+  int32_t* smp_ids_ = nullptr;
+  uint32_t* smp_banned_ = nullptr;
+  const std::vector<bool>* smp_banned_src_ = nullptr;
+  size_t smp_banned_size_ = 0;
+  float* last_lg_ = nullptr;
 
  public:
   ~Model();

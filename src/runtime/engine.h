@@ -6,6 +6,9 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <stdexcept>
+
+#include "backend/sampling.h"
 
 namespace latent {
 
@@ -34,6 +37,14 @@ class Engine {
   // an item with all_logits (one per token, in order; the last is the want_logits row), else one row per item with
   // want_logits. Throws on failure (the scheduler aborts the requests of the batch).
   virtual void step(std::span<const EngineStepItem> items, float* logits) = 0;
+  // True when step_sampled() can sample the logits rows where the engine computes them (on its device), so that
+  // only the ids come back.
+  virtual bool samples_on_device() const { return false; }
+  // step() that samples instead of returning logits: `sampling` has one row per logits row (the rows step() would
+  // write, in the same order; Backend::sample_rows semantics) and ids gets one token per row.
+  virtual void step_sampled(std::span<const EngineStepItem> items, const SampleBatch& sampling, int32_t* ids) {
+    throw std::logic_error("this engine does not sample on its device");
+  }
   // True when a failed step left the engine unusable (a lost GPU context): no later step can succeed.
   virtual bool lost() const { return false; }
 };

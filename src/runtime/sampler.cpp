@@ -3,17 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 namespace latent {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -33,9 +27,61 @@ int32_t argmax(std::span<const float> logits, const std::vector<bool>* banned) {
 }
 
 Sampler::Sampler(SamplingParams p, uint64_t stream) : p_(std::move(p)) {
-  uint64_t seed = p_.seed ? splitmix64(static_cast<uint64_t>(*p_.seed)) ^ splitmix64(stream + 1)
-                          : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  rng_.seed(seed);
+  if (p_.seed) {
+    key_ = sample_stream_key(static_cast<uint64_t>(*p_.seed), stream);
+  } else {
+    std::random_device rd;
+    key_ = sample_stream_key((static_cast<uint64_t>(rd()) << 32) ^ rd(), stream);
+  }
+}
+
+SampleRowParams Sampler::row_params() const {
+  SampleRowParams r;
+  r.temperature = p_.temperature;
+  r.top_p = p_.top_p;
+  r.min_p = p_.min_p;
+  r.top_k = p_.top_k <= 0 ? 0 : static_cast<int32_t>(std::min<int64_t>(p_.top_k, std::numeric_limits<int32_t>::max()));
+  r.repetition_penalty = p_.repetition_penalty;
+  r.presence_penalty = p_.presence_penalty;
+  r.frequency_penalty = p_.frequency_penalty;
+  r.rng_key = key_;
+  r.rng_counter = counter_;
+  return r;
+}
+
+bool Sampler::device_row(std::span<const int32_t> prompt, std::span<const int32_t> generated, int64_t vocab,
+                         SampleRowParams& row, std::vector<SampleEdit>& edits) const {
+  if (p_.logprobs || p_.top_logprobs > 0 || vocab <= 0 || vocab > kSampleMaxVocab) return false;
+  for (size_t i = 0; i < p_.logit_bias.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (p_.logit_bias[i].first == p_.logit_bias[j].first) return false;
+  row = row_params();
+  row.edit_begin = static_cast<int64_t>(edits.size());
+  const size_t e0 = edits.size();
+  // One edit per distinct token: (token, bias, generated count, seen) gathered by sorting.
+  std::vector<SampleEdit> tmp;
+  for (auto [id, b] : p_.logit_bias)
+    if (id >= 0 && id < vocab) tmp.push_back({id, b, 0, kSampleEditBias});
+  const bool rep = p_.repetition_penalty != 1.0f, pf = p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+  if (rep)
+    for (int32_t t : prompt)
+      if (t >= 0 && t < vocab) tmp.push_back({t, 0.0f, 0, kSampleEditSeen});
+  if (rep || pf)
+    for (int32_t t : generated)
+      if (t >= 0 && t < vocab) tmp.push_back({t, 0.0f, pf ? 1 : 0, rep ? kSampleEditSeen : 0u});
+  std::sort(tmp.begin(), tmp.end(), [](const SampleEdit& a, const SampleEdit& b) { return a.token < b.token; });
+  for (const SampleEdit& e : tmp) {
+    if (edits.size() > e0 && edits.back().token == e.token) {
+      SampleEdit& m = edits.back();
+      if (e.flags & kSampleEditBias) m.bias = e.bias;
+      m.flags |= e.flags;
+      m.count += e.count;
+    } else {
+      edits.push_back(e);
+    }
+  }
+  row.n_edits = static_cast<int32_t>(edits.size() - e0);
+  return true;
 }
 
 SampleResult Sampler::sample(std::span<float> logits, std::span<const int32_t> prompt,
@@ -80,62 +126,8 @@ SampleResult Sampler::sample(std::span<float> logits, std::span<const int32_t> p
   for (float l : logits) sum += std::exp(static_cast<double>(l - mx));
   const float lse = mx + static_cast<float>(std::log(sum));
 
-  if (greedy) {
-    res.token = argmax(logits, banned);
-  } else {
-    // Candidates sorted by logit (descending, ties by id).
-    scratch_.clear();
-    for (int64_t i = 0; i < V; ++i)
-      if (logits[static_cast<size_t>(i)] > kNegInf) scratch_.emplace_back(logits[static_cast<size_t>(i)], static_cast<int32_t>(i));
-    if (scratch_.empty()) {
-      res.token = argmax(logits, banned);
-    } else {
-      auto cmp = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-      size_t keep = scratch_.size();
-      if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < keep) {
-        std::partial_sort(scratch_.begin(), scratch_.begin() + p_.top_k, scratch_.end(), cmp);
-        keep = static_cast<size_t>(p_.top_k);
-      } else {
-        std::sort(scratch_.begin(), scratch_.end(), cmp);
-      }
-      scratch_.resize(keep);
-      // Probabilities of the kept candidates.
-      std::vector<double> prob(keep);
-      double z = 0.0;
-      for (size_t i = 0; i < keep; ++i) z += prob[i] = std::exp(static_cast<double>(scratch_[i].first - scratch_[0].first));
-      for (auto& q : prob) q /= z;
-      if (p_.top_p < 1.0f) {
-        double cum = 0.0;
-        size_t k = 0;
-        for (; k < keep; ++k) {
-          cum += prob[k];
-          if (cum >= p_.top_p) {
-            ++k;
-            break;
-          }
-        }
-        keep = std::max<size_t>(1, std::min(k, keep));
-      }
-      if (p_.min_p > 0.0f) {
-        const double thr = p_.min_p * prob[0];
-        size_t k = 1;
-        while (k < keep && prob[k] >= thr) ++k;
-        keep = k;
-      }
-      double tot = 0.0;
-      for (size_t i = 0; i < keep; ++i) tot += prob[i];
-      std::uniform_real_distribution<double> u(0.0, tot);
-      double r = u(rng_), acc = 0.0;
-      res.token = scratch_[keep - 1].second;
-      for (size_t i = 0; i < keep; ++i) {
-        acc += prob[i];
-        if (r < acc) {
-          res.token = scratch_[i].second;
-          break;
-        }
-      }
-    }
-  }
+  res.token = sample_pick(logits.data(), V, banned, row_params(), scratch_);
+  ++counter_;
   if (p_.logprobs || p_.top_logprobs > 0) {
     res.logprob = logits[static_cast<size_t>(res.token)] - lse;
     if (p_.top_logprobs > 0) {

@@ -2,15 +2,17 @@
 // prompt + generated tokens) -> presence / frequency penalties (OpenAI definition, generated tokens only) ->
 // temperature -> top_k -> top_p -> min_p -> sample. temperature == 0 -> greedy argmax (ties -> lowest id), the
 // truncations are ignored. Logprobs are taken after bias, penalties and temperature (temperature 0 -> 1), before
-// truncation (§5.13.3).
+// truncation (§5.13.3). The draw itself (truncations and the seeded choice) is backend/sampling.h's, shared with
+// Backend::sample_rows: a seeded request draws the same tokens whether its logits are sampled here or on a device.
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "backend/sample_reference.h"
 
 namespace latent {
 
@@ -36,7 +38,8 @@ struct SampleResult {
 
 class Sampler {
  public:
-  // `stream` distinguishes the choices of one request (n > 1): the RNG is derived from (seed, stream).
+  // `stream` distinguishes the choices of one request (n > 1): the draws are derived from (seed, stream) and the
+  // token index (a counter-based generator: draw i of a stream does not depend on how earlier ones were made).
   Sampler(SamplingParams p, uint64_t stream);
   // logits [V] are modified in place. `banned` (optional, size V): ids that must never be sampled (vocabulary
   // padding without a token string). prompt and generated feed the penalties.
@@ -44,10 +47,21 @@ class Sampler {
                       const std::vector<bool>* banned = nullptr);
   const SamplingParams& params() const { return p_; }
 
+  // Sampling on a backend (Backend::sample_rows): the row's parameters for the next draw and its edits (bias and
+  // penalties over prompt / generated, one per distinct token, appended to `edits`; row.edit_begin is set to where
+  // they start). False when the row needs the host (logprobs, top_logprobs, a logit_bias naming one id twice, a
+  // vocabulary above kSampleMaxVocab): then nothing is appended.
+  bool device_row(std::span<const int32_t> prompt, std::span<const int32_t> generated, int64_t vocab,
+                  SampleRowParams& row, std::vector<SampleEdit>& edits) const;
+  // The draw of the next token was made elsewhere (device_row's row was sampled on a backend).
+  void advance() { ++counter_; }
+  uint64_t counter() const { return counter_; }
+
  private:
   SamplingParams p_;
-  std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> scratch_;
+  uint64_t key_ = 0, counter_ = 0;
+  std::vector<SampleCand> scratch_;
+  SampleRowParams row_params() const;
 };
 
 // Log-probability of `token` under the raw distribution softmax(logits) (no bias, penalties or temperature: the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fmt/format.h>
+#include <limits>
 
 #include "core/log.h"
 #include "runtime/repetition.h"
@@ -389,12 +390,53 @@ bool Scheduler::reserve_or_preempt(Seq& s, int64_t n_tokens) {
 }
 
 void Scheduler::sample_and_emit(Seq& s, float* row, Clock::time_point now) {
-  Req& r = *s.req;
   const int64_t V = engine_.vocab_size();
   const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.n_prompt));
   const std::span<const int32_t> gen(s.tokens.data() + s.n_prompt, static_cast<size_t>(s.generated));
   if (s.constraint) s.constraint->mask(std::span<float>(row, static_cast<size_t>(V)));
   SampleResult res = s.sampler.sample(std::span<float>(row, static_cast<size_t>(V)), prompt, gen, opt_.banned);
+  emit(s, res, now);
+}
+
+bool Scheduler::plan_device_sampling(std::span<const EngineStepItem> items, const std::vector<Seq*>& seqs) {
+  smp_rows_.clear();
+  smp_edits_.clear();
+  smp_allow_.clear();
+  const int64_t V = engine_.vocab_size();
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].all_logits) return false;
+    if (!items[i].want_logits) continue;
+    Seq& s = *seqs[i];
+    Req& r = *s.req;
+    SampleRowParams row;
+    if (s.done || r.ended) {  // nothing will use this row: the cheapest draw
+      row.temperature = 0.0f;
+      smp_rows_.push_back(row);
+      continue;
+    }
+    // The end of choice 0's prompt may report prompt logprobs, end a max_tokens 0 request or fork siblings
+    // from the logits row: those take the host path.
+    if (s.generated == 0 && s.j == 0 && (r.wants_prompt_lp() || r.g.max_tokens == 0 || r.g.n > 1)) return false;
+    const std::span<const int32_t> prompt(s.tokens.data(), static_cast<size_t>(s.n_prompt));
+    const std::span<const int32_t> gen(s.tokens.data() + s.n_prompt, static_cast<size_t>(s.generated));
+    if (!s.sampler.device_row(prompt, gen, V, row, smp_edits_)) return false;
+    if (s.constraint) {  // the constraint's mask as an allowed-id bitmask
+      smp_mask_row_.assign(static_cast<size_t>(V), 0.0f);
+      s.constraint->mask(std::span<float>(smp_mask_row_.data(), smp_mask_row_.size()));
+      row.allow_offset = static_cast<int64_t>(smp_allow_.size());
+      smp_allow_.resize(smp_allow_.size() + static_cast<size_t>((V + 31) / 32), 0u);
+      uint32_t* w = smp_allow_.data() + row.allow_offset;
+      for (int64_t t = 0; t < V; ++t)
+        if (smp_mask_row_[static_cast<size_t>(t)] != -std::numeric_limits<float>::infinity())
+          w[t >> 5] |= 1u << (t & 31);
+    }
+    smp_rows_.push_back(row);
+  }
+  return !smp_rows_.empty();
+}
+
+void Scheduler::emit(Seq& s, const SampleResult& res, Clock::time_point now) {
+  Req& r = *s.req;
   if (s.constraint) s.constraint->accept(res.token);
   s.tokens.push_back(res.token);
   ++s.generated;
@@ -606,9 +648,27 @@ bool Scheduler::step() {
     return false;
   }
   const int64_t V = engine_.vocab_size();
-  logits_.resize(static_cast<size_t>(std::max<int64_t>(want, 1) * V));
+  std::vector<Seq*> item_seqs;
+  item_seqs.reserve(ran.size());
+  for (Plan* p : ran) item_seqs.push_back(p->s);
+  const bool on_device = opt_.device_sampling && want > 0 && engine_.samples_on_device() &&
+                         plan_device_sampling(items, item_seqs);
+  if (!on_device) logits_.resize(static_cast<size_t>(std::max<int64_t>(want, 1) * V));
   try {
-    engine_.step(items, logits_.data());
+    if (on_device) {
+      SampleBatch sb;
+      sb.rows = smp_rows_.data();
+      sb.n_rows = static_cast<int64_t>(smp_rows_.size());
+      sb.edits = smp_edits_.data();
+      sb.n_edits = static_cast<int64_t>(smp_edits_.size());
+      sb.allow = smp_allow_.data();
+      sb.n_allow = static_cast<int64_t>(smp_allow_.size());
+      sb.banned = opt_.banned;
+      smp_ids_.assign(smp_rows_.size(), 0);
+      engine_.step_sampled(items, sb, smp_ids_.data());
+    } else {
+      engine_.step(items, logits_.data());
+    }
     consecutive_failures_ = 0;
   } catch (const std::exception& e) {
     log::error("engine step failed: {}", e.what());
@@ -652,6 +712,16 @@ bool Scheduler::step() {
     }
     if (!items[i].want_logits) {
       if (items[i].all_logits) ++row;
+      continue;
+    }
+    if (on_device) {  // (plan_device_sampling: no prompt logprobs, forks or max_tokens 0 here)
+      const int32_t id = smp_ids_[static_cast<size_t>(row)];
+      ++row;
+      if (s.done || s.req->ended) continue;
+      s.sampler.advance();
+      SampleResult res;
+      res.token = id;
+      emit(s, res, now);
       continue;
     }
     float* rowp = logits_.data() + row * V;

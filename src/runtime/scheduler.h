@@ -114,6 +114,10 @@ struct SchedulerOptions {
   bool prefix_cache = true;          // reuse cached full KV blocks of identical prefixes (runtime/kv_blocks.h)
   uint64_t prefix_cache_salt = 0;    // hashes what else decides a block's contents (model, plan, cache dtype)
   const std::vector<bool>* banned = nullptr;  // [vocab] ids never sampled (padding without a token string)
+  // Sample on the engine's device when it can (Engine::samples_on_device): a step whose logits rows all sample
+  // there (no logprobs, no prompt logprobs, no n > 1 fork at the prompt's end) gets only the ids back. The draws
+  // equal the host Sampler's (backend/sampling.h).
+  bool device_sampling = true;
   // Called once, on the scheduler thread, when a step failed and Engine::lost() says no later step can succeed
   // (the scheduler is dead from then on; the server shuts down and exits non-zero). Argument: the step's error.
   std::function<void(const std::string&)> on_engine_lost;
@@ -167,6 +171,9 @@ class Scheduler {
   void preempt(Seq& s);
   bool reserve_or_preempt(Seq& s, int64_t n_tokens);
   void sample_and_emit(Seq& s, float* row, Clock::time_point now);
+  void emit(Seq& s, const SampleResult& res, Clock::time_point now);
+  // Fills smp_* for a device-sampled step; false when some row needs its logits on the host.
+  bool plan_device_sampling(std::span<const EngineStepItem> items, const std::vector<Seq*>& seqs);
   void on_prefill_done(Seq& s, float* row, Clock::time_point now);
   void retire_finished_requests(Clock::time_point now);
   void update_gauges();
@@ -192,6 +199,11 @@ class Scheduler {
   uint64_t next_order_ = 1;
   int consecutive_failures_ = 0;
   std::vector<float> logits_;
+  std::vector<SampleRowParams> smp_rows_;
+  std::vector<SampleEdit> smp_edits_;
+  std::vector<uint32_t> smp_allow_;
+  std::vector<int32_t> smp_ids_;
+  std::vector<float> smp_mask_row_;
 
   std::atomic<int64_t> st_waiting_{0}, st_running_reqs_{0}, st_running_seqs_{0}, st_steps_{0}, st_max_batch_{0};
 };

@@ -19,6 +19,7 @@ std::string run_chat_once(LoadedModel& m, const ChatOnceOptions& opt, std::FILE*
   SchedulerOptions so;
   so.max_context = m.info.max_model_len;
   so.banned = &m.banned;
+  so.device_sampling = !opt.host_sampling;
   // One sequence: a pool that holds the whole context (+ one block of headroom).
   const int64_t blocks = (m.info.max_model_len + so.kv_block_tokens) / so.kv_block_tokens + 1;
   so.kv_total_blocks = m.engine->configure(blocks * so.kv_block_tokens * m.engine->kv_bytes_per_token(),

@@ -19,6 +19,7 @@ struct ChatOnceOptions {
   std::optional<bool> enable_thinking;
   bool show_reasoning = true;
   bool ignore_eos = false;
+  bool host_sampling = false;  // sample the logits on the host even where the engine could on its device
 };
 
 // Returns the finish reason. Throws latent::Error on bad input (template failure, context length...).

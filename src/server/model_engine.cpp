@@ -59,6 +59,20 @@ void ModelEngine::copy_block(int32_t src, int32_t dst, int64_t n_tokens) {
 }
 
 void ModelEngine::step(std::span<const EngineStepItem> items, float* logits) {
+  stage(items);
+  if (pm_)
+    pm_->step(Step{tokens_, seqs_}, rank_cache_ptrs_, logits);
+  else
+    model_.step(Step{tokens_, seqs_}, *cache_, logits);
+}
+
+void ModelEngine::step_sampled(std::span<const EngineStepItem> items, const SampleBatch& sampling, int32_t* ids) {
+  if (!samples_on_device()) fail("engine: sampling on the device needs a single-rank model on a device backend");
+  stage(items);
+  model_.step(Step{tokens_, seqs_}, *cache_, nullptr, nullptr, &sampling, ids);
+}
+
+void ModelEngine::stage(std::span<const EngineStepItem> items) {
   if (!cache_ && rank_cache_ptrs_.empty()) fail("engine: the KV cache is not configured");
   tokens_.clear();
   seqs_.clear();
@@ -72,10 +86,6 @@ void ModelEngine::step(std::span<const EngineStepItem> items, float* logits) {
     q.decode = it.decode;
     seqs_.push_back(q);
   }
-  if (pm_)
-    pm_->step(Step{tokens_, seqs_}, rank_cache_ptrs_, logits);
-  else
-    model_.step(Step{tokens_, seqs_}, *cache_, logits);
 }
 
 }  // namespace latent::server

@@ -21,6 +21,9 @@ class ModelEngine : public Engine {
   int64_t kv_bytes_per_token() const override { return bytes_per_token_; }
   void copy_block(int32_t src, int32_t dst, int64_t n_tokens) override;
   void step(std::span<const EngineStepItem> items, float* logits) override;
+  // On a device backend (single rank) the scheduler's rows are sampled there (Backend::sample_rows).
+  bool samples_on_device() const override { return !pm_ && model_.backend().device() != Device::Cpu; }
+  void step_sampled(std::span<const EngineStepItem> items, const SampleBatch& sampling, int32_t* ids) override;
   bool lost() const override { return model_.backend().device_lost(); }
 
   // Reserves the model's step workspace for the scheduler's limits (so that no step allocates), then allocates the
@@ -43,6 +46,7 @@ class ModelEngine : public Engine {
   std::unique_ptr<PagedKvCache> cache_;
   std::vector<int32_t> tokens_;  // grow-only staging of a step
   std::vector<StepSequence> seqs_;
+  void stage(std::span<const EngineStepItem> items);
 };
 
 }  // namespace latent::server

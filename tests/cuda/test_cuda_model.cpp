@@ -13,11 +13,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <limits>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/npy.h"
 #include "model/model.h"
+#include "runtime/sampler.h"
 
 namespace latent {
 namespace {
@@ -342,6 +346,101 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& i) {
   return s;
 }
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaModel, ::testing::ValuesIn(models()), param_name);
+
+// Sampling on the device gives the tokens of the host Sampler on the same logits: the demo model in bf16 with
+// decode graphs, 12 sequences with every sampling mix (greedy, temperature, top-k / top-p / min-p, penalties and
+// bias, an allowed-id mask, banned ids), a batched prefill and 24 batched decode steps; one model downloads the
+// logits and samples on the host, the other gets only the ids from Backend::sample_rows.
+TEST(CudaSampling, DeviceEqualsHostOnTheDemoModel) {
+  ModelFiles files = open_model_files(repo() + "/models/latent-demo");
+  std::unique_ptr<Backend> be = make_backend("cuda", 1);
+  ModelOptions o;
+  o.bf16_activations = true;
+  o.graphs = true;
+  Model mh(*files.cfg, *files.plan, *be, o), md(*files.cfg, *files.plan, *be, o);
+  const ModelConfig& cfg = mh.config();
+  const int64_t V = cfg.vocab_size, bt = 16, per_seq = 4, n = 12, steps = 24;
+  for (Model* m : {&mh, &md}) m->reserve(256, 32, per_seq * bt, per_seq);
+  PagedKvCache ch(cfg, *be, n * per_seq, bt, mh.cache_dtype()), cd(cfg, *be, n * per_seq, bt, md.cache_dtype());
+  std::vector<bool> banned(static_cast<size_t>(V), false);
+  for (int64_t i = V - 20; i < V; ++i) banned[static_cast<size_t>(i)] = true;
+  std::vector<std::vector<int32_t>> blocks(n), prompt(n), gen_h(n), gen_d(n);
+  std::vector<Sampler> sh, sd;
+  for (int64_t s = 0; s < n; ++s) {
+    SamplingParams p;
+    p.seed = 40 + s;
+    switch (s % 8) {
+      case 0: p.temperature = 0; break;
+      case 1: p.temperature = 1.0f; break;
+      case 2: p.temperature = 0.8f; p.top_k = 20; break;
+      case 3: p.top_p = 0.9f; break;
+      case 4: p.min_p = 0.05f; p.temperature = 1.3f; break;
+      case 5: p.repetition_penalty = 1.3f; p.presence_penalty = 0.3f; p.frequency_penalty = 0.2f; break;
+      case 6: p.logit_bias = {{100, 4.0f}, {7, -3.0f}}; p.top_k = 50; p.top_p = 0.95f; break;
+      default: p.temperature = 0.9f; break;  // with an allowed-id mask (even ids)
+    }
+    sh.emplace_back(p, static_cast<uint64_t>(s));
+    sd.emplace_back(p, static_cast<uint64_t>(s));
+    for (int64_t j = 0; j < per_seq; ++j) blocks[s].push_back(static_cast<int32_t>(s * per_seq + j));
+    for (int64_t t = 0; t < 4 + (s * 3) % 9; ++t) prompt[s].push_back(static_cast<int32_t>((s * 131 + t * 17 + 7) % V));
+  }
+  std::vector<bool> even(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) even[static_cast<size_t>(i)] = i % 2 == 0;
+  const std::vector<uint32_t> even_bits = sample_bitmask(even);
+  std::vector<float> lg(static_cast<size_t>(n * V));
+  int64_t differ = 0, total = 0;
+  for (int64_t step = 0; step <= steps; ++step) {
+    std::vector<int32_t> tok_h, tok_d;
+    std::vector<StepSequence> qh(n), qd(n);
+    for (int64_t s = 0; s < n; ++s) {
+      for (auto [q, gen, tok] : {std::tuple{&qh[s], &gen_h[s], &tok_h}, std::tuple{&qd[s], &gen_d[s], &tok_d}}) {
+        q->blocks = blocks[s];
+        q->logits = LogitRows::Last;
+        if (step == 0) {
+          q->start = 0;
+          q->n_tokens = static_cast<int64_t>(prompt[s].size());
+          tok->insert(tok->end(), prompt[s].begin(), prompt[s].end());
+        } else {
+          q->start = static_cast<int64_t>(prompt[s].size() + gen->size()) - 1;
+          q->n_tokens = 1;
+          q->decode = true;
+          tok->push_back(gen->back());
+        }
+      }
+    }
+    mh.step(Step{tok_h, qh}, ch, lg.data());
+    std::vector<SampleRowParams> rows(n);
+    std::vector<SampleEdit> edits;
+    for (int64_t s = 0; s < n; ++s) {
+      float* row = lg.data() + s * V;
+      if (s % 8 == 7)
+        for (int64_t i = 1; i < V; i += 2) row[i] = -std::numeric_limits<float>::infinity();
+      gen_h[s].push_back(sh[s].sample(std::span<float>(row, static_cast<size_t>(V)), prompt[s], gen_h[s], &banned).token);
+      ASSERT_TRUE(sd[s].device_row(prompt[s], gen_d[s], V, rows[s], edits));
+      if (s % 8 == 7) rows[s].allow_offset = 0;
+    }
+    SampleBatch sb{rows.data(), n, edits.data(), static_cast<int64_t>(edits.size()), even_bits.data(),
+                   static_cast<int64_t>(even_bits.size()), &banned};
+    std::vector<int32_t> ids(static_cast<size_t>(n), -1);
+    md.step(Step{tok_d, qd}, cd, nullptr, nullptr, &sb, ids.data());
+    for (int64_t s = 0; s < n; ++s) {
+      sd[s].advance();
+      gen_d[s].push_back(ids[s]);
+      ++total;
+      differ += gen_d[s].back() != gen_h[s].back();
+      if (s % 8 == 7) {
+        EXPECT_EQ(ids[s] % 2, 0);
+      }
+      EXPECT_FALSE(banned[static_cast<size_t>(ids[s])]);
+    }
+    ASSERT_EQ(gen_d, gen_h) << "step " << step;
+  }
+  EXPECT_GT(md.graph_replays(), 0);
+  EXPECT_EQ(md.graph_replays(), mh.graph_replays());
+  std::printf("[cuda model] latent-demo bf16 device sampling = host sampling: %lld of %lld tokens equal (%lld graph "
+              "replays)\n", static_cast<long long>(total - differ), static_cast<long long>(total),
+              static_cast<long long>(md.graph_replays()));
+}
 
 }  // namespace
 }  // namespace latent

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/sample_reference.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "quant/float_formats.h"
@@ -1090,6 +1091,228 @@ TEST(CudaOps, ScatterAddWeighted) {
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sampling (backend/sampling.h): the device draw equals the reference's bit for bit (ids and final scores).
+// ---------------------------------------------------------------------------------------------------------------
+struct SampleCase {
+  std::vector<float> logits;
+  std::vector<SampleRowParams> rows;
+  std::vector<SampleEdit> edits;
+  std::vector<uint32_t> allow, banned;
+};
+
+// Rows cycle through 16 parameter mixes: greedy, temperatures, top-k / top-p / min-p alone and together, penalties
+// and bias, allowed-id masks (some leaving one id or none), over logits with exact ties and -inf entries.
+SampleCase sample_case(Rng& rng, int64_t rows, int64_t V, uint64_t counter0) {
+  SampleCase c;
+  c.logits = rng.normals(rows * V, 2.0f);
+  std::vector<bool> banned(static_cast<size_t>(V), false);
+  for (int64_t i = std::max<int64_t>(0, V - 37); i < V; ++i) banned[static_cast<size_t>(i)] = true;
+  c.banned = sample_bitmask(banned);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = c.logits.data() + r * V;
+    for (int64_t i = 0; i < V; i += 97) x[i] = 4.0f;  // ties decided by the lower id
+    for (int64_t i = 5; i < V; i += 211) x[i] = ninf;
+    if (r % 5 == 4 && V > 40) x[rng.integer(0, V - 40)] = 30.0f;  // one dominant id
+    SampleRowParams p;
+    p.rng_key = sample_stream_key(1000 + static_cast<uint64_t>(r), static_cast<uint64_t>(r % 3));
+    p.rng_counter = counter0 + static_cast<uint64_t>(r);
+    const int mix = static_cast<int>(r % 16);
+    auto edits = [&](int n, bool bias, bool seen, bool count) {
+      n = std::min<int>(n, static_cast<int>(V / 2));
+      p.edit_begin = static_cast<int64_t>(c.edits.size());
+      std::vector<int32_t> ids;
+      while (static_cast<int>(ids.size()) < n) {
+        const int32_t t = static_cast<int32_t>(rng.integer(0, V - 1));
+        if (std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
+      }
+      for (int32_t t : ids) {
+        SampleEdit e;
+        e.token = t;
+        if (bias && rng.integer(0, 1)) {
+          e.bias = rng.uniform(-5.0f, 5.0f);
+          e.flags |= kSampleEditBias;
+        }
+        if (seen && rng.integer(0, 1)) e.flags |= kSampleEditSeen;
+        if (count) e.count = static_cast<int32_t>(rng.integer(0, 4));
+        c.edits.push_back(e);
+      }
+      p.n_edits = n;
+    };
+    auto mask = [&](int keep_mod) {  // keep_mod 0: allow nothing
+      p.allow_offset = static_cast<int64_t>(c.allow.size());
+      c.allow.resize(c.allow.size() + static_cast<size_t>((V + 31) / 32), 0u);
+      uint32_t* w = c.allow.data() + p.allow_offset;
+      for (int64_t i = 0; i < V; ++i)
+        if (keep_mod > 0 && i % keep_mod == 2) w[i >> 5] |= 1u << (i & 31);
+    };
+    switch (mix) {
+      case 0: p.temperature = 0.0f; break;
+      case 1: p.temperature = 0.0f; p.repetition_penalty = 1.4f; p.frequency_penalty = 0.5f; edits(60, true, true, true); break;
+      case 2: break;
+      case 3: p.temperature = 0.7f; break;
+      case 4: p.top_k = 50; break;
+      case 5: p.top_k = 1; p.temperature = 2.0f; break;
+      case 6: p.top_p = 0.9f; break;
+      case 7: p.top_p = 0.5f; p.temperature = 0.6f; break;
+      case 8: p.min_p = 0.05f; break;
+      case 9: p.min_p = 1.0f; break;
+      case 10: p.top_k = 400; p.top_p = 0.95f; p.min_p = 0.01f; p.temperature = 1.2f; break;
+      case 11:
+        p.repetition_penalty = 1.3f;
+        p.presence_penalty = 0.4f;
+        p.frequency_penalty = -0.2f;
+        edits(200, false, true, true);
+        break;
+      case 12: edits(30, true, false, false); mask(3); p.top_p = 0.8f; break;
+      case 13: mask(3); p.top_k = static_cast<int32_t>(V); p.min_p = 0.001f; break;
+      case 14: mask(static_cast<int>(V) + 1); break;  // one allowed id (2)
+      default: mask(0); break;  // nothing allowed: the first non-banned id
+    }
+    c.rows.push_back(p);
+  }
+  return c;
+}
+
+TEST(CudaOps, SampleRowsEqualReference) {
+  Rng rng(23);
+  int64_t total = 0;
+  for (int64_t V : {1, 64, 1237, 4032, 154880}) {
+    for (int64_t rows : {1, 37}) {
+      for (uint64_t counter0 : {0ull, 977ull}) {
+        SampleCase c = sample_case(rng, rows, V, counter0);
+        std::vector<float> xr = c.logits;
+        std::vector<int32_t> ir(static_cast<size_t>(rows), -1);
+        ref().sample_rows(xr.data(), rows, V, c.rows.data(), c.edits.data(), c.allow.data(), c.banned.data(),
+                          ir.data());
+        Dev dv;
+        float* xd = dv.up(c.logits);
+        int32_t* idd = dv.out<int32_t>(static_cast<size_t>(rows));
+        gpu().sample_rows(xd, rows, V, dv.up(c.rows), c.edits.empty() ? nullptr : dv.up(c.edits),
+                          c.allow.empty() ? nullptr : dv.up(c.allow), dv.up(c.banned), idd);
+        const std::vector<int32_t> id = Dev::down(idd, ir.size());
+        int diff = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          diff += id[r] != ir[r];
+          EXPECT_EQ(id[r], ir[r]) << "V " << V << " row " << r << " (mix " << r % 16 << ")";
+        }
+        EXPECT_TRUE(same(Dev::down(xd, xr.size()), xr)) << "final scores, V " << V << " rows " << rows;
+        record("sample_rows: rows whose id differs / V " + std::to_string(V), diff);
+        total += rows;
+      }
+    }
+  }
+  std::printf("[cuda op harness] sample_rows: %lld rows, device ids = reference ids\n", static_cast<long long>(total));
+}
+
+// Exact truncated distribution of one small row (double precision, the rules of backend/sampling.h).
+std::vector<double> exact_truncated(std::vector<float> x, const SampleRowParams& p) {
+  const size_t V = x.size();
+  for (auto& v : x) v /= p.temperature;
+  std::vector<size_t> o(V);
+  std::iota(o.begin(), o.end(), 0);
+  std::sort(o.begin(), o.end(), [&](size_t a, size_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+  std::vector<double> e(V);
+  for (size_t i = 0; i < V; ++i) e[i] = std::exp(static_cast<double>(x[i]) - x[o[0]]);
+  size_t keep = p.top_k > 0 ? std::min<size_t>(V, static_cast<size_t>(p.top_k)) : V;
+  double z = 0;
+  for (size_t j = 0; j < keep; ++j) z += e[o[j]];
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    size_t k = 0;
+    while (k < keep) {
+      cum += e[o[k++]] / z;
+      if (cum >= p.top_p) break;
+    }
+    keep = k;
+  }
+  if (p.min_p > 0.0f) {
+    size_t k = 0;
+    while (k < keep && e[o[k]] >= p.min_p) ++k;
+    keep = std::max<size_t>(k, 1);
+  }
+  std::vector<double> q(V, 0.0);
+  double t = 0;
+  for (size_t j = 0; j < keep; ++j) t += e[o[j]];
+  for (size_t j = 0; j < keep; ++j) q[o[j]] = e[o[j]] / t;
+  return q;
+}
+
+// Many device draws (one row per draw: counter = draw index) follow the exact truncated softmax.
+TEST(CudaOps, SampleRowsDistribution) {
+  const std::vector<float> l = {2.0f, 1.5f, 1.4f, 0.3f, 0.0f, -0.5f, -1.0f, -3.0f, 1.45f, -7.0f, 0.9f};
+  const int64_t V = static_cast<int64_t>(l.size()), rows = 8192, launches = 5;
+  std::vector<SampleRowParams> mixes(5);
+  mixes[1].temperature = 0.7f;
+  mixes[1].top_k = 4;
+  mixes[2].temperature = 1.2f;
+  mixes[2].top_p = 0.8f;
+  mixes[3].min_p = 0.2f;
+  mixes[4].temperature = 1.5f;
+  mixes[4].top_k = 6;
+  mixes[4].top_p = 0.9f;
+  mixes[4].min_p = 0.05f;
+  for (size_t m = 0; m < mixes.size(); ++m) {
+    const std::vector<double> q = exact_truncated(l, mixes[m]);
+    std::vector<int64_t> counts(static_cast<size_t>(V), 0);
+    for (int64_t k = 0; k < launches; ++k) {
+      std::vector<float> x;
+      std::vector<SampleRowParams> ps(static_cast<size_t>(rows), mixes[m]);
+      for (int64_t r = 0; r < rows; ++r) {
+        x.insert(x.end(), l.begin(), l.end());
+        ps[r].rng_key = sample_stream_key(5, m);
+        ps[r].rng_counter = static_cast<uint64_t>(k * rows + r);
+      }
+      Dev dv;
+      int32_t* idd = dv.out<int32_t>(static_cast<size_t>(rows));
+      gpu().sample_rows(dv.up(x), rows, V, dv.up(ps), nullptr, nullptr, nullptr, idd);
+      for (int32_t id : Dev::down(idd, static_cast<size_t>(rows))) {
+        ASSERT_TRUE(id >= 0 && id < V);
+        ++counts[static_cast<size_t>(id)];
+      }
+    }
+    const double n = static_cast<double>(rows * launches);
+    for (int64_t i = 0; i < V; ++i) {
+      const double f = counts[i] / n, sd = std::sqrt(q[i] * (1 - q[i]) / n);
+      if (q[i] == 0.0)
+        EXPECT_EQ(counts[i], 0) << "mix " << m << " id " << i << " is truncated";
+      else
+        EXPECT_NEAR(f, q[i], 5 * sd + 1e-4) << "mix " << m << " id " << i;
+    }
+  }
+}
+
+// The op recorded in a graph reads the parameters uploaded before each replay.
+TEST(CudaOps, SampleRowsInGraph) {
+  Rng rng(29);
+  const int64_t V = 4032, rows = 16;
+  SampleCase c = sample_case(rng, rows, V, 0);
+  Dev dv;
+  float* xd = dv.up(c.logits);
+  SampleRowParams* pd = dv.up(c.rows);
+  SampleEdit* ed = c.edits.empty() ? nullptr : dv.up(c.edits);
+  uint32_t* ad = c.allow.empty() ? nullptr : dv.up(c.allow);
+  uint32_t* bd = dv.up(c.banned);
+  int32_t* idd = dv.out<int32_t>(static_cast<size_t>(rows));
+  gpu().sample_rows(xd, rows, V, pd, ed, ad, bd, idd);  // eager first
+  gpu().sync();
+  gpu().graph_begin();
+  gpu().sample_rows(xd, rows, V, pd, ed, ad, bd, idd);
+  const int g = gpu().graph_end();
+  for (uint64_t step = 1; step <= 3; ++step) {
+    for (auto& p : c.rows) p.rng_counter += 1000;
+    gpu().upload(xd, c.logits.data(), c.logits.size() * sizeof(float));
+    gpu().upload(pd, c.rows.data(), c.rows.size() * sizeof(SampleRowParams));
+    gpu().graph_replay(g);
+    std::vector<float> xr = c.logits;
+    std::vector<int32_t> ir(static_cast<size_t>(rows));
+    ref().sample_rows(xr.data(), rows, V, c.rows.data(), c.edits.data(), c.allow.data(), c.banned.data(), ir.data());
+    EXPECT_EQ(Dev::down(idd, ir.size()), ir) << "replay " << step;
+  }
+  gpu().graph_release(g);
 }
 
 }  // namespace

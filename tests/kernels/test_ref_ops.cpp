@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -298,6 +299,47 @@ TEST(RefOps, BackendRegistry) {
   EXPECT_STREQ(make_backend("ref", 1)->name(), "ref");
   EXPECT_NE(make_backend("cpu", 1), nullptr);
   EXPECT_ANY_THROW(make_backend("nope", 1));
+}
+
+// Backend::sample_rows on the host backends: the reference draw, with the mask, banned ids and edits applied in
+// place (the final scores), greedy ties to the lower id, and a draw that only ever picks an allowed id.
+TEST(RefOps, SampleRows) {
+  for (const char* name : {"ref", "cpu"}) {
+    std::unique_ptr<Backend> be = make_backend(name, 1);
+    const int64_t V = 6;
+    std::vector<float> x = {1.0f, 3.0f, 3.0f, 2.0f, 0.5f, 9.0f,   // greedy: 5 is banned, ties 1 / 2 -> 1
+                            1.0f, 3.0f, 3.0f, 2.0f, 0.5f, 9.0f};  // sampled: only ids 0 and 4 allowed
+    std::vector<SampleRowParams> p(2);
+    p[0].temperature = 0.0f;
+    p[1].temperature = 0.5f;
+    p[1].allow_offset = 0;
+    p[1].n_edits = 1;
+    p[1].edit_begin = 0;
+    const std::vector<SampleEdit> edits = {{4, 2.0f, 0, kSampleEditBias}};
+    const std::vector<uint32_t> allow = {(1u << 0) | (1u << 4)}, banned = {1u << 5};
+    std::vector<int32_t> ids(2, -1);
+    be->sample_rows(x.data(), 2, V, p.data(), edits.data(), allow.data(), banned.data(), ids.data());
+    EXPECT_EQ(ids[0], 1) << name;
+    EXPECT_TRUE(ids[1] == 0 || ids[1] == 4) << name;
+    const float ninf = -std::numeric_limits<float>::infinity();
+    EXPECT_EQ(x[5], ninf);
+    EXPECT_EQ(x[6 + 4], (0.5f + 2.0f) / 0.5f);  // bias, then temperature
+    EXPECT_EQ(x[6 + 1], ninf);
+    int n4 = 0;
+    for (uint64_t c = 0; c < 2000; ++c) {
+      std::vector<float> y(x.begin() + 6, x.end());
+      SampleRowParams q = p[1];
+      q.temperature = 1.0f;
+      q.n_edits = 0;
+      q.rng_counter = c;
+      int32_t id = -1;
+      be->sample_rows(y.data(), 1, V, &q, nullptr, allow.data(), banned.data(), &id);
+      ASSERT_TRUE(id == 0 || id == 4);
+      n4 += id == 4;
+    }
+    // y = final scores of row 1: x0 = 2, x4 = 5 -> p(4) = e^3 / (1 + e^3) = 0.9526
+    EXPECT_NEAR(n4 / 2000.0, 0.9526, 0.02) << name;
+  }
 }
 
 }  // namespace

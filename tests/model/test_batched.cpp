@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 
+#include "backend/sample_reference.h"
 #include "core/error.h"
 #include "model_test_util.h"
 
@@ -305,6 +306,69 @@ TEST(BatchedStep, NoHeapAllocationOnTheStepPathOnceWarm) {
     }
     EXPECT_EQ(counted, 0) << be << ": heap allocations during 10 warm steps";
   }
+}
+
+// Model::step with a SampleBatch (Backend::sample_rows on the head's output, here the host backend's reference):
+// the ids equal sample_rows_reference on the downloaded logits of the same step, with and without the logits also
+// asked for; a batch of the wrong size is refused.
+TEST(BatchedStep, SamplingOnTheBackendEqualsSamplingTheLogits) {
+  auto lm = load_model(model_dir("glm5-tiny"), {}, 1, "cpu");
+  Model& m = *lm->model;
+  const ModelConfig& cfg = m.config();
+  const int64_t V = cfg.vocab_size, n = 5, bt = 4;
+  PagedKvCache pa(cfg, *lm->backend, 4 * n, bt, m.cache_dtype()), pb(cfg, *lm->backend, 4 * n, bt, m.cache_dtype());
+  std::vector<std::vector<int32_t>> blocks(n);
+  std::vector<int32_t> tokens;
+  std::vector<StepSequence> seqs(n);
+  for (int64_t s = 0; s < n; ++s) {
+    for (int32_t j = 0; j < 4; ++j) blocks[s].push_back(static_cast<int32_t>(s * 4 + j));
+    for (int64_t t = 0; t < 3 + s; ++t) tokens.push_back(static_cast<int32_t>((s * 37 + t * 11 + 3) % V));
+    seqs[s] = {0, 3 + s, blocks[s], LogitRows::Last};
+  }
+  std::vector<SampleRowParams> rows(n);
+  rows[0].temperature = 0.0f;
+  rows[2].top_k = 5;
+  rows[3].top_p = 0.7f;
+  rows[3].allow_offset = 0;
+  rows[4].min_p = 0.1f;
+  rows[4].n_edits = 2;
+  for (int64_t s = 0; s < n; ++s) rows[s].rng_key = sample_stream_key(9, static_cast<uint64_t>(s));
+  const std::vector<SampleEdit> edits = {{3, 2.0f, 0, kSampleEditBias}, {8, 0.0f, 2, kSampleEditSeen}};
+  std::vector<bool> allowed(static_cast<size_t>(V)), banned(static_cast<size_t>(V), false);
+  for (int64_t i = 0; i < V; ++i) allowed[static_cast<size_t>(i)] = i % 4 == 1;
+  banned[static_cast<size_t>(V - 1)] = true;
+  const std::vector<uint32_t> allow = sample_bitmask(allowed), banned_bits = sample_bitmask(banned);
+  SampleBatch sb{rows.data(), n, edits.data(), 2, allow.data(), static_cast<int64_t>(allow.size()), &banned};
+  for (int step = 0; step < 3; ++step) {
+    for (auto& r : rows) r.rng_counter = static_cast<uint64_t>(step);
+    std::vector<float> lg(static_cast<size_t>(n * V)), lg2(lg.size());
+    m.step(Step{tokens, seqs}, pa, lg.data());
+    std::vector<int32_t> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), -1), got2(got);
+    sample_rows_reference(lg.data(), n, V, rows.data(), edits.data(), allow.data(), banned_bits.data(), want.data());
+    if (step == 0) {  // logits and ids from one step (the logits are the head's, before sampling)
+      PagedKvCache pc(cfg, *lm->backend, 4 * n, bt, m.cache_dtype());
+      m.step(Step{tokens, seqs}, pc, lg2.data(), nullptr, &sb, got2.data());
+      EXPECT_EQ(got2, want);
+      std::vector<float> lg0(lg.size());
+      PagedKvCache pd(cfg, *lm->backend, 4 * n, bt, m.cache_dtype());
+      m.step(Step{tokens, seqs}, pd, lg0.data());
+      EXPECT_TRUE(bits_equal(lg2.data(), lg0.data(), lg0.size()));
+    }
+    m.step(Step{tokens, seqs}, pb, nullptr, nullptr, &sb, got.data());
+    EXPECT_EQ(got, want) << "step " << step;
+    EXPECT_TRUE(allowed[static_cast<size_t>(got[3])]);
+    tokens.assign(static_cast<size_t>(n), 0);
+    for (int64_t s = 0; s < n; ++s) {
+      tokens[s] = got[s];
+      seqs[s].start += seqs[s].n_tokens;
+      seqs[s].n_tokens = 1;
+      seqs[s].decode = true;
+    }
+  }
+  std::vector<int32_t> ids(2);
+  SampleBatch wrong = sb;
+  wrong.n_rows = 2;
+  EXPECT_THROW(m.step(Step{tokens, seqs}, pb, nullptr, nullptr, &wrong, ids.data()), Error);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <limits>
+#include <algorithm>
 #include <map>
+#include <random>
 
 #include "runtime/sampler.h"
 
@@ -142,6 +144,238 @@ TEST(Sampler, Logprobs) {
   EXPECT_EQ(r.top[0].first, 1);
   EXPECT_EQ(r.top[1].first, 0);
   EXPECT_NEAR(r.top[1].second, std::log(0.25), 1e-5);
+}
+
+}  // namespace
+}  // namespace latent
+
+// ---------------------------------------------------------------------------------------------------------------
+// The shared draw (backend/sampling.h): Backend::sample_rows' reference against the host Sampler, and the
+// distribution of the draws.
+// ---------------------------------------------------------------------------------------------------------------
+namespace latent {
+namespace {
+
+TEST(SampleMath, WeightIsQuantizedExp) {
+  EXPECT_EQ(sample_weight(0.0f), uint64_t{1} << 44);
+  EXPECT_EQ(sample_weight(-0.0f), uint64_t{1} << 44);
+  EXPECT_EQ(sample_weight(-30.0f), 0u);
+  EXPECT_EQ(sample_weight(-std::numeric_limits<float>::infinity()), 0u);
+  uint64_t prev = sample_weight(0.0f);
+  for (float dx = -0.001f; dx > -29.0f; dx -= 0.0137f) {
+    const uint64_t w = sample_weight(dx);
+    const double e = std::exp(static_cast<double>(dx)) * 17592186044416.0;
+    EXPECT_NEAR(static_cast<double>(w), e, 1.0 + 1e-6 * e) << dx;  // fp32 exp within a few ulp, then floor
+    EXPECT_LE(w, prev) << dx;  // monotone on this grid
+    prev = w;
+  }
+}
+
+TEST(SampleMath, KeyOrdersByValueThenLowerId) {
+  EXPECT_GT(sample_key(1.0f, 5), sample_key(0.5f, 1));
+  EXPECT_GT(sample_key(-0.5f, 5), sample_key(-1.0f, 1));
+  EXPECT_GT(sample_key(0.25f, 2), sample_key(0.25f, 3));
+  EXPECT_GT(sample_key(0.0f, 9), sample_key(-1e-30f, 0));
+}
+
+TEST(SampleMath, RandomIsCounterBased) {
+  const uint64_t k = sample_stream_key(42, 0);
+  EXPECT_EQ(sample_random(k, 7), sample_random(sample_stream_key(42, 0), 7));
+  EXPECT_NE(sample_random(k, 7), sample_random(k, 8));
+  EXPECT_NE(sample_random(k, 7), sample_random(sample_stream_key(42, 1), 7));
+  EXPECT_NE(sample_random(k, 7), sample_random(sample_stream_key(43, 0), 7));
+}
+
+struct RowCase {
+  SamplingParams p;
+  bool banned = false, mask = false, history = false;
+};
+
+std::vector<RowCase> row_cases() {
+  std::vector<RowCase> c;
+  auto add = [&](auto f, bool banned = false, bool mask = false, bool history = false) {
+    RowCase r;
+    r.p.seed = 11;
+    f(r.p);
+    r.banned = banned;
+    r.mask = mask;
+    r.history = history;
+    c.push_back(r);
+  };
+  add([](SamplingParams& p) { p.temperature = 0; });
+  add([](SamplingParams& p) { p.temperature = 0; }, true, true, true);
+  add([](SamplingParams&) {});
+  add([](SamplingParams& p) { p.temperature = 0.7f; });
+  add([](SamplingParams& p) { p.temperature = 1.3f; p.top_k = 40; });
+  add([](SamplingParams& p) { p.top_k = 1; });
+  add([](SamplingParams& p) { p.top_p = 0.9f; });
+  add([](SamplingParams& p) { p.top_p = 0.3f; p.temperature = 0.5f; });
+  add([](SamplingParams& p) { p.min_p = 0.1f; });
+  add([](SamplingParams& p) { p.min_p = 1.0f; });
+  add([](SamplingParams& p) { p.top_k = 200; p.top_p = 0.95f; p.min_p = 0.02f; p.temperature = 0.8f; });
+  add([](SamplingParams& p) {
+    p.repetition_penalty = 1.3f;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+  }, false, false, true);
+  add([](SamplingParams& p) {
+    p.logit_bias = {{3, 5.0f}, {17, -100.0f}, {999, 2.5f}};
+    p.repetition_penalty = 0.8f;
+    p.top_k = 50;
+  }, true, false, true);
+  add([](SamplingParams& p) { p.top_p = 0.8f; p.frequency_penalty = -0.5f; }, true, true, true);
+  return c;
+}
+
+// Draws from the Sampler and from sample_rows_reference (the device op's reference) over the same logits agree
+// for every parameter mix: same edits, same masks, same integer draw.
+TEST(SampleRows, ReferenceEqualsSampler) {
+  std::mt19937 g(5);
+  const int64_t V = 1000;
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<bool> banned(static_cast<size_t>(V), false);
+  for (int64_t i = 990; i < V; ++i) banned[static_cast<size_t>(i)] = true;
+  const std::vector<uint32_t> banned_bits = sample_bitmask(banned);
+  std::vector<bool> allowed(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) allowed[static_cast<size_t>(i)] = i % 3 != 1;
+  const std::vector<uint32_t> allow_bits = sample_bitmask(allowed);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  int rows = 0, diffs = 0;
+  int64_t stream = 0;
+  for (const RowCase& c : row_cases()) {
+    Sampler host(c.p, static_cast<uint64_t>(stream)), dev(c.p, static_cast<uint64_t>(stream));
+    ++stream;
+    std::vector<int32_t> prompt, gen;
+    if (c.history)
+      for (int i = 0; i < 60; ++i) prompt.push_back(static_cast<int32_t>(g() % V));
+    for (int step = 0; step < 25; ++step) {
+      std::vector<float> l(static_cast<size_t>(V));
+      for (auto& v : l) v = nd(g);
+      if (step % 5 == 0) l[7] = l[8] = 9.0f;  // exact ties
+      std::vector<float> a = l, b = l;
+      if (c.mask)
+        for (int64_t i = 0; i < V; ++i)
+          if (!allowed[static_cast<size_t>(i)]) a[static_cast<size_t>(i)] = ninf;
+      const int32_t t_host = host.sample(a, prompt, gen, c.banned ? &banned : nullptr).token;
+      SampleRowParams row;
+      std::vector<SampleEdit> edits;
+      ASSERT_TRUE(dev.device_row(prompt, gen, V, row, edits));
+      if (c.mask) row.allow_offset = 0;
+      int32_t t_dev = -1;
+      sample_rows_reference(b.data(), 1, V, &row, edits.data(), allow_bits.data(),
+                            c.banned ? banned_bits.data() : nullptr, &t_dev);
+      dev.advance();
+      ++rows;
+      diffs += t_host != t_dev;
+      EXPECT_EQ(t_host, t_dev) << "case " << stream - 1 << " step " << step;
+      EXPECT_EQ(a, b) << "final scores differ: case " << stream - 1;
+      if (c.banned) {
+        EXPECT_FALSE(banned[static_cast<size_t>(t_dev)]);
+      }
+      if (c.mask) {
+        EXPECT_TRUE(allowed[static_cast<size_t>(t_dev)]);
+      }
+      if (c.history) gen.push_back(t_host);
+    }
+  }
+  EXPECT_EQ(diffs, 0) << rows << " rows";
+}
+
+TEST(SampleRows, DeviceRowRefusesWhatItCannotDo) {
+  SamplingParams p;
+  p.logprobs = true;
+  SampleRowParams row;
+  std::vector<SampleEdit> e;
+  EXPECT_FALSE(Sampler(p, 0).device_row({}, {}, 10, row, e));
+  SamplingParams q;
+  q.logit_bias = {{2, 1.0f}, {2, 1.0f}};  // one id twice: added twice on the host
+  EXPECT_FALSE(Sampler(q, 0).device_row({}, {}, 10, row, e));
+  EXPECT_FALSE(Sampler(SamplingParams{}, 0).device_row({}, {}, kSampleMaxVocab + 1, row, e));
+  EXPECT_TRUE(e.empty());
+  SamplingParams r;
+  r.frequency_penalty = 1.0f;
+  r.repetition_penalty = 1.2f;
+  std::vector<int32_t> prompt = {4, 4, 2}, gen = {4, 9, 9, 9};
+  ASSERT_TRUE(Sampler(r, 0).device_row(prompt, gen, 10, row, e));
+  ASSERT_EQ(e.size(), 3u);  // one edit per distinct token, by id
+  EXPECT_EQ(e[0].token, 2);
+  EXPECT_EQ(e[0].count, 0);
+  EXPECT_EQ(e[1].token, 4);
+  EXPECT_EQ(e[1].count, 1);
+  EXPECT_EQ(e[2].token, 9);
+  EXPECT_EQ(e[2].count, 3);
+  EXPECT_EQ(e[2].flags, kSampleEditSeen);
+}
+
+// The exact distribution the rules define (double precision, exact softmax) for a small row.
+std::vector<double> truncated_softmax(std::vector<float> x, const SampleRowParams& p) {
+  const size_t V = x.size();
+  for (auto& v : x) v /= p.temperature;
+  std::vector<size_t> order(V);
+  for (size_t i = 0; i < V; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+  const double mx = x[order[0]];
+  std::vector<double> e(V);
+  for (size_t i = 0; i < V; ++i) e[i] = std::exp(x[i] - mx);
+  size_t keep = p.top_k > 0 ? std::min<size_t>(V, static_cast<size_t>(p.top_k)) : V;
+  double z = 0;
+  for (size_t j = 0; j < keep; ++j) z += e[order[j]];
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    size_t c = 0;
+    while (c < keep) {
+      cum += e[order[c++]] / z;
+      if (cum >= p.top_p) break;
+    }
+    keep = c;
+  }
+  if (p.min_p > 0.0f) {
+    size_t c = 0;
+    while (c < keep && e[order[c]] >= p.min_p) ++c;
+    keep = std::max<size_t>(c, 1);
+  }
+  std::vector<double> q(V, 0.0);
+  double t = 0;
+  for (size_t j = 0; j < keep; ++j) t += e[order[j]];
+  for (size_t j = 0; j < keep; ++j) q[order[j]] = e[order[j]] / t;
+  return q;
+}
+
+TEST(SampleRows, DrawsFollowTheTruncatedDistribution) {
+  const std::vector<float> l = {2.0f, 1.5f, 1.4f, 0.3f, 0.0f, -0.5f, -1.0f, -3.0f, 1.45f, -7.0f};
+  std::vector<SampleRowParams> cases(5);
+  cases[0].temperature = 1.0f;
+  cases[1].temperature = 0.7f;
+  cases[1].top_k = 4;
+  cases[2].temperature = 1.2f;
+  cases[2].top_p = 0.8f;
+  cases[3].temperature = 1.0f;
+  cases[3].min_p = 0.2f;
+  cases[4].temperature = 1.5f;
+  cases[4].top_k = 6;
+  cases[4].top_p = 0.9f;
+  cases[4].min_p = 0.05f;
+  const int n = 40000;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SampleRowParams p = cases[c];
+    p.rng_key = sample_stream_key(99, c);
+    const std::vector<double> q = truncated_softmax(l, p);
+    std::vector<int> counts(l.size(), 0);
+    for (int i = 0; i < n; ++i) {
+      p.rng_counter = static_cast<uint64_t>(i);
+      std::vector<float> x = l;
+      int32_t id = -1;
+      sample_rows_reference(x.data(), 1, static_cast<int64_t>(l.size()), &p, nullptr, nullptr, nullptr, &id);
+      ++counts[static_cast<size_t>(id)];
+    }
+    for (size_t i = 0; i < l.size(); ++i) {
+      const double f = counts[i] / double(n), sd = std::sqrt(q[i] * (1 - q[i]) / n);
+      if (q[i] == 0.0)
+        EXPECT_EQ(counts[i], 0) << "case " << c << " id " << i << " was truncated";
+      else
+        EXPECT_NEAR(f, q[i], 5 * sd + 1e-4) << "case " << c << " id " << i;
+    }
+  }
 }
 
 }  // namespace

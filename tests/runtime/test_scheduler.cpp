@@ -584,6 +584,90 @@ TEST(Scheduler, SeededSamplingPerChoice) {
   EXPECT_NE(a[0], a[1]);  // choices use different streams
 }
 
+// An engine that samples "on its device": the same logits, sampled by Backend::sample_rows' reference.
+class DeviceSamplingEngine : public FakeEngine {
+ public:
+  bool samples_on_device() const override { return true; }
+  void step_sampled(std::span<const EngineStepItem> items, const SampleBatch& sb, int32_t* ids) override {
+    std::vector<float> logits(static_cast<size_t>(sb.n_rows * kV));
+    step(items, logits.data());
+    std::vector<uint32_t> banned_bits;
+    if (sb.banned) banned_bits = sample_bitmask(*sb.banned);
+    sample_rows_reference(logits.data(), sb.n_rows, kV, sb.rows, sb.edits, sb.allow,
+                          sb.banned ? banned_bits.data() : nullptr, ids);
+    std::lock_guard lk(mu);
+    ++sampled_steps;
+    sampled_rows += sb.n_rows;
+  }
+  int64_t sampled_steps = 0, sampled_rows = 0;
+};
+
+// Allows the even ids only; never finished.
+class EvenConstraint : public LogitConstraint {
+ public:
+  void mask(std::span<float> logits) override {
+    for (size_t i = 1; i < logits.size(); i += 2) logits[i] = -std::numeric_limits<float>::infinity();
+  }
+  void accept(int32_t) override {}
+  bool finished() const override { return false; }
+};
+
+// Seeded sampling with every parameter gives the same tokens whether the engine samples on its device or the
+// scheduler samples the logits on the host; rows that need the host (logprobs, n > 1 forks) still work there.
+TEST(Scheduler, DeviceSamplingEqualsHostSampling) {
+  std::vector<bool> banned(FakeEngine::kV, false);
+  banned[12] = banned[13] = true;
+  auto run = [&](FakeEngine& e, bool device) {
+    SchedulerOptions o;
+    o.device_sampling = device;
+    o.banned = &banned;
+    Scheduler s(e, o);
+    s.start();
+    std::vector<std::shared_ptr<CollectSink>> sinks;
+    for (int k = 0; k < 8; ++k) {
+      auto sink = std::make_shared<CollectSink>(k == 5 ? 2 : 1);
+      auto g = make_req(prompt_of(9 + k, k), 14, sink, k == 5 ? 2 : 1);
+      g.stop_ids = {};
+      g.sampling.temperature = 3.0f;
+      g.sampling.seed = 100 + k;
+      if (k == 1) g.sampling.top_k = 5;
+      if (k == 2) g.sampling.top_p = 0.6f;
+      if (k == 3) g.sampling.min_p = 0.3f;
+      if (k == 4) {
+        g.sampling.repetition_penalty = 1.5f;
+        g.sampling.presence_penalty = 0.4f;
+        g.sampling.frequency_penalty = 0.3f;
+        g.sampling.logit_bias = {{20, 3.0f}, {21, -2.0f}};
+      }
+      if (k == 6) g.constraint = [](int) { return std::make_unique<EvenConstraint>(); };
+      if (k == 7) {
+        g.sampling.logprobs = true;
+        g.max_tokens = 3;
+      }
+      if (k == 0) g.sampling.temperature = 0.0f;
+      s.submit(std::move(g));
+      sinks.push_back(sink);
+    }
+    std::vector<std::vector<std::vector<int32_t>>> out;
+    for (auto& sk : sinks) {
+      EXPECT_TRUE(sk->wait(sk->toks.size()));
+      out.push_back(sk->toks);
+    }
+    return out;
+  };
+  FakeEngine host;
+  DeviceSamplingEngine dev;
+  const auto a = run(host, false), b = run(dev, true);
+  EXPECT_EQ(a, b);
+  for (const auto& t : b[6][0]) EXPECT_EQ(t % 2, 0);
+  for (const auto& r : b)
+    for (const auto& c : r)
+      for (int32_t t : c) EXPECT_TRUE(t != 12 && t != 13);
+  std::lock_guard lk(dev.mu);
+  EXPECT_GT(dev.sampled_steps, 0);  // the logprobs request runs beside: those steps take the host path
+  EXPECT_GT(dev.sampled_rows, 14);
+}
+
 TEST(Scheduler, TooLargeForKvBudget) {
   FakeEngine e;
   SchedulerOptions o;

@@ -337,6 +337,11 @@ class CudaBackend final : public Backend {
   }
 
   // ---------------- data movement / small elementwise ----------------
+  void sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowParams* params, const SampleEdit* edits,
+                   const uint32_t* allow, const uint32_t* banned, int32_t* ids) override {
+    cuda::launch_sample_rows(logits, rows, V, params, edits, allow, banned, ids, stream_);
+    check_launch("sample_rows");
+  }
   void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst) override {
     cuda::launch_gather_rows(src, rows, n, D, dst, stream_);
     check_launch("gather_rows");

@@ -63,6 +63,10 @@ void launch_topk_select(const float* scores, int64_t S, int64_t T, int64_t k, co
 void launch_indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
                            int64_t head_dim, float scale, const int64_t* q_pos, float* scores, cudaStream_t st);
 
+// ---- sampling (cuda_sample.cu): Backend::sample_rows ----
+void launch_sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowParams* params, const SampleEdit* edits,
+                        const uint32_t* allow, const uint32_t* banned, int32_t* ids, cudaStream_t st);
+
 // ---- data movement / paged cache (cuda_data.cu) ----
 void launch_moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
                       int32_t* token, float* weight, cudaStream_t st);

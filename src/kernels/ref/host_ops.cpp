@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/sample_reference.h"
 #include "core/error.h"
 #include "quant/float_formats.h"
 
@@ -50,6 +51,11 @@ void Backend::moe_group(const int32_t* ids, const float* weights, int64_t M, int
       token[at] = static_cast<int32_t>(m);
       weight[at] = weights[m * K + k];
     }
+}
+
+void Backend::sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowParams* params,
+                          const SampleEdit* edits, const uint32_t* allow, const uint32_t* banned, int32_t* ids) {
+  sample_rows_reference(logits, rows, V, params, edits, allow, banned, ids);
 }
 
 void Backend::gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst) {
