@@ -458,7 +458,8 @@ TEST(HttpServer, ShutdownDrains) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200);  // in-flight request finishes
   });
-  std::this_thread::sleep_for(50ms);
+  // Shut down once the request runs (a fixed sleep raced a loaded machine: the request arrived after the drain).
+  for (int i = 0; i < 500 && metric(f, "num_requests_running") < 1; ++i) std::this_thread::sleep_for(10ms);
   std::thread s([&] { f.http->shutdown(5.0); });
   t.join();
   s.join();
