@@ -59,11 +59,11 @@ def main():
     out = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__}
     t0 = time.time()
 
-    # before MXFP4: fp32 master weights (DEMO_SKIP_BEFORE=1 leaves this table out: a CPU run's time saver)
+    # before MXFP4: fp32 master weights (DEMO_SKIP_BEFORE=1 or DEMO_SKIP_TABLES=1 leave this table out)
     ck = export.load_ckpt(ckpt_path)
     cfg = GlmMoeDsaConfig(**ck["config"])
     topk_cfg = cfg.index_topk
-    if not os.environ.get("DEMO_SKIP_BEFORE"):
+    if not (os.environ.get("DEMO_SKIP_BEFORE") or os.environ.get("DEMO_SKIP_TABLES")):
         m0 = GlmMoeDsaForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
         m0.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ck["state_dict"].items()})
         m0.to(dev).eval()
@@ -76,7 +76,8 @@ def main():
     tmp = export.dequantized_dir(model_dir, tempfile.mkdtemp())
     model = GlmMoeDsaForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager").to(dev)
     model.eval()
-    out["after_mxfp4"] = acc_table(model, tok, tmpl, ev, stop_ids, pad, topk_cfg, full=True)
+    if not os.environ.get("DEMO_SKIP_TABLES"):  # DEMO_SKIP_TABLES=1: fixtures only (a CPU run's time saver)
+        out["after_mxfp4"] = acc_table(model, tok, tmpl, ev, stop_ids, pad, topk_cfg, full=True)
     print(f"after: {time.time()-t0:.0f}s", flush=True)
 
     # fixtures: transformers generate (greedy, KV cache) from the exported directory
