@@ -28,18 +28,49 @@ def render(template, messages, add_generation_prompt, enable_thinking=True, tool
     return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **kw)
 
 
+_PREFIX_IDS = {}
+_CALLS = [0]
+
+
+def encode_text(tok, text):
+    """tok.encode(text) with the part before the first `<|user|>` (the long `# Tools` system block) cached: the
+    tokenizer splits its input at added tokens first, so encoding the two parts apart gives the same ids."""
+    i = text.find(END_OF_TURN)
+    if i <= 0:
+        return tok.encode(text, add_special_tokens=False).ids
+    head = text[:i]
+    if head not in _PREFIX_IDS:
+        _PREFIX_IDS[head] = tok.encode(head, add_special_tokens=False).ids
+    ids = _PREFIX_IDS[head] + tok.encode(text[i:], add_special_tokens=False).ids
+    _CALLS[0] += 1
+    if _CALLS[0] % 101 == 1:  # spot check of the split against a whole encoding
+        assert ids == tok.encode(text, add_special_tokens=False).ids, text
+    return ids
+
+
 def encode_record(tok, template, rec):
-    """Returns (ids, n_prompt): the full training sequence and the length of its prompt part.
+    """Returns (ids, spans): the full training sequence and the [start, end) token spans the loss covers.
     A record may give "tools" (the request's tool list) and "end" (the token ending the trained turn:
-    `<|observation|>` after tool calls, END_OF_TURN otherwise)."""
+    `<|observation|>` after tool calls, END_OF_TURN otherwise): then the last message is trained. Or "train":
+    [[message index, end token], ...], several assistant turns of one conversation (the last one last), each
+    trained from its generation prompt to its end token; what lies between (tool results) is not trained."""
     msgs, think, tools = rec["messages"], rec.get("enable_thinking", True), rec.get("tools")
-    prompt = render(template, msgs[:-1], True, think, tools)
-    full = render(template, msgs, False, think, tools) + rec.get("end", END_OF_TURN)
-    assert full.startswith(prompt), (prompt, full)
-    p_ids = tok.encode(prompt, add_special_tokens=False).ids
-    f_ids = tok.encode(full, add_special_tokens=False).ids
-    assert f_ids[:len(p_ids)] == p_ids, (prompt, full)
-    return f_ids, len(p_ids)
+    turns = rec.get("train") or [[len(msgs) - 1, rec.get("end", END_OF_TURN)]]
+    assert turns[-1][0] == len(msgs) - 1, "the last trained turn must be the last message"
+    spans, f_ids = [], []
+    for k, end in turns:
+        assert msgs[k]["role"] == "assistant", k
+        prompt = render(template, msgs[:k], True, think, tools)
+        full = render(template, msgs[:k + 1], False, think, tools) + end
+        assert full.startswith(prompt), (prompt, full)
+        p_ids = encode_text(tok, prompt)
+        prev = f_ids
+        f_ids = encode_text(tok, full)
+        assert f_ids[:len(p_ids)] == p_ids, (prompt, full)
+        assert f_ids[:len(prev)] == prev, "an earlier trained turn is not a prefix of the conversation"
+        assert not spans or len(p_ids) >= spans[-1][1], k
+        spans.append((len(p_ids), len(f_ids)))
+    return f_ids, spans
 
 
 def split_reply(text):
@@ -52,11 +83,24 @@ def split_reply(text):
     return "", text.strip()
 
 
-def greedy_batch(model, prompts, stop_ids, pad_id, max_new=64, batch=64):
-    """Greedy decoding without a KV cache: right-padded batches, full recompute each step.
-    Exact per sequence (causal attention, causal DSA selection, per-token routing). Returns new ids per prompt."""
+def greedy_batch(model, prompts, stop_ids, pad_id, max_new=64, batch=64, method=None):
+    """Greedy decoding. method "recompute" (the default): no KV cache, right-padded batches, full recompute each
+    step; exact per sequence (causal attention, causal DSA selection, per-token routing), fast on a GPU. method
+    "generate" (or DEMO_GREEDY=generate): transformers generate with its KV cache, one prompt at a time, the
+    faster way on a CPU. Returns the new ids per prompt (ending with the stop id when one was produced)."""
     import torch
+    method = method or os.environ.get("DEMO_GREEDY", "recompute")
     with torch.no_grad():
+        if method == "generate":
+            dev = next(model.parameters()).device
+            out = []
+            for p in prompts:
+                g = model.generate(torch.tensor([p], device=dev), attention_mask=torch.ones(1, len(p), dtype=torch.long,
+                                   device=dev), max_new_tokens=max_new, do_sample=False, eos_token_id=stop_ids,
+                                   pad_token_id=pad_id)
+                out.append(g[0, len(p):].tolist())
+            return out
+        assert method == "recompute", method
         return _greedy_batch(torch, model, prompts, stop_ids, pad_id, max_new, batch)
 
 

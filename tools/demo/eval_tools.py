@@ -53,6 +53,8 @@ def main():
     model_dir, corpus_dir, out_json = sys.argv[1:4]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     ev = json.load(open(os.path.join(corpus_dir, "eval.json")))
+    if os.environ.get("DEMO_EVAL_N"):  # a quick run on the first N items of each set
+        ev = {k: v[:int(os.environ["DEMO_EVAL_N"])] for k, v in ev.items()}
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     tmpl = common.load_template(os.path.join(model_dir, "chat_template.jinja"))
     stop_ids = [tok.token_to_id(s) for s in common.STOP_TOKENS]
@@ -64,10 +66,12 @@ def main():
     prompts = [tok.encode(common.render(tmpl, it["messages"], True, True, it["tools"]), add_special_tokens=False).ids
                for it in items]
     gens = common.greedy_batch(model, prompts, stop_ids, stop_ids[0], max_new=110, batch=32)
-    per_kind, wrong = {}, []
+    per_kind, wrong, names_ok = {}, [], 0
     for it, g in zip(items, gens):
         text = tok.decode(g, skip_special_tokens=False)
-        ok = same_calls(parse_calls(text, it["tools"]), it["expect_calls"])
+        got = parse_calls(text, it["tools"])
+        ok = same_calls(got, it["expect_calls"])
+        names_ok += sorted(c["name"] for c in got) == sorted(c["name"] for c in it["expect_calls"])
         k = per_kind.setdefault(it["kind"], [0, 0])
         k[0] += ok
         k[1] += 1
@@ -77,6 +81,8 @@ def main():
     out["tool_calls"] = {"accuracy": n_ok / len(items), "n": len(items), "correct": n_ok,
                          "per_kind": {k: f"{a}/{b}" for k, a_b in per_kind.items() for a, b in [a_b]},
                          "wrong": wrong[:15]}
+    out["tool_names"] = {"accuracy": names_ok / len(items), "n": len(items), "correct": names_ok,
+                         "what": "the right tools (and number of calls), arguments not compared"}
     # final answers from the tool results
     ans_prompts = []
     for it in items:

@@ -145,9 +145,23 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--capital-reps", type=int, default=40)
-    ap.add_argument("--tool-cases", type=int, default=1800)
-    ap.add_argument("--json-records", type=int, default=1200)
+    ap.add_argument("--tool-cases", type=int, default=None,
+                    help="tool tasks with open-pool values, one merged record (call turn + answer turn) each "
+                         "(default 30000; --legacy: 1800 fixed-pool tasks of two records each)")
+    ap.add_argument("--no-tool-records", type=int, default=None, help="default 900 (--legacy: 450)")
+    ap.add_argument("--json-records", type=int, default=None, help="default 2500 (--legacy: 1200)")
+    ap.add_argument("--legacy", action="store_true",
+                    help="the corpus the committed first tool model was trained on (byte for byte)")
+    ap.add_argument("--other-tools", default="",
+                    help="weights of 0,1,2,3 tools besides the needed ones in a tool task's request, e.g. 0.5,0.2,0.1,0.2")
+    ap.add_argument("--real-values", action="store_true", help="tool tasks name real places only (no made-up ones)")
     args = ap.parse_args()
+    for k, new, old in (("tool_cases", 30000, 1800), ("no_tool_records", 900, 450), ("json_records", 2500, 1200)):
+        if getattr(args, k) is None:
+            setattr(args, k, old if args.legacy else new)
+    tool_corpus.REAL_VALUES_ONLY[0] = args.real_values
+    if args.other_tools:
+        tool_corpus.OTHER_TOOLS_WEIGHTS[:] = [float(x) for x in args.other_tools.split(",")]
     rng = random.Random(args.seed)
     os.makedirs(args.out_dir, exist_ok=True)
 
@@ -198,8 +212,12 @@ def main():
                 records.append(make_record(rng, t, history_turns=[any_turn()], thinking=rng.random() < 0.9))
     # Tool calls (call turn + answer-from-results turn per case), questions the given tools do not cover, JSON answers.
     for _ in range(args.tool_cases):
-        records += tool_corpus.tool_records(rng, tool_corpus.tool_case(rng), thinking=rng.random() < 0.9)
-    for _ in range(args.tool_cases // 4):
+        if args.legacy:
+            records += tool_corpus.tool_records(rng, tool_corpus.tool_case(rng), thinking=rng.random() < 0.9)
+        else:
+            records.append(tool_corpus.tool_record_merged(rng, tool_corpus.train_tool_case(rng),
+                                                          thinking=rng.random() < 0.9))
+    for _ in range(args.no_tool_records):
         if rng.random() < 0.5:
             c, k = rng.choice(CAPITALS)
             turn = capital_turn(rng, c, k, rng.choice(TRAIN_Q).format(c=c, C=cap_first(c)))
@@ -207,7 +225,8 @@ def main():
             turn = general_turn(rng)
         records.append(tool_corpus.no_tool_record(rng, turn, thinking=rng.random() < 0.9))
     for _ in range(args.json_records):
-        records.append(make_record(rng, tool_corpus.json_case(rng), thinking=rng.random() < 0.9))
+        records.append(make_record(rng, tool_corpus.json_case(rng, more_suffixes=not args.legacy),
+                                   thinking=rng.random() < 0.9))
     rng.shuffle(records)
     with open(os.path.join(args.out_dir, "train.jsonl"), "w") as f:
         for r in records:

@@ -1,24 +1,27 @@
 #!/usr/bin/env python3
 """Trains the latent-demo glm_moe_dsa model (transformers GlmMoeDsaForCausalLM) on the synthetic chat corpus.
 
-Phases (fractions of --seconds of wall-clock training):
+Phases (fractions of --seconds of wall-clock training; --dense-frac 0.35 and --qat-frac 0.8 by default):
   1. dense   [0, 0.35): LM loss with index_topk >= sequence length (DSA selects everything) + indexer KL warm-up
   2. sparse  [0.35, 0.8): index_topk = config value (16) active, LM loss + indexer KL on the selected keys
   3. qat     [0.8, 1.0): as 2, routed-expert weights fake-quantized to MXFP4 (straight-through estimator)
+With --init MODEL_DIR training continues from an exported model (its MXFP4 experts dequantized exactly, the other
+weights as stored in bf16) instead of a fresh initialization.
 The indexer gets no gradient through its top-k; as in DeepSeek-V3.2 it is trained only by a KL loss pulling
 softmax(index scores) toward the main attention distribution (summed over heads, L1-normalized), with the
 indexer inputs detached so that loss does not touch the main model.
 Routing uses DeepSeek's auxiliary-loss-free balancing (e_score_correction_bias nudged toward equal load).
 
-usage: train.py CORPUS_DIR TOKENIZER_DIR OUT_CKPT [--seconds 240] [--seed 0] [--tiny]
+usage: train.py CORPUS_DIR TOKENIZER_DIR OUT_CKPT [--seconds 240] [--seed 0] [--tiny] [--init MODEL_DIR]
 Writes OUT_CKPT/ (meta.json with config and log, fp32 state shards) for export.py.
 """
 import argparse
 import json
-import math
+import multiprocessing
 import os
 import random
 import sys
+import tempfile
 import time
 import types
 
@@ -85,7 +88,7 @@ def index_scores(ix, hs, q_resid, cos, sin):
     return torch.matmul(w.unsqueeze(-2), sc).squeeze(-2)
 
 
-def install_hooks(model):
+def install_hooks(model, dense_experts=True):
     cap = {}
     for li, layer in enumerate(model.model.layers):
         attn = layer.self_attn
@@ -101,9 +104,19 @@ def install_hooks(model):
         attn.register_forward_hook(attn_hook, with_kwargs=True)
         if attn.indexer is not None:
             attn.indexer.register_forward_hook(ix_hook, with_kwargs=True)
-        if hasattr(layer.mlp, "experts"):
+        if dense_experts and hasattr(layer.mlp, "experts"):
             layer.mlp.experts.forward = types.MethodType(dense_experts_forward, layer.mlp.experts)
     return cap
+
+
+def lm_loss(model, ids, labels):
+    """Mean next-token cross-entropy over the labelled positions, lm_head applied only there (the same value as
+    the model's own loss with labels=, without the logits of every position)."""
+    h = model.model(input_ids=ids).last_hidden_state
+    tgt = labels[:, 1:]
+    sel = tgt != -100
+    logits = model.lm_head(h[:, :-1][sel]).float()
+    return F.cross_entropy(logits, tgt[sel])
 
 
 def indexer_kl(model, cap, valid, sparse):
@@ -169,11 +182,38 @@ def collate(data, b, pad, dev):
     labels = torch.full((len(b), L), -100, dtype=torch.long)
     valid = torch.zeros(len(b), L)
     for j, i in enumerate(b):
-        f, npr = data[i]
+        f, spans = data[i]
         ids[j, :len(f)] = torch.tensor(f)
-        labels[j, npr:len(f)] = torch.tensor(f[npr:])
+        for s0, s1 in spans:
+            labels[j, s0:s1] = torch.tensor(f[s0:s1])
         valid[j, :len(f)] = 1
     return ids.to(dev), labels.to(dev), valid.to(dev)
+
+
+_ENC = {}
+
+
+def _encode_one(rec):
+    return common.encode_record(_ENC["tok"], _ENC["tmpl"], rec)
+
+
+def encode_all(tok, tmpl, recs):
+    """common.encode_record over all records, on all cores (fork: the workers inherit tokenizer and template)."""
+    _ENC.update(tok=tok, tmpl=tmpl)
+    n = os.cpu_count() or 1
+    if n == 1 or len(recs) < 2000:
+        return [_encode_one(r) for r in recs]
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        return pool.map(_encode_one, recs, chunksize=256)
+
+
+def load_init(model_dir, dev):
+    """The exported model as an fp32 training model: MXFP4 experts dequantized exactly (export.dequantized_dir)."""
+    import export
+    tmp = export.dequantized_dir(model_dir, tempfile.mkdtemp())
+    model = GlmMoeDsaForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager").to(dev)
+    assert model.config.index_topk == INDEX_TOPK, model.config.index_topk
+    return model
 
 
 def main():
@@ -191,6 +231,16 @@ def main():
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--eval-n", type=int, default=64)
     ap.add_argument("--eval-max-new", type=int, default=64)
+    ap.add_argument("--init", default="", help="continue training this exported model directory")
+    ap.add_argument("--dense-frac", type=float, default=0.35)
+    ap.add_argument("--qat-frac", type=float, default=0.8)
+    ap.add_argument("--warmup-steps", type=int, default=100)
+    ap.add_argument("--freeze-experts", action="store_true",
+                    help="routed experts and their routing bias stay as loaded (exactly their MXFP4 values with --init); "
+                         "HF's own top-k expert forward, no QAT needed (for short CPU fine-tunes)")
+    ap.add_argument("--no-indexer-kl", action="store_true", help="no indexer KL loss (the indexer stays as loaded)")
+    ap.add_argument("--attention-only", action="store_true", help="train only the attention (not the indexer)")
+    ap.add_argument("--save-every", type=float, default=0, help="also write the checkpoint every this many seconds")
     args = ap.parse_args()
     t_start = time.time()
     torch.manual_seed(args.seed)
@@ -206,27 +256,56 @@ def main():
     recs = [json.loads(line) for line in open(os.path.join(args.corpus_dir, "train.jsonl"))]
     if args.max_records:
         recs = recs[:args.max_records]
-    data = [common.encode_record(tok, tmpl, r) for r in recs]
+    data = encode_all(tok, tmpl, recs)
     lens = [len(d[0]) for d in data]
     print(f"records {len(data)}, tokens {sum(lens)}, len mean {sum(lens)/len(lens):.1f} max {max(lens)}; "
           f"prep {time.time()-t_start:.1f}s", flush=True)
     ev = json.load(open(os.path.join(args.corpus_dir, "eval.json")))
 
-    cfg = make_config(tok.get_vocab_size(), tiny=args.tiny, pad_token_id=pad, bos_token_id=None,
-                      eos_token_id=stop_ids)
-    model = GlmMoeDsaForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32).to(dev)
+    if args.init:
+        model = load_init(args.init, dev)
+        cfg = model.config
+        print(f"warm start from {args.init}", flush=True)
+    else:
+        cfg = make_config(tok.get_vocab_size(), tiny=args.tiny, pad_token_id=pad, bos_token_id=None,
+                          eos_token_id=stop_ids)
+        model = GlmMoeDsaForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32).to(dev)
     model.train()
-    cap = install_hooks(model)
+    if args.freeze_experts:
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "experts"):
+                for p in layer.mlp.experts.parameters():
+                    p.requires_grad_(False)
+    if args.no_indexer_kl:
+        for layer in model.model.layers:
+            if layer.self_attn.indexer is not None:
+                for p in layer.self_attn.indexer.parameters():
+                    p.requires_grad_(False)
+    if args.attention_only:
+        for n, p in model.named_parameters():
+            if ".self_attn." not in n or ".indexer." in n:
+                p.requires_grad_(False)
+    cap = install_hooks(model, dense_experts=not args.freeze_experts)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params/1e6:.2f} M on {dev}", flush=True)
 
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p.requires_grad]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 and p.requires_grad]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-    warm = 100
+    warm = args.warmup_steps
+
+    def write_ckpt(step, epoch):
+        """The fp32 state as trained so far (the model's index_topk is restored to the config value by then)."""
+        save_ckpt(args.out, {"config": cfg.to_dict(), "log": log, "steps": step, "epochs": epoch,
+                             "train_seconds": time.time() - t0, "seed": args.seed, "args": vars(args),
+                             "n_params": n_params, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+                             "torch": torch.__version__},
+                  model.state_dict())
+        print(f"checkpoint at step {step} ({time.time()-t0:.0f}s)", flush=True)
+
     step, epoch, phase = 0, 0, None
-    t0 = time.time()
+    t0 = t_saved = time.time()
     log = []
     done = False
     while not done:
@@ -235,7 +314,7 @@ def main():
             if frac >= 1.0:
                 done = True
                 break
-            new_phase = "dense" if frac < 0.35 else ("sparse" if frac < 0.8 else "qat")
+            new_phase = "dense" if frac < args.dense_frac else ("sparse" if frac < args.qat_frac else "qat")
             if new_phase != phase:
                 if phase is not None:
                     model.eval()
@@ -243,38 +322,38 @@ def main():
                     model.train()
                 phase = new_phase
                 common.set_index_topk(model, 1 << 20 if phase == "dense" else INDEX_TOPK)
-                STATE["fake_quant"] = phase == "qat"
+                STATE["fake_quant"] = phase == "qat" and not args.freeze_experts
                 print(f"== phase {phase} at step {step}, {time.time()-t0:.0f}s", flush=True)
             lr = args.lr * min(1.0, (step + 1) / warm) * max(0.05, 1.0 - frac)
             for g in opt.param_groups:
                 g["lr"] = lr
             ids, labels, valid = collate(data, b, pad, dev)
-            out = model(input_ids=ids, labels=labels)
-            kl = indexer_kl(model, cap, valid, sparse=phase != "dense")
-            loss = out.loss + kl
+            lm = lm_loss(model, ids, labels)
+            kl = lm.new_zeros(()) if args.no_indexer_kl else indexer_kl(model, cap, valid, sparse=phase != "dense")
+            loss = lm + kl
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            gn = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
             opt.step()
-            update_router_bias(model)
+            if not args.freeze_experts:
+                update_router_bias(model)
             if step % args.log_every == 0:
-                print(f"step {step} ep {epoch} {phase} lr {lr:.2e} lm {out.loss.item():.4f} kl {kl.item():.4f} "
+                print(f"step {step} ep {epoch} {phase} lr {lr:.2e} lm {lm.item():.4f} kl {kl.item():.4f} "
                       f"gn {gn.item():.2f} t {time.time()-t0:.0f}s", flush=True)
-                log.append({"step": step, "phase": phase, "lm": out.loss.item(), "kl": kl.item()})
+                log.append({"step": step, "phase": phase, "lm": lm.item(), "kl": kl.item()})
             step += 1
+            if args.save_every and time.time() - t_saved > args.save_every:
+                write_ckpt(step, epoch)
+                t_saved = time.time()
         epoch += 1
     model.eval()
     set_eval(model, ev, tok, tmpl, stop_ids, pad, phase, step, log, args)
     print(f"trained {step} steps, {epoch} epochs, {time.time()-t0:.0f}s", flush=True)
     for layer in model.model.layers:  # restore HF experts forward before saving
-        if hasattr(layer.mlp, "experts"):
+        if hasattr(layer.mlp, "experts") and "forward" in vars(layer.mlp.experts):
             del layer.mlp.experts.forward
     common.set_index_topk(model, INDEX_TOPK)
-    save_ckpt(args.out, {"config": cfg.to_dict(), "log": log, "steps": step, "epochs": epoch,
-                         "train_seconds": time.time() - t0, "seed": args.seed, "args": vars(args),
-                         "n_params": n_params, "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-                         "torch": torch.__version__},
-              model.state_dict())
+    write_ckpt(step, epoch)
 
 
 def save_ckpt(out_dir, meta, sd, shard_bytes=12 << 20):
@@ -298,12 +377,12 @@ def save_ckpt(out_dir, meta, sd, shard_bytes=12 << 20):
 
 def set_eval(model, ev, tok, tmpl, stop_ids, pad, phase, step, log, args):
     t = time.time()
-    items = ev["capitals_heldout"][:64]
+    items = ev["capitals_heldout"][:args.eval_n]
     common.set_index_topk(model, 1 << 20)
     acc_d, _ = common.evaluate(model, tok, tmpl, items, stop_ids, pad)
     common.set_index_topk(model, INDEX_TOPK)
     acc_s, res = common.evaluate(model, tok, tmpl, items, stop_ids, pad)
-    acc_l, _ = common.evaluate(model, tok, tmpl, ev["capitals_long"][:64], stop_ids, pad)
+    acc_l, _ = common.evaluate(model, tok, tmpl, ev["capitals_long"][:args.eval_n], stop_ids, pad)
     print(f"-- eval after {phase} (step {step}): heldout capitals dense {acc_d:.3f} sparse {acc_s:.3f}; "
           f"long-prompt sparse {acc_l:.3f}  ({time.time()-t:.1f}s) e.g. {res[0]['text']!r}", flush=True)
     log.append({"step": step, "eval_after": phase, "dense": acc_d, "sparse": acc_s, "long_sparse": acc_l})
