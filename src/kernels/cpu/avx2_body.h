@@ -442,6 +442,10 @@ inline void perm_mx_32(const float* x, float* xp) {
 // ---------------------------------------------------------------------------------------------------------------
 LTI float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 
+// A prefetch hint for an address that may lie past the end of the weight (the next tile of the last one): an
+// integer address, so no out-of-range pointer is ever formed; prefetches never fault.
+LTI void prefetch_at(uintptr_t a) { _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0); }
+
 // BF16: per 16-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc) (prepared x order).
 struct V2Bf16 {
   static constexpr int kMaxMt = 3;  // tiles of up to 3 activation rows (x NT weight rows)
@@ -522,10 +526,18 @@ struct V2Mxfp4 {
     const float* e8 = kE8M0ToF32.data();
     const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (K / 2);
     const uint8_t* sc = static_cast<const uint8_t*>(w.scale) + r * nb;
+    // Software prefetch of the next tile's rows (codes and scales), spread over this tile's blocks: an expert row is
+    // only K/2 bytes (8 cache lines at K = 1024), too short for the hardware stream prefetcher to ramp up on, and the
+    // tile reads 2·NT short streams at once. Measured 4-5 -> 7.8 GB/s for DRAM-resident 256 x 1024 weights, M = 1.
+    const uintptr_t pq = reinterpret_cast<uintptr_t>(q) + static_cast<uintptr_t>(NT * (K / 2));
+    const uintptr_t ps = reinterpret_cast<uintptr_t>(sc) + static_cast<uintptr_t>(NT * nb);
     __m256 acc[MT][NT];
 #pragma GCC unroll 32
     for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NT * 16; j += 64) prefetch_at(pq + static_cast<uintptr_t>(b * NT * 16 + j));
+      if (b * 64 < NT * nb) prefetch_at(ps + static_cast<uintptr_t>(b * 64));
 #pragma GCC unroll 8
       for (int n = 0; n < NT; ++n) {
         __m256 f0, f1, f2, f3;
