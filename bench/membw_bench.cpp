@@ -109,6 +109,37 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
       std::printf("  %-14s threads %d: %7.2f ms  %6.2f GB/s\n", f.name, t, best * 1e3, bytes / best / 1e9);
     }
   }
+  // Expert-shaped weights (the decode of a MoE layer): one grouped matmul over E distinct [256, 1024] experts with
+  // one token each. Rows are short (512 B in MXFP4), so this is where the prefetching of a format's kernel shows.
+  const F experts[] = {{WeightFormat::BF16, "bf16", 256, 1024}, {WeightFormat::MXFP4, "mxfp4", 256, 1024}};
+  for (const F& f : experts) {
+    const int64_t E = f.f == WeightFormat::MXFP4 ? 512 : 192;  // ≈ 71 MB (mxfp4) / 101 MB (bf16)
+    std::vector<OwnedWeight> ws;
+    ws.reserve(static_cast<size_t>(E));
+    std::vector<const latent::QuantWeight*> wp;
+    double bytes = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      ws.push_back(make_weight(f.f, f.rows, f.cols, g));
+      bytes += static_cast<double>(ws.back().data.size() + ws.back().scale.size());
+    }
+    for (const OwnedWeight& w : ws) wp.push_back(&w.q);
+    std::vector<int64_t> offsets(static_cast<size_t>(E + 1));
+    for (int64_t e = 0; e <= E; ++e) offsets[static_cast<size_t>(e)] = e;
+    std::vector<float> x(static_cast<size_t>(E * f.cols), 0.5f), y(static_cast<size_t>(E * f.rows));
+    for (int t : threads) {
+      auto be = latent::make_cpu_backend(t, isa);
+      be->grouped_matmul(wp.data(), E, offsets.data(), x.data(), y.data());  // warm
+      double best = 1e30;
+      for (int r = 0; r < 5; ++r) {
+        const double t0 = now_s();
+        be->grouped_matmul(wp.data(), E, offsets.data(), x.data(), y.data());
+        best = std::min(best, now_s() - t0);
+      }
+      std::printf("  %-5s experts %lldx%lld (x%lld, M = 1 each) threads %d: %7.2f ms  %6.2f GB/s\n", f.name,
+                  static_cast<long long>(f.rows), static_cast<long long>(f.cols), static_cast<long long>(E), t,
+                  best * 1e3, bytes / best / 1e9);
+    }
+  }
 }
 
 double thread_cpu_s() {
