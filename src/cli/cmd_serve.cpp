@@ -427,8 +427,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--kv-cache-bytes", o->kv_cache_bytes, "KV cache budget, e.g. 4G, 512M; auto (default): 4G on the CPU, on a GPU the memory "
                   "--gpu-memory-utilization leaves after weights and workspace");
   cmd->add_option("--kv-block-tokens", o->kv_block_tokens, "Tokens per KV cache block (default 64)")->check(kPositive);
-  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_fraction,
-                  "Fraction of GPU memory (0, 1] the CUDA backend may use (default 0.9)")
+  cmd->add_option("--gpu-memory-utilization,--gpu-memory-fraction", o->gpu_memory_fraction,
+                  "Fraction of GPU memory (0, 1] the CUDA backend may use (default 0.9; vLLM's name, "
+                  "--gpu-memory-fraction the same)")
       ->check(kFraction);
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching,!--no-prefix-cache", o->prefix_cache,
                 "Reuse the KV blocks of identical prompt prefixes (automatic prefix caching, default on)");

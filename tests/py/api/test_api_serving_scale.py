@@ -157,6 +157,7 @@ def serve_fails(tiny_model, *flags):
     (["--default-sampling-params", "[1]"], "--default-sampling-params"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+    (["--gpu-memory-fraction", "1.5"], "--gpu-memory-"),
     (["--max-num-seqs", "0"], "--max-num-seqs"),
     (["--log-format", "xml"], "--log-format"),
     (["--log-level", "loud"], "--log-level"),
