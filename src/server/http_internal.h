@@ -56,6 +56,9 @@ struct HttpContext {
   std::shared_ptr<Service> service;
   ServeState state = ServeState::Loading;
   std::atomic<int> active_generations{0};
+  // Plain (non-streamed) responses whose write has not completed yet: shutdown waits for them too, so that their
+  // access line is logged (a response written to the kernel but whose completion never ran lost its line).
+  std::atomic<int> responses_writing{0};
 
   // The service when ready; else ApiError 503 model_loading / draining / engine_dead.
   std::shared_ptr<Service> ready_service() const;

@@ -601,12 +601,15 @@ class Session : public std::enable_shared_from_this<Session> {
     wire_ = head(/*streaming=*/false, res_.body.size());
     if (!head_) wire_ += res_.body;
     std::string().swap(res_.body);
+    ctx_.responses_writing.fetch_add(1);
     asio::async_write(sock_, asio::buffer(wire_), [self = shared_from_this()](beast::error_code ec, size_t) {
       if (ec) {
         self->disconnect_ = true;
-        return self->close_now();
+        self->close_now();
+      } else {
+        self->end_request();
       }
-      self->end_request();
+      self->ctx_.responses_writing.fetch_sub(1);
     });
   }
 
@@ -791,7 +794,8 @@ void HttpServer::shutdown(double timeout_s) {
       limit = std::max(limit, Clock::now() + std::chrono::milliseconds(1000));
     }
     // Let the connections write their last bytes (bounded: a client that does not read cannot hold shutdown).
-    while (impl_->ctx.active_generations.load() > 0 && Clock::now() < limit)
+    while ((impl_->ctx.active_generations.load() > 0 || impl_->ctx.responses_writing.load() > 0) &&
+           Clock::now() < limit)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   stop();
