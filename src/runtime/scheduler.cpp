@@ -421,14 +421,12 @@ bool Scheduler::plan_device_sampling(std::span<const EngineStepItem> items, cons
     const std::span<const int32_t> gen(s.tokens.data() + s.n_prompt, static_cast<size_t>(s.generated));
     if (!s.sampler.device_row(prompt, gen, V, row, smp_edits_)) return false;
     if (s.constraint) {  // the constraint's mask as an allowed-id bitmask
-      smp_mask_row_.assign(static_cast<size_t>(V), 0.0f);
-      s.constraint->mask(std::span<float>(smp_mask_row_.data(), smp_mask_row_.size()));
-      row.allow_offset = static_cast<int64_t>(smp_allow_.size());
-      smp_allow_.resize(smp_allow_.size() + static_cast<size_t>((V + 31) / 32), 0u);
-      uint32_t* w = smp_allow_.data() + row.allow_offset;
-      for (int64_t t = 0; t < V; ++t)
-        if (smp_mask_row_[static_cast<size_t>(t)] != -std::numeric_limits<float>::infinity())
-          w[t >> 5] |= 1u << (t & 31);
+      const size_t off = smp_allow_.size();
+      smp_allow_.resize(off + static_cast<size_t>((V + 31) / 32), 0u);
+      if (s.constraint->allowed_bits(std::span<uint32_t>(smp_allow_.data() + off, smp_allow_.size() - off), V))
+        row.allow_offset = static_cast<int64_t>(off);
+      else
+        smp_allow_.resize(off);  // nothing masked now (e.g. reasoning before the constraint starts)
     }
     smp_rows_.push_back(row);
   }

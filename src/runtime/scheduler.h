@@ -203,7 +203,6 @@ class Scheduler {
   std::vector<SampleEdit> smp_edits_;
   std::vector<uint32_t> smp_allow_;
   std::vector<int32_t> smp_ids_;
-  std::vector<float> smp_mask_row_;
 
   std::atomic<int64_t> st_waiting_{0}, st_running_reqs_{0}, st_running_seqs_{0}, st_steps_{0}, st_max_batch_{0};
 };

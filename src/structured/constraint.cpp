@@ -14,16 +14,35 @@ using ojson = nlohmann::ordered_json;
 GrammarConstraint::GrammarConstraint(std::shared_ptr<const CompiledGrammar> g, int32_t start_after)
     : m_(std::move(g)), start_after_(start_after), active_(start_after < 0), words_(m_.vocab().mask_words()) {}
 
-void GrammarConstraint::mask(std::span<float> logits) {
-  if (!active_) return;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+bool GrammarConstraint::fill_words() {
+  if (!active_) return false;
   m_.fill_mask(words_.data());
-  const size_t V = std::min(logits.size(), m_.vocab().size());
   bool any = false;
   for (size_t w = 0; w < words_.size(); ++w) any = any || words_[w] != 0;
   if (!any)  // nothing can continue (cannot happen for a matcher that accepted its tokens): let the choice end
     for (int32_t id : m_.vocab().stop_ids())
-      if (id >= 0 && static_cast<size_t>(id) < V) words_[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+      if (id >= 0 && static_cast<size_t>(id) < m_.vocab().size())
+        words_[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+  return true;
+}
+
+bool GrammarConstraint::allowed_bits(std::span<uint32_t> words, int64_t vocab) {
+  if (!fill_words()) return false;
+  // Ids past the matcher's vocabulary stay 0 (mask() sets them to -inf).
+  const size_t V = std::min(static_cast<size_t>(vocab), m_.vocab().size());
+  for (size_t w = 0; w * 32 < V; ++w) {
+    uint32_t bits = static_cast<uint32_t>(words_[w >> 1] >> (32 * (w & 1)));
+    const size_t end = w * 32 + 32;
+    if (end > V) bits &= (1u << (V - w * 32)) - 1u;
+    words[w] = bits;
+  }
+  return true;
+}
+
+void GrammarConstraint::mask(std::span<float> logits) {
+  if (!fill_words()) return;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t V = std::min(logits.size(), m_.vocab().size());
   for (size_t w = 0; w * 64 < V; ++w) {
     const uint64_t bits = words_[w];
     if (bits == ~uint64_t{0}) continue;

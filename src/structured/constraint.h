@@ -18,6 +18,7 @@ class GrammarConstraint : public LogitConstraint {
  public:
   GrammarConstraint(std::shared_ptr<const CompiledGrammar> g, int32_t start_after);
   void mask(std::span<float> logits) override;
+  bool allowed_bits(std::span<uint32_t> words, int64_t vocab) override;
   void accept(int32_t token) override;
   bool finished() const override;
   const Matcher& matcher() const { return m_; }
@@ -27,6 +28,8 @@ class GrammarConstraint : public LogitConstraint {
   int32_t start_after_;
   bool active_;
   std::vector<uint64_t> words_;
+  // words_ = the matcher's allowed ids (the stop ids when nothing can continue); false when inactive.
+  bool fill_words();
 };
 
 LogitConstraintFactory constraint_factory(std::shared_ptr<const CompiledGrammar> g, int32_t start_after);

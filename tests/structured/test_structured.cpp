@@ -570,6 +570,32 @@ TEST(Constraint, StartsAfterReasoningAndFinishesWhenComplete) {
   EXPECT_TRUE(k.finished());
 }
 
+// allowed_bits (the device sampler's bitmask) says exactly what mask() says, step by step: inactive before the
+// reasoning end, ids past the matcher's vocabulary disallowed, and against the interface's default (via mask()).
+TEST(Constraint, AllowedBitsEqualTheMask) {
+  auto c = bind_vocab(regex_grammar("[a-c]+(x|yz)?"), byte_vocab());  // 257 ids (256 = stop)
+  for (int32_t start_after : {-1, static_cast<int32_t>('q')}) {
+    GrammarConstraint k(c, start_after);
+    const int64_t V = 300;  // the model's vocabulary: larger than the tokenizer's, not a multiple of 32
+    const std::string text = std::string(start_after >= 0 ? "pq" : "") + "abcaby";
+    for (size_t i = 0; i <= text.size(); ++i) {
+      std::vector<float> row(static_cast<size_t>(V), 0.0f);
+      k.mask(row);
+      std::vector<uint32_t> bits(static_cast<size_t>((V + 31) / 32), 0u), base(bits.size(), 0u);
+      const bool masked = k.allowed_bits(bits, V);
+      EXPECT_EQ(masked, start_after < 0 || i >= 2) << "step " << i;
+      k.LogitConstraint::allowed_bits(base, V);  // the interface's default, through mask()
+      for (int64_t t = 0; t < V; ++t) {
+        const bool allowed = row[static_cast<size_t>(t)] != -std::numeric_limits<float>::infinity();
+        EXPECT_EQ((base[static_cast<size_t>(t >> 5)] >> (t & 31)) & 1u, allowed ? 1u : 0u) << "id " << t;
+        if (masked) EXPECT_EQ((bits[static_cast<size_t>(t >> 5)] >> (t & 31)) & 1u, allowed ? 1u : 0u) << "id " << t;
+        else EXPECT_TRUE(allowed);
+      }
+      if (i < text.size()) k.accept(static_cast<uint8_t>(text[i]));
+    }
+  }
+}
+
 TEST(Constraint, StopOnlyWhereTheGrammarCanEnd) {
   auto vocab = std::make_shared<TokenVocab>(std::vector<std::string>{"1", "x", ""}, std::vector<int32_t>{2});
   auto c = bind_vocab(regex_grammar("1+"), vocab);
