@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../runtime/truncated_softmax.h"
 #include "backend/backend.h"
 #include "backend/sample_reference.h"
 #include "core/error.h"
@@ -1208,39 +1209,6 @@ TEST(CudaOps, SampleRowsEqualReference) {
   std::printf("[cuda op harness] sample_rows: %lld rows, device ids = reference ids\n", static_cast<long long>(total));
 }
 
-// Exact truncated distribution of one small row (double precision, the rules of backend/sampling.h).
-std::vector<double> exact_truncated(std::vector<float> x, const SampleRowParams& p) {
-  const size_t V = x.size();
-  for (auto& v : x) v /= p.temperature;
-  std::vector<size_t> o(V);
-  std::iota(o.begin(), o.end(), 0);
-  std::sort(o.begin(), o.end(), [&](size_t a, size_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
-  std::vector<double> e(V);
-  for (size_t i = 0; i < V; ++i) e[i] = std::exp(static_cast<double>(x[i]) - x[o[0]]);
-  size_t keep = p.top_k > 0 ? std::min<size_t>(V, static_cast<size_t>(p.top_k)) : V;
-  double z = 0;
-  for (size_t j = 0; j < keep; ++j) z += e[o[j]];
-  if (p.top_p < 1.0f) {
-    double cum = 0;
-    size_t k = 0;
-    while (k < keep) {
-      cum += e[o[k++]] / z;
-      if (cum >= p.top_p) break;
-    }
-    keep = k;
-  }
-  if (p.min_p > 0.0f) {
-    size_t k = 0;
-    while (k < keep && e[o[k]] >= p.min_p) ++k;
-    keep = std::max<size_t>(k, 1);
-  }
-  std::vector<double> q(V, 0.0);
-  double t = 0;
-  for (size_t j = 0; j < keep; ++j) t += e[o[j]];
-  for (size_t j = 0; j < keep; ++j) q[o[j]] = e[o[j]] / t;
-  return q;
-}
-
 // Many device draws (one row per draw: counter = draw index) follow the exact truncated softmax.
 TEST(CudaOps, SampleRowsDistribution) {
   const std::vector<float> l = {2.0f, 1.5f, 1.4f, 0.3f, 0.0f, -0.5f, -1.0f, -3.0f, 1.45f, -7.0f, 0.9f};
@@ -1256,7 +1224,7 @@ TEST(CudaOps, SampleRowsDistribution) {
   mixes[4].top_p = 0.9f;
   mixes[4].min_p = 0.05f;
   for (size_t m = 0; m < mixes.size(); ++m) {
-    const std::vector<double> q = exact_truncated(l, mixes[m]);
+    const std::vector<double> q = truncated_softmax(l, mixes[m]);
     std::vector<int64_t> counts(static_cast<size_t>(V), 0);
     for (int64_t k = 0; k < launches; ++k) {
       std::vector<float> x;

@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 
+#include "truncated_softmax.h"
 #include "runtime/sampler.h"
 
 namespace latent {
@@ -305,40 +306,6 @@ TEST(SampleRows, DeviceRowRefusesWhatItCannotDo) {
   EXPECT_EQ(e[2].token, 9);
   EXPECT_EQ(e[2].count, 3);
   EXPECT_EQ(e[2].flags, kSampleEditSeen);
-}
-
-// The exact distribution the rules define (double precision, exact softmax) for a small row.
-std::vector<double> truncated_softmax(std::vector<float> x, const SampleRowParams& p) {
-  const size_t V = x.size();
-  for (auto& v : x) v /= p.temperature;
-  std::vector<size_t> order(V);
-  for (size_t i = 0; i < V; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
-  const double mx = x[order[0]];
-  std::vector<double> e(V);
-  for (size_t i = 0; i < V; ++i) e[i] = std::exp(x[i] - mx);
-  size_t keep = p.top_k > 0 ? std::min<size_t>(V, static_cast<size_t>(p.top_k)) : V;
-  double z = 0;
-  for (size_t j = 0; j < keep; ++j) z += e[order[j]];
-  if (p.top_p < 1.0f) {
-    double cum = 0;
-    size_t c = 0;
-    while (c < keep) {
-      cum += e[order[c++]] / z;
-      if (cum >= p.top_p) break;
-    }
-    keep = c;
-  }
-  if (p.min_p > 0.0f) {
-    size_t c = 0;
-    while (c < keep && e[order[c]] >= p.min_p) ++c;
-    keep = std::max<size_t>(c, 1);
-  }
-  std::vector<double> q(V, 0.0);
-  double t = 0;
-  for (size_t j = 0; j < keep; ++j) t += e[order[j]];
-  for (size_t j = 0; j < keep; ++j) q[order[j]] = e[order[j]] / t;
-  return q;
 }
 
 TEST(SampleRows, DrawsFollowTheTruncatedDistribution) {
