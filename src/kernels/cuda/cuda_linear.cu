@@ -316,6 +316,26 @@ __global__ void __launch_bounds__(kThreads) small_grouped_kernel(const WDesc* ta
   }
 }
 
+// The work items of the tiled kernels. Single weight (list == null): grid (row tiles, m-tile strides), tokens
+// [0, M). Grouped: a persistent grid over (group of `list`, row tile) items, each looping over all m tiles of its
+// group (tokens offsets[g] .. offsets[g+1]).
+struct TileItem {
+  WDesc w;
+  int64_t m1, n0, mstart, mstep;  // tokens below m1; weight rows from n0; m tiles mstart, mstart + mstep, ...
+};
+__device__ __forceinline__ int64_t tile_items(const int32_t* list, const int32_t* list_count, int64_t ntiles) {
+  return list ? static_cast<int64_t>(*list_count) * ntiles : ntiles;
+}
+__device__ __forceinline__ TileItem tile_item(const WDesc& single, const WDesc* table, const int64_t* offsets,
+                                              const int32_t* list, int64_t item, int64_t ntiles, int64_t M, int tm,
+                                              int tn) {
+  const int64_t g = list ? list[item / ntiles] : 0;
+  TileItem t{list ? table[g] : single, list ? offsets[g + 1] : M, (item % ntiles) * tn, 0, 0};
+  t.mstart = (list ? offsets[g] : 0) + (list ? 0 : static_cast<int64_t>(blockIdx.y) * tm);
+  t.mstep = (list ? 1 : static_cast<int64_t>(gridDim.y)) * tm;
+  return t;
+}
+
 constexpr int kTM = 64, kTN = 64, kTK = 16;
 
 // Single weight (list == null): grid (row tiles, m-tile strides). Grouped: a persistent grid over (group of `list`,
@@ -326,15 +346,10 @@ __global__ void __launch_bounds__(256) tiled_kernel(WDesc single, const WDesc* t
   __shared__ float xs[kTK][kTM + 4];
   __shared__ float ws[kTK][kTN + 4];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int64_t n_items = list ? static_cast<int64_t>(*list_count) * ntiles : ntiles;
-  for (int64_t item = blockIdx.x; item < n_items; item += list ? gridDim.x : n_items) {
-    const int64_t g = list ? list[item / ntiles] : 0;
-    const WDesc w = list ? table[g] : single;
-    const int64_t m0 = list ? offsets[g] : 0, m1 = list ? offsets[g + 1] : M;
-    const int64_t N = w.rows, K = w.cols;
-    const int64_t n0 = (item % ntiles) * kTN;
-    const int64_t mstart = m0 + (list ? 0 : static_cast<int64_t>(blockIdx.y) * kTM);
-    const int64_t mstep = (list ? 1 : static_cast<int64_t>(gridDim.y)) * kTM;
+  for (int64_t item = blockIdx.x; item < tile_items(list, list_count, ntiles); item += list ? gridDim.x : ntiles) {
+    const TileItem it = tile_item(single, table, offsets, list, item, ntiles, M, kTM, kTN);
+    const WDesc& w = it.w;
+    const int64_t m1 = it.m1, N = w.rows, K = w.cols, n0 = it.n0, mstart = it.mstart, mstep = it.mstep;
     for (int64_t mt = mstart; mt < m1; mt += mstep) {
       float acc[4][4];
 #pragma unroll
@@ -489,18 +504,13 @@ __global__ void __launch_bounds__(kCThreads) tc_kernel(WDesc single, const WDesc
   __shared__ __align__(32) __nv_bfloat16 ws[kCN][kCLd];
   __shared__ __align__(32) float st[kCThreads / 32][16][20];  // per-warp epilogue staging
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
-  const int64_t n_items = list ? static_cast<int64_t>(*list_count) * ntiles : ntiles;
-  for (int64_t item = blockIdx.x; item < n_items; item += list ? gridDim.x : n_items) {
-    const int64_t g = list ? list[item / ntiles] : 0;
-    const WDesc w = list ? table[g] : single;
-    const int64_t m0 = list ? offsets[g] : 0, m1 = list ? offsets[g + 1] : M;
-    const int64_t N = w.rows, K = w.cols;
-    const int64_t n0 = (item % ntiles) * kCN;
+  for (int64_t item = blockIdx.x; item < tile_items(list, list_count, ntiles); item += list ? gridDim.x : ntiles) {
+    const TileItem it = tile_item(single, table, offsets, list, item, ntiles, M, kCM, kCN);
+    const WDesc& w = it.w;
+    const int64_t m1 = it.m1, N = w.rows, K = w.cols, n0 = it.n0, mstart = it.mstart, mstep = it.mstep;
     const bool blk = w.format == kFmtFp8Block;
     const bool xvec = K % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
     const float* sc = static_cast<const float*>(w.scale);
-    const int64_t mstart = m0 + (list ? 0 : static_cast<int64_t>(blockIdx.y) * kCM);
-    const int64_t mstep = (list ? 1 : static_cast<int64_t>(gridDim.y)) * kCM;
     for (int64_t mt = mstart; mt < m1; mt += mstep) {
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4], part[2][4];
 #pragma unroll

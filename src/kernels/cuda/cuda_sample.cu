@@ -33,42 +33,29 @@ __device__ __forceinline__ u64 umin(u64 a, u64 b) { return a < b ? a : b; }
 __device__ __forceinline__ float neg_inf() { return __uint_as_float(0xFF800000u); }
 __device__ __forceinline__ bool bit_set(const uint32_t* m, int64_t i) { return (m[i >> 5] >> (i & 31)) & 1u; }
 
-// Block reductions: every thread gets the result (32 warps: the warp partials reduce in every warp).
-__device__ u64 block_sum(u64 v, SampleShared& sh) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+// Block reductions: every thread gets the result (32 warps: the warp partials reduce in every warp; the partials
+// stay in `red`, which block_sum's callers use).
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T* red, Op op) {
+  for (int o = 16; o; o >>= 1) v = op(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.red_u[threadIdx.x >> 5] = v;
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
   __syncthreads();
-  v = sh.red_u[threadIdx.x & 31];
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  v = red[threadIdx.x & 31];
+  for (int o = 16; o; o >>= 1) v = op(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   return v;
+}
+__device__ u64 block_sum(u64 v, SampleShared& sh) {
+  return block_reduce(v, sh.red_u, [](u64 a, u64 b) { return a + b; });
 }
 __device__ u64 block_max(u64 v, SampleShared& sh) {
-  for (int o = 16; o; o >>= 1) v = umax(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.red_u[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = sh.red_u[threadIdx.x & 31];
-  for (int o = 16; o; o >>= 1) v = umax(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  return v;
+  return block_reduce(v, sh.red_u, [](u64 a, u64 b) { return umax(a, b); });
 }
 __device__ u64 block_min(u64 v, SampleShared& sh) {
-  for (int o = 16; o; o >>= 1) v = umin(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.red_u[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = sh.red_u[threadIdx.x & 31];
-  for (int o = 16; o; o >>= 1) v = umin(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  return v;
+  return block_reduce(v, sh.red_u, [](u64 a, u64 b) { return umin(a, b); });
 }
 __device__ float block_fmax(float v, SampleShared& sh) {
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.red_f[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = sh.red_f[threadIdx.x & 31];
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  return v;
+  return block_reduce(v, sh.red_f, [](float a, float b) { return fmaxf(a, b); });
 }
 // (value, id) argmax, ties to the lower id; id < 0 = none.
 __device__ __forceinline__ void arg_combine(float& bv, int& bi, float v, int i) {
