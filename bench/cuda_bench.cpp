@@ -18,7 +18,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include <cuda_runtime_api.h>
+
 #include "bench_decode.h"
+#include "counting_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "quant/float_formats.h"
@@ -84,7 +87,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols) {
+// Host fp32 values [rows, cols] uploaded as a backend tensor of dtype dt (bf16: rounded); free with be.dealloc(t.data).
+Tensor upload_act(Backend& be, const std::vector<float>& v, int64_t rows, int64_t cols, DType dt) {
+  Tensor t(be.alloc(static_cast<size_t>(rows * cols) * Tensor::size_of(dt), "bench activations"), dt, rows, cols);
+  if (dt == DType::BF16) {
+    std::vector<uint16_t> b(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(v[i]);
+    be.upload(t.data, b.data(), b.size() * 2);
+  } else {
+    be.upload(t.data, v.data(), static_cast<size_t>(rows * cols) * 4);
+  }
+  return t;
+}
+
+void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols, DType act) {
   const HostWeight h = make(f, rows, cols);
   const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
   std::vector<QuantWeight> ws;
@@ -92,26 +108,26 @@ void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, 
   const int64_t max_m = 512;
   std::vector<float> x(static_cast<size_t>(max_m * cols));
   for (float& v : x) v = next_normalish();
-  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
-  be.upload(xd, x.data(), x.size() * 4);
-  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(max_m * rows) * 4, "y"));
+  const Tensor xd = upload_act(be, x, max_m, cols, act);
+  const Tensor yd(be.alloc(static_cast<size_t>(max_m * rows) * Tensor::size_of(act), "y"), act, max_m, rows);
   for (int64_t M : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{16}, int64_t{512}}) {
     const int iters = M >= 512 ? 6 : 60;
-    for (int i = 0; i < 3; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd, M, yd);
+    for (int i = 0; i < 3; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd.with_rows(M), yd.with_rows(M));
     be.sync();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd, M, yd);
+    for (int i = 0; i < iters; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd.with_rows(M), yd.with_rows(M));
     be.sync();
     const double t = seconds_since(t0) / iters;
     const double gbs = static_cast<double>(h.bytes()) / t / 1e9;
     const double tflops = 2.0 * static_cast<double>(M * rows * cols) / t / 1e12;
-    std::printf("%-28s %-8s %6lld x %-6lld %6.1f MB  M=%-4lld %9.2f us  %7.0f GB/s (%4.1f%% of 4310)  %7.2f TFLOP/s\n",
-                label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows),
+    std::printf("%-28s %-8s x %-4s %6lld x %-6lld %6.1f MB  M=%-4lld %9.2f us  %7.0f GB/s (%4.1f%% of 4310)  %7.2f TFLOP/s\n",
+                label, std::string(weight_format_name(f)).c_str(), std::string(dtype_name(act)).c_str(),
+                static_cast<long long>(rows),
                 static_cast<long long>(cols), h.bytes() / 1e6, static_cast<long long>(M), t * 1e6, gbs,
                 100.0 * gbs / 4310.0, tflops);
   }
-  be.dealloc(xd);
-  be.dealloc(yd);
+  be.dealloc(xd.data);
+  be.dealloc(yd.data);
 }
 
 // Prefill matmul of the bf16 activation mode (Backend::matmul_bf16: cuBLASLt with bf16 operands for BF16 weights
@@ -126,19 +142,15 @@ void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows,
   const int64_t max_m = 2048;
   std::vector<float> x(static_cast<size_t>(max_m * cols));
   for (float& v : x) v = bf16_to_f32(f32_to_bf16(next_normalish()));
-  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
-  be.upload(xd, x.data(), x.size() * 4);
-  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(max_m * rows) * 4, "y"));
+  const Tensor xf = upload_act(be, x, max_m, cols, DType::F32), xb = upload_act(be, x, max_m, cols, DType::BF16);
+  const Tensor yd(be.alloc(static_cast<size_t>(max_m * rows) * 4, "y"), DType::F32, max_m, rows);
   std::vector<const QuantWeight*> wp{&ws[0]};
-  be.reserve_matmul_bf16(wp.data(), wp.size(), max_m);
+  be.reserve_matmul(wp.data(), wp.size(), max_m, DType::BF16);
   for (int64_t M : {int64_t{17}, int64_t{32}, int64_t{64}, int64_t{512}, int64_t{2048}}) {
     double t[2] = {0.0, 0.0};
     for (int path = 0; path < 2; ++path) {
       auto run = [&](size_t i) {
-        if (path == 0)
-          be.matmul(ws[i % copies], xd, M, yd);
-        else
-          be.matmul_bf16(ws[i % copies], xd, M, yd);
+        be.matmul(ws[i % copies], (path == 0 ? xf : xb).with_rows(M), yd.with_rows(M));
       };
       const int iters = path == 0 ? (M >= 512 ? 2 : 10) : (M >= 512 ? 20 : 60);
       for (size_t i = 0; i < 2; ++i) run(i);
@@ -156,8 +168,9 @@ void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows,
                 static_cast<long long>(cols), static_cast<long long>(M), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6,
                 tf, 100.0 * tf / 990.0, 100.0 * tf / 790.0, t[0] / t[1]);
   }
-  be.dealloc(xd);
-  be.dealloc(yd);
+  be.dealloc(xf.data);
+  be.dealloc(xb.data);
+  be.dealloc(yd.data);
 }
 
 // One MoE layer's routed experts at prefill: `tokens` tokens × top_k over E experts, spread evenly (tokens·top_k/E
@@ -176,17 +189,11 @@ void bench_grouped_prefill(Backend& be, WeightFormat f, int64_t E, int64_t token
   be.upload(offd, off.data(), off.size() * 8);
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (float& v : x) v = bf16_to_f32(f32_to_bf16(next_normalish()));
-  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
-  be.upload(xd, x.data(), x.size() * 4);
-  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(n * rows) * 4, "y"));
+  const Tensor xf = upload_act(be, x, n, cols, DType::F32), xb = upload_act(be, x, n, cols, DType::BF16);
+  const Tensor yd(be.alloc(static_cast<size_t>(n * rows) * 4, "y"), DType::F32, n, rows);
   double t[2] = {0.0, 0.0};
   for (int path = 0; path < 2; ++path) {
-    auto run = [&] {
-      if (path == 0)
-        be.grouped_matmul(wp.data(), E, offd, xd, yd);
-      else
-        be.grouped_matmul_bf16(wp.data(), E, offd, xd, yd);
-    };
+    auto run = [&] { be.grouped_matmul(wp.data(), E, offd, path == 0 ? xf : xb, yd); };
     run();
     be.sync();
     const int iters = path == 0 ? 2 : 10;
@@ -203,8 +210,9 @@ void bench_grouped_prefill(Backend& be, WeightFormat f, int64_t E, int64_t token
               static_cast<long long>(cols), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6, flop / t[1] / 1e12,
               t[0] / t[1]);
   be.dealloc(offd);
-  be.dealloc(xd);
-  be.dealloc(yd);
+  be.dealloc(xf.data);
+  be.dealloc(xb.data);
+  be.dealloc(yd.data);
 }
 
 void run_prefill_benches(Backend& be) {
@@ -238,7 +246,7 @@ void bench_copy(Backend& be) {
 
 // One MoE layer's routed experts at decode: E experts of [rows, cols], `active` of them with one token each
 // (a different set every call, so that the selected weights come from HBM).
-void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64_t rows, int64_t cols) {
+void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64_t rows, int64_t cols, DType act) {
   const HostWeight h = make(f, rows, cols);
   std::vector<QuantWeight> ws;
   for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
@@ -255,9 +263,8 @@ void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64
   }
   std::vector<float> x(static_cast<size_t>(active * cols));
   for (float& v : x) v = next_normalish();
-  float* xd = static_cast<float*>(be.alloc(x.size() * 4, "x"));
-  be.upload(xd, x.data(), x.size() * 4);
-  float* yd = static_cast<float*>(be.alloc(static_cast<size_t>(active * rows) * 4, "y"));
+  const Tensor xd = upload_act(be, x, active, cols, act);
+  const Tensor yd(be.alloc(static_cast<size_t>(active * rows) * Tensor::size_of(act), "y"), act, active, rows);
   for (int i = 0; i < 3; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
   be.sync();
   const int iters = 64;
@@ -266,8 +273,9 @@ void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64
   be.sync();
   const double t = seconds_since(t0) / iters;
   const double bytes = static_cast<double>(active) * static_cast<double>(h.bytes());
-  std::printf("grouped_matmul %s %lld experts, %lld active x 1 token, [%lld x %lld]: %.2f us, %.0f GB/s (%.1f%%)\n",
-              std::string(weight_format_name(f)).c_str(), static_cast<long long>(E), static_cast<long long>(active),
+  std::printf("grouped_matmul %s x %s %lld experts, %lld active x 1 token, [%lld x %lld]: %.2f us, %.0f GB/s (%.1f%%)\n",
+              std::string(weight_format_name(f)).c_str(), std::string(dtype_name(act)).c_str(),
+              static_cast<long long>(E), static_cast<long long>(active),
               static_cast<long long>(rows), static_cast<long long>(cols), t * 1e6, bytes / t / 1e9,
               100.0 * bytes / t / 1e9 / 4310.0);
 }
@@ -302,15 +310,15 @@ void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
   StepSeqs seqs{batch, static_cast<int32_t*>(up(qb)), static_cast<int32_t*>(up(cl)), static_cast<int32_t*>(up(table)),
                 blocks_per_seq, ctx};
   const MlaDims d{H, dn, dr, dv, dc};
-  const float* qd = static_cast<float*>(up(q));
+  const Tensor qd = upload_act(be, q, batch, H * (dn + dr), DType::BF16);
   const int64_t* posd = static_cast<int64_t*>(up(pos));
-  float* od = static_cast<float*>(be.alloc(static_cast<size_t>(batch * H * dv) * 4, "o"));
-  be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od, true);
+  const Tensor od(be.alloc(static_cast<size_t>(batch * H * dv) * 2, "o"), DType::BF16, batch, H * dv);
+  be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od);
   be.sync();
   const int iters = 5;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i)
-    be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od, true);
+    be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od);
   be.sync();
   const double t = seconds_since(t0) / iters;
   const double bytes = static_cast<double>(batch * ctx * (dc + dr) * 2);
@@ -420,6 +428,137 @@ void bench_decode(const std::string& dir, Model& m, Backend& be, bool bf16, int6
   std::printf(", %.1f MB read per step, memory floor %.1f us = %.1f %% of the step (%s)\n", bytes / 1e6,
               floor_s * 1e6, 100.0 * floor_s / t,
               batch == 1 ? "exact at batch 1" : "distinct experts: uniform-routing expectation");
+}
+
+// Decode at real contexts (issue: GPU decode at the roofline). `batch` sequences that already hold `ctx` tokens of
+// KV (the pools filled with a constant: the values do not change what a decode step reads or computes), then
+// greedy decode steps through Model::step with the rows sampled on the device (only ids back: the server's path),
+// in CUDA graphs. One eager step through the counting wrapper first counts the bytes (weights actually touched:
+// the routed experts of this step's routing; the KV rows each sequence reads) and FLOPs, and with `profile` times
+// every op (device synchronized around each). Floors: bytes / 4.31 TB/s and FLOPs / 790 TFLOP/s (bf16 dense, as
+// measured on the H200); the figure is the % of the larger.
+// The profile's device timer: CUDA events recorded on the backend's stream.
+class CudaEventTimer final : public bench::DeviceTimer {
+ public:
+  explicit CudaEventTimer(Backend& be) : st_(static_cast<cudaStream_t>(be.native_stream())) {}
+  ~CudaEventTimer() override {
+    for (cudaEvent_t e : ev_) cudaEventDestroy(e);
+  }
+  int mark() override {
+    if (used_ == ev_.size()) {
+      cudaEvent_t e = nullptr;
+      cudaEventCreate(&e);
+      ev_.push_back(e);
+    }
+    cudaEventRecord(ev_[used_], st_);
+    return static_cast<int>(used_++);
+  }
+  double seconds(int a, int b) override {
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, ev_[static_cast<size_t>(a)], ev_[static_cast<size_t>(b)]);
+    return ms * 1e-3;
+  }
+  void reset() override { used_ = 0; }
+
+ private:
+  cudaStream_t st_;
+  std::vector<cudaEvent_t> ev_;
+  size_t used_ = 0;
+};
+
+struct CtxResult {
+  double step_s = 0, bytes = 0, flops = 0;
+  int64_t kernels = 0;
+};
+CtxResult bench_decode_ctx(const std::string& dir, Model& m, bench::CountingBackend& cb, int64_t batch, int64_t ctx,
+                           bool profile) {
+  const ModelConfig& c = m.config();
+  const int64_t bt = 64, steps = 16, warm = 3, V = c.vocab_size;
+  const int64_t per_seq = (ctx + warm + steps + 2 + bt - 1) / bt;
+  m.reserve(std::max<int64_t>(batch, 256), batch, per_seq * bt, per_seq);
+  PagedKvCache cache(c, cb, batch * per_seq, bt, m.cache_dtype());
+  for (int64_t l = 0; l < cache.num_layers(); ++l)
+    for (const KvPool* p : {&cache.latent(l), &cache.index(l)})
+      if (p->data) cb.fill(Tensor(p->data, p->dtype, p->rows(), p->width), 0.01f);
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
+  for (int64_t s = 0; s < batch; ++s)
+    for (int64_t j = 0; j < per_seq; ++j) tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + j));
+  std::vector<StepSequence> seqs(static_cast<size_t>(batch));
+  std::vector<int32_t> tokens(static_cast<size_t>(batch)), ids(static_cast<size_t>(batch));
+  std::vector<SampleRowParams> rows(static_cast<size_t>(batch));
+  for (SampleRowParams& r : rows) r.temperature = 0.0f;  // greedy
+  SampleBatch sb;
+  sb.rows = rows.data();
+  sb.n_rows = batch;
+  int64_t pos = ctx;
+  for (int64_t s = 0; s < batch; ++s) tokens[static_cast<size_t>(s)] = static_cast<int32_t>((s * 7919 + 13) % V);
+  auto step = [&] {
+    for (int64_t s = 0; s < batch; ++s) {
+      StepSequence& q = seqs[static_cast<size_t>(s)];
+      q.start = pos;
+      q.n_tokens = 1;
+      q.blocks = tables[static_cast<size_t>(s)];
+      q.logits = LogitRows::Last;
+      q.decode = true;
+    }
+    m.step(Step{tokens, seqs}, cache, nullptr, nullptr, &sb, ids.data());
+    tokens = ids;
+    ++pos;
+  };
+  CtxResult r;
+  // The counted (and, with profile, timed: CUDA events around every op) eager step, after one eager warm-up step
+  // (the first launch of a kernel loads its module).
+  CudaEventTimer timer(cb.inner());
+  cb.set_profile(true);
+  step();
+  cb.reset();
+  cb.detail = profile;
+  cb.timer = &timer;
+  const auto tp = std::chrono::steady_clock::now();
+  step();
+  cb.finish_profile();
+  cb.timer = nullptr;
+  const double t_prof = seconds_since(tp);
+  r.bytes = static_cast<double>(cb.weight_bytes_read + cb.kv_bytes_read);
+  r.flops = cb.flops;
+  if (profile) {
+    std::printf("  profile %s batch %lld ctx %lld (one eager step, %.2f ms wall; op times from CUDA events):\n",
+                dir.c_str(), static_cast<long long>(batch), static_cast<long long>(ctx), t_prof * 1e3);
+    bench::print_profile(cb, 1.0, t_prof, "    by op class");
+    std::vector<std::pair<std::string, bench::CountingBackend::Detail>> d(cb.details.begin(), cb.details.end());
+    std::sort(d.begin(), d.end(), [](const auto& a, const auto& b) { return a.second.time > b.second.time; });
+    for (const auto& [k, v] : d)
+      std::printf("    %-58s %4llu calls %9.1f us %8.1f GB/s (%5.1f %%) %8.2f TFLOP/s\n", k.c_str(),
+                  static_cast<unsigned long long>(v.calls), v.time * 1e6, v.bytes / std::max(v.time, 1e-12) / 1e9,
+                  100.0 * v.bytes / std::max(v.time, 1e-12) / 4.31e12, v.flops / std::max(v.time, 1e-12) / 1e12);
+  }
+  cb.set_profile(false);
+  cb.detail = false;
+  for (int64_t i = 0; i < warm; ++i) step();  // the first captures the graph
+  cb.sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) step();
+  cb.sync();
+  r.step_s = seconds_since(t0) / static_cast<double>(steps);
+  r.kernels = m.graph_kernels(decode_graph_bucket(batch));
+  return r;
+}
+
+void bench_decode_matrix(const std::string& dir, Model& m, bench::CountingBackend& cb,
+                         const std::vector<int64_t>& batches, const std::vector<int64_t>& ctxs, bool profile) {
+  const double L = static_cast<double>(m.config().num_hidden_layers);
+  std::printf("%-28s %5s %6s %10s %10s %9s %8s %10s %10s %7s %9s\n", "decode (bf16, graphs)", "batch", "ctx",
+              "step ms", "tok/s", "MB/step", "GB/s", "mem floor", "cmp floor", "% floor", "kern/layer");
+  for (int64_t ctx : ctxs)
+    for (int64_t batch : batches) {
+      const CtxResult r = bench_decode_ctx(dir, m, cb, batch, ctx, profile && (batch == 1 || batch == 64));
+      const double mem = r.bytes / 4.31e12, cmp = r.flops / 790e12, fl = std::max(mem, cmp);
+      std::printf("%-28s %5lld %6lld %10.3f %10.0f %9.1f %8.0f %8.1f us %8.1f us %6.1f%% %9.1f\n", dir.c_str(),
+                  static_cast<long long>(batch), static_cast<long long>(ctx), r.step_s * 1e3,
+                  static_cast<double>(batch) / r.step_s, r.bytes / 1e6, r.bytes / r.step_s / 1e9, mem * 1e6,
+                  cmp * 1e6, 100.0 * fl / r.step_s, static_cast<double>(r.kernels) / L);
+      std::fflush(stdout);
+    }
 }
 
 // Sampling: Backend::sample_rows on the device against the host path (download [rows, V] fp32 logits, then the
@@ -550,6 +689,38 @@ int main(int argc, char** argv) {
       for (bool bf16 : {false, true}) bench_model(argv[2], b, bf16);
     return 0;
   }
+  // cuda_bench ctx <dir> [--profile] [--batch 1,8,32,64,128] [--ctx 1024,8192,32768]: decode at real contexts in
+  // graphs (bf16), with the floors and kernels per layer; --profile adds a timed per-op breakdown at batch 1 and 64.
+  if (argc > 2 && std::string(argv[1]) == "ctx") {
+    std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
+    bool profile = false;
+    auto list = [](const char* s) {
+      std::vector<int64_t> v;
+      for (const char* p = s; *p;) {
+        v.push_back(std::atoll(p));
+        while (*p && *p != ',') ++p;
+        if (*p) ++p;
+      }
+      return v;
+    };
+    for (int i = 3; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--profile") profile = true;
+      if (a == "--batch" && i + 1 < argc) batches = list(argv[++i]);
+      if (a == "--ctx" && i + 1 < argc) ctxs = list(argv[++i]);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    ModelFiles files = open_model_files(argv[2]);
+    files.cfg->max_position_embeddings = std::max<int64_t>(files.cfg->max_position_embeddings, 65536 + 64);
+    bench::CountingBackend cb(*be, false);
+    ModelOptions o;
+    o.bf16_activations = true;
+    Model m(*files.cfg, *files.plan, cb, o);
+    std::printf("ctx %s: loaded in %.1f s (%.2f GB of weights on the GPU)\n", argv[2], seconds_since(t0),
+                decode_weight_bytes(m, m.config().n_routed_experts > 0 ? 1 << 20 : 1) / 1e9);
+    bench_decode_matrix(argv[2], m, cb, batches, ctxs, profile);
+    return 0;
+  }
   // cuda_bench decode <dir> [batch ...]: the batched decode step, graphs and eager, both activation modes.
   if (argc > 2 && std::string(argv[1]) == "decode") {
     std::vector<int64_t> batches;
@@ -589,15 +760,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   bench_copy(*be);
-  bench_matmul(*be, "bf16 30 MB", WeightFormat::BF16, 4096, 3840);
-  bench_matmul(*be, "bf16 o_proj GLM-5", WeightFormat::BF16, 6144, 16384);
-  bench_matmul(*be, "bf16 kv_a GLM-5", WeightFormat::BF16, 576, 6144);
-  bench_matmul(*be, "mxfp4 30 MB", WeightFormat::MXFP4, 8192, 7168);
-  bench_matmul(*be, "mxfp4 expert GLM-5", WeightFormat::MXFP4, 2048, 6144);
-  bench_matmul(*be, "fp8 block 30 MB", WeightFormat::FP8_E4M3_BLOCK, 7168, 4096);
+  // Decode GEMV / skinny GEMM per weight format, fp32 activations (the exactness mode) and bf16 (the default).
+  for (DType act : {DType::F32, DType::BF16}) {
+    bench_matmul(*be, "bf16 30 MB", WeightFormat::BF16, 4096, 3840, act);
+    bench_matmul(*be, "bf16 o_proj GLM-5", WeightFormat::BF16, 6144, 16384, act);
+    bench_matmul(*be, "bf16 kv_a GLM-5", WeightFormat::BF16, 576, 6144, act);
+    bench_matmul(*be, "mxfp4 30 MB", WeightFormat::MXFP4, 8192, 7168, act);
+    bench_matmul(*be, "mxfp4 expert GLM-5", WeightFormat::MXFP4, 2048, 6144, act);
+    bench_matmul(*be, "fp8 block 30 MB", WeightFormat::FP8_E4M3_BLOCK, 7168, 4096, act);
+  }
   run_prefill_benches(*be);
-  bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144);
-  bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048);
+  for (DType act : {DType::F32, DType::BF16}) {
+    bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144, act);
+    bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048, act);
+  }
   bench_paged_attention(*be, 1, 64);
   bench_paged_attention(*be, 1, 4096);
   bench_paged_attention(*be, 32, 4096);

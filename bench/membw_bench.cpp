@@ -5,7 +5,7 @@
 // the same run (best repetition: on a shared machine the best one is the least disturbed).
 //
 //   membw_bench [--mb 1024] [--threads 1,2] [--reps 5] [--ops] [--gemm [--m 1,4,16,64,256,512]]
-//               [--isa avx512|avx2|scalar]
+//               [--isa avx512|avx2|scalar] [--attn [--ctx 512,4096] [--batch 1,16] [--bf16]]
 #include <immintrin.h>
 
 #include <algorithm>
@@ -99,11 +99,11 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
     std::vector<float> x(static_cast<size_t>(f.cols), 0.5f), y(static_cast<size_t>(f.rows));
     for (int t : threads) {
       auto be = latent::make_cpu_backend(t, isa);
-      be->matmul(w.q, x.data(), 1, y.data());  // warm
+      be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols), latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));  // warm
       double best = 1e30;
       for (int r = 0; r < 5; ++r) {
         const double t0 = now_s();
-        be->matmul(w.q, x.data(), 1, y.data());
+        be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols), latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));
         best = std::min(best, now_s() - t0);
       }
       std::printf("  %-14s threads %d: %7.2f ms  %6.2f GB/s\n", f.name, t, best * 1e3, bytes / best / 1e9);
@@ -128,11 +128,13 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
     std::vector<float> x(static_cast<size_t>(E * f.cols), 0.5f), y(static_cast<size_t>(E * f.rows));
     for (int t : threads) {
       auto be = latent::make_cpu_backend(t, isa);
-      be->grouped_matmul(wp.data(), E, offsets.data(), x.data(), y.data());  // warm
+      be->grouped_matmul(wp.data(), E, offsets.data(), latent::Tensor(x.data(), latent::DType::F32, E, f.cols),
+                         latent::Tensor(y.data(), latent::DType::F32, E, f.rows));  // warm
       double best = 1e30;
       for (int r = 0; r < 5; ++r) {
         const double t0 = now_s();
-        be->grouped_matmul(wp.data(), E, offsets.data(), x.data(), y.data());
+        be->grouped_matmul(wp.data(), E, offsets.data(), latent::Tensor(x.data(), latent::DType::F32, E, f.cols),
+                         latent::Tensor(y.data(), latent::DType::F32, E, f.rows));
         best = std::min(best, now_s() - t0);
       }
       std::printf("  %-5s experts %lldx%lld (x%lld, M = 1 each) threads %d: %7.2f ms  %6.2f GB/s\n", f.name,
@@ -170,13 +172,13 @@ void run_gemm(const std::vector<int>& threads, latent::CpuIsa isa, const std::ve
       for (int M : ms) {
         std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
         for (float& v : x) v = nd(g);
-        be->matmul(w.q, x.data(), M, y.data());  // warm
+        be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, M, K), latent::Tensor(y.data(), latent::DType::F32, M, N));  // warm
         const double flops = 2.0 * M * N * K;
         const int reps = static_cast<int>(std::clamp(4e9 / flops, 5.0, 400.0));
         double best = 1e30, best_cpu = 1e30;
         for (int r = 0; r < reps; ++r) {
           const double t0 = now_s(), c0 = thread_cpu_s();
-          be->matmul(w.q, x.data(), M, y.data());
+          be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, M, K), latent::Tensor(y.data(), latent::DType::F32, M, N));
           best = std::min(best, now_s() - t0);
           best_cpu = std::min(best_cpu, thread_cpu_s() - c0);
         }
@@ -191,12 +193,80 @@ void run_gemm(const std::vector<int>& threads, latent::CpuIsa isa, const std::ve
   }
 }
 
+// ---- --attn: the decode attention (absorbed MLA over a paged latent pool) ----
+// One layer of the deepseek_v3 bench shape (H 16, dn = dr = dv = 64, dc 512, kv_b bf16), B sequences of `ctx` keys
+// each in their own blocks of 64 tokens, one decode token per sequence: time per call (best of reps), the KV +
+// kv_b bytes it must read in GB/s and its FLOPs in GFLOP/s, against the probes.
+void run_attn(const std::vector<int>& threads, latent::CpuIsa isa, const std::vector<int>& ctxs,
+              const std::vector<int>& batches, bool bf16, int min_reps) {
+  using namespace latent;
+  std::mt19937 g(3);
+  const int64_t H = 16, dn = 64, dr = 64, dv = 64, dc = 512, bt = 64, width = dc + dr;
+  MlaDims d{H, dn, dr, dv, dc};
+  OwnedWeight kvb = make_weight(WeightFormat::BF16, H * (dn + dv), dc, g);
+  std::printf("\ndecode attention (absorbed MLA, paged, %s pool), H %lld dc %lld dr %lld, isa %s\n",
+              bf16 ? "bf16" : "fp32", static_cast<long long>(H), static_cast<long long>(dc),
+              static_cast<long long>(dr), cpu_isa_name(isa));
+  std::vector<double> peak;
+  for (int t : threads) peak.push_back(bench::fma_peak_gflops(t, isa == CpuIsa::Avx512));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int B : batches)
+    for (int ctx : ctxs) {
+      const int64_t per = (ctx + bt - 1) / bt, nblk = B * per, esz = bf16 ? 2 : 4;
+      std::vector<uint8_t> pool_mem(static_cast<size_t>(nblk * bt * width * esz));
+      for (size_t i = 0; i < pool_mem.size(); i += 2) {
+        const uint16_t h = f32_to_bf16(nd(g));
+        std::memcpy(&pool_mem[i], &h, 2);
+      }
+      if (!bf16)
+        for (size_t i = 0; i < pool_mem.size(); i += 4) {
+          const float v = nd(g);
+          std::memcpy(&pool_mem[i], &v, 4);
+        }
+      KvPool pool{pool_mem.data(), bf16 ? DType::BF16 : DType::F32, nblk, bt, width};
+      std::vector<int32_t> table(static_cast<size_t>(nblk)), qb(static_cast<size_t>(B + 1)), cl(static_cast<size_t>(B), ctx);
+      for (int64_t i = 0; i < nblk; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      for (int b = 0; b <= B; ++b) qb[static_cast<size_t>(b)] = b;
+      std::vector<int64_t> pos(static_cast<size_t>(B), ctx - 1);
+      StepSeqs seqs{B, qb.data(), cl.data(), table.data(), per, ctx};
+      std::vector<float> q(static_cast<size_t>(B * H * (dn + dr))), o(static_cast<size_t>(B * H * dv));
+      for (float& v : q) v = 0.1f * nd(g);
+      // Activations in the pool's dtype (the bf16 mode stores bf16; its rounding points follow the output).
+      std::vector<uint16_t> qh(q.size()), oh(o.size());
+      for (size_t i = 0; i < q.size(); ++i) qh[i] = f32_to_bf16(q[i]);
+      const DType adt = bf16 ? DType::BF16 : DType::F32;
+      const latent::Tensor qt(bf16 ? static_cast<void*>(qh.data()) : static_cast<void*>(q.data()), adt, B,
+                              H * (dn + dr));
+      const latent::Tensor ot(bf16 ? static_cast<void*>(oh.data()) : static_cast<void*>(o.data()), adt, B, H * dv);
+      const double bytes = static_cast<double>(B) * ctx * width * esz + static_cast<double>(kvb.data.size());
+      const double flops = 2.0 * B * H * (static_cast<double>(ctx) * (2 * dc + dr) + (dn + dv) * dc);
+      for (size_t ti = 0; ti < threads.size(); ++ti) {
+        auto be = make_cpu_backend(threads[ti], isa);
+        be->mla_attention_absorbed_paged(d, qt, kvb.q, pool, seqs, pos.data(), KeySelection{}, 0.1f, ot);
+        const int reps = std::max(min_reps, static_cast<int>(std::clamp(2e9 / flops, 3.0, 200.0)));
+        double best = 1e30, best_cpu = 1e30;
+        for (int r = 0; r < reps; ++r) {
+          const double t0 = now_s(), c0 = thread_cpu_s();
+          be->mla_attention_absorbed_paged(d, qt, kvb.q, pool, seqs, pos.data(), KeySelection{}, 0.1f, ot);
+          best = std::min(best, now_s() - t0);
+          best_cpu = std::min(best_cpu, thread_cpu_s() - c0);
+        }
+        std::printf("  batch %3d ctx %6d threads %d: %9.3f ms  %6.2f GB/s  %7.1f GFLOP/s (%4.1f%% of %.0f)", B, ctx,
+                    threads[ti], best * 1e3, bytes / best / 1e9, flops / best / 1e9,
+                    100.0 * flops / best / 1e9 / peak[ti], peak[ti]);
+        if (threads[ti] == 1) std::printf("  | %7.1f GFLOP/s of thread CPU time", flops / best_cpu / 1e9);
+        std::printf("\n");
+      }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   size_t mb = 1024;
   int reps = 5;
-  bool ops = false, gemm = false;
+  bool ops = false, gemm = false, attn = false, attn_bf16 = false;
+  std::vector<int> ctxs = {512, 4096}, batches = {1, 16};
   std::vector<int> ms = {1, 4, 16, 64, 256, 512};
   std::vector<int> threads = {1, 2};
   latent::CpuIsa isa = latent::cpu_isa_default();
@@ -219,13 +289,22 @@ int main(int argc, char** argv) {
       ops = true;
     else if (a == "--gemm")
       gemm = true;
+    else if (a == "--attn")
+      attn = true;
+    else if (a == "--bf16")
+      attn_bf16 = true;
+    else if (a == "--ctx")
+      ctxs = parse_list(next());
+    else if (a == "--batch")
+      batches = parse_list(next());
     else if (a == "--m")
       ms = parse_list(next());
     else if (a == "--isa") {
       const std::string s = next();
       isa = s == "avx512" ? latent::CpuIsa::Avx512 : s == "avx2" ? latent::CpuIsa::Avx2 : latent::CpuIsa::Scalar;
     } else {
-      std::fprintf(stderr, "usage: membw_bench [--mb N] [--threads 1,2] [--reps N] [--ops] [--gemm [--m 1,4,..]] [--isa L]\n");
+      std::fprintf(stderr, "usage: membw_bench [--mb N] [--threads 1,2] [--reps N] [--ops] [--gemm [--m 1,4,..]] [--isa L]\n"
+                   "                   [--attn [--ctx 512,4096] [--batch 1,16] [--bf16]]\n");
       return 2;
     }
   }
@@ -244,5 +323,6 @@ int main(int argc, char** argv) {
   std::free(buf);
   if (ops) run_ops(threads, isa);
   if (gemm) run_gemm(threads, isa, ms);
+  if (attn) run_attn(threads, isa, ctxs, batches, attn_bf16, reps);
   return 0;
 }

@@ -109,7 +109,7 @@ Result bench_layout(ParallelModel& pm, int64_t batch, int64_t steps) {
     Backend& be = pm.backend(k);
     Communicator& comm = pm.comm(k);
     float* buf = static_cast<float*>(be.alloc(sizeof(float) * static_cast<size_t>(batch * D), "all-reduce bench"));
-    be.fill(buf, batch * D, 1.0f / static_cast<float>(pm.ranks()));
+    be.fill(Tensor(buf, DType::F32, batch, D), 1.0f / static_cast<float>(pm.ranks()));
     for (int i = 0; i < 5; ++i) comm.all_reduce_sum(buf, batch * D);
     be.sync();
     comm.barrier();

@@ -3,7 +3,7 @@
 no torch). Not committed: bench/README.md says how to make them.
 
   build/venv/bin/python tools/make_bench_model.py [--out build/bench-models] [--seed 0]
-      [--shape glm5|deepseek_v3|all|glm5-full]
+      [--shape glm5|deepseek_v3|all|glm5-full|deepseek-v3-fp8|deepseek-v3-bf16] [--fast]
 
 Writes two model directories per shape (the tensor layout of the tiny test models, larger dimensions):
   <shape>-bench-bf16    every tensor bf16 (e_score_correction_bias fp32)
@@ -81,6 +81,68 @@ GLM5_FULL = {
 }
 
 
+# The DeepSeek-V3 shapes of the GPU benchmark: hidden 7168, 128 heads, q_lora 1536, dn 128 / dr 64 / dv 128,
+# kv_lora 512, 256 experts top-8 in 8 groups (topk_group 4, sigmoid, noaux_tc), moe_intermediate 2048, dense
+# intermediate 18432, vocab 129,280, untied lm_head, + 1 shared expert.
+#   deepseek-v3-fp8: truncated to 3 dense + 2 MoE layers, block-FP8 weights as DeepSeek ships them (e4m3 codes +
+#     weight_scale_inv [ceil(rows/128), ceil(cols/128)] fp32; embedding, lm_head, norms and the router bf16,
+#     e_score_correction_bias fp32), quantization_config fp8 / e4m3 / dynamic activations / 128x128 blocks (~28 GB).
+#   deepseek-v3-bf16: 4 layers (layer 0 dense, then 3 MoE layers of 64 routed experts top-8, n_group 8,
+#     topk_group 4), every tensor bf16 (e_score_correction_bias fp32), plain RoPE theta 10000 (~23.2 GB): the
+#     checkpoint of the llama.cpp-family comparison of the GPU decode issue.
+V3_FULL = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16",
+    "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 5, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "head_dim": 64, "qk_head_dim": 192,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 3, "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 163840, "initializer_range": 0.02,
+    "tie_word_embeddings": False, "num_nextn_predict_layers": 0, "attention_bias": False,
+    "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 1, "rope_interleave": True,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+V3_FP8_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+V3_BF16_4L = dict(V3_FULL, num_hidden_layers=4, first_k_dense_replace=1, n_routed_experts=64)
+
+
+def v3_specs(c, fp8):
+    """(name, kind, shape) of every tensor of a DeepSeek-V3-shape checkpoint, in file order; fp8: block-FP8 linears
+    (each followed by its weight_scale_inv)."""
+    D, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    H, dn, dr, dv = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    dq, dc, E, Im, I = c["q_lora_rank"], c["kv_lora_rank"], c["n_routed_experts"], c["moe_intermediate_size"], \
+        c["intermediate_size"]
+
+    def lin(name, rows, cols):
+        if not fp8:
+            return [(name + ".weight", "BF16", [rows, cols])]
+        return [(name + ".weight", "F8", [rows, cols]),
+                (name + ".weight_scale_inv", "SCALEF32", [(rows + 127) // 128, (cols + 127) // 128])]
+    S = [("model.embed_tokens.weight", "BF16", [V, D]), ("lm_head.weight", "BF16", [V, D]),
+         ("model.norm.weight", "NORM", [D])]
+    for l in range(L):
+        p, a = f"model.layers.{l}.", f"model.layers.{l}.self_attn."
+        S += [(p + "input_layernorm.weight", "NORM", [D]), (p + "post_attention_layernorm.weight", "NORM", [D])]
+        S += lin(a + "q_a_proj", dq, D) + lin(a + "q_b_proj", H * (dn + dr), dq)
+        S += lin(a + "kv_a_proj_with_mqa", dc + dr, D) + lin(a + "kv_b_proj", H * (dn + dv), dc)
+        S += lin(a + "o_proj", D, H * dv)
+        S += [(a + "q_a_layernorm.weight", "NORM", [dq]), (a + "kv_a_layernorm.weight", "NORM", [dc])]
+        m = p + "mlp."
+        mlp = lambda q, inter: lin(q + "gate_proj", inter, D) + lin(q + "up_proj", inter, D) + \
+            lin(q + "down_proj", D, inter)
+        if l < c["first_k_dense_replace"]:
+            S += mlp(m, I)
+        else:
+            S += [(m + "gate.weight", "BF16", [E, D]), (m + "gate.e_score_correction_bias", "F32", [E])]
+            for e in range(E):
+                S += mlp(f"{m}experts.{e}.", Im)
+            S += mlp(m + "shared_experts.", Im * c["n_shared_experts"])
+    return S
+
+
 def full_specs(c):
     """(name, dtype, shape) of every tensor of the GLM-5-shape checkpoint, in file order."""
     D, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
@@ -121,6 +183,12 @@ def random_bytes(kind, shape, rng):
         b = rng.integers(0, 1 << 16, size=n, dtype=np.uint16)
         e = rng.integers(114, 121, size=n, dtype=np.uint16)
         return ((b & np.uint16(0x807F)) | (e << np.uint16(7))).tobytes()
+    if kind == "F8":  # e4m3fn codes with exponent 1..14 (no NaN 0x7F / 0xFF)
+        b = rng.integers(0, 256, size=n, dtype=np.uint8)
+        e = rng.integers(1, 15, size=n, dtype=np.uint8)
+        return ((b & np.uint8(0x87)) | (e << np.uint8(3))).tobytes()
+    if kind == "SCALEF32":  # block scales 2^-10 .. 2^-6
+        return (2.0 ** rng.uniform(-10.0, -6.0, size=n)).astype("<f4").tobytes()
     if kind == "NORM":
         return qn.f32_to_bf16_bits(1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.uint16).tobytes()
     if kind == "BIAS":
@@ -132,18 +200,45 @@ def random_bytes(kind, shape, rng):
     return rng.integers(118, 121, size=n, dtype=np.uint8).tobytes()  # SCALE: e8m0 2^-9 .. 2^-7
 
 
-def write_full(out, seed):
-    c = GLM5_FULL
+KIND_BYTES = {"BF16": 2, "NORM": 2, "BIAS": 2, "F32": 4, "U8": 1, "SCALE": 1, "F8": 1, "SCALEF32": 4}
+KIND_DTYPE = {"BF16": "BF16", "NORM": "BF16", "BIAS": "BF16", "F32": "F32", "U8": "U8", "SCALE": "U8",
+              "F8": "F8_E4M3", "SCALEF32": "F32"}
+POOL_BYTES = 64 << 20
+
+
+class FastBytes:
+    """Random bytes of a kind, fast: large tensors are slices of a 64 MB random pool per kind taken at random
+    offsets (each tensor different, none all-equal; what a decode step reads does not depend on the values), small
+    ones drawn fresh."""
+
+    def __init__(self, rng):
+        self.rng, self.pools = rng, {}
+
+    def __call__(self, kind, shape):
+        nb = int(np.prod(shape)) * KIND_BYTES[kind]
+        if nb < (1 << 20) or kind in ("NORM", "BIAS", "F32"):
+            return random_bytes(kind, shape, self.rng)
+        if kind not in self.pools:
+            w = KIND_BYTES[kind]
+            self.pools[kind] = random_bytes(kind, [POOL_BYTES // w], self.rng) * 2
+        pool, w = self.pools[kind], KIND_BYTES[kind]
+        out = bytearray()
+        while len(out) < nb:
+            take = min(nb - len(out), POOL_BYTES)
+            off = int(self.rng.integers(0, POOL_BYTES // w)) * w
+            out += pool[off:off + take]
+        return bytes(out)
+
+
+def write_streaming(d, config, specs, seed, fast):
+    """Writes model.safetensors (specs in order, never held whole in memory) and config.json into d."""
     rng = np.random.default_rng(seed)
-    specs = full_specs(c)
-    size = {"BF16": 2, "NORM": 2, "BIAS": 2, "F32": 4, "U8": 1, "SCALE": 1}
-    st = {"BF16": "BF16", "NORM": "BF16", "BIAS": "BF16", "F32": "F32", "U8": "U8", "SCALE": "U8"}
+    gen = FastBytes(rng) if fast else (lambda kind, shape: random_bytes(kind, shape, rng))
     hdr, off = {"__metadata__": {"format": "pt"}}, 0
     for name, kind, shape in specs:
-        nb = int(np.prod(shape)) * size[kind]
-        hdr[name] = {"dtype": st[kind], "shape": shape, "data_offsets": [off, off + nb]}
+        nb = int(np.prod(shape)) * KIND_BYTES[kind]
+        hdr[name] = {"dtype": KIND_DTYPE[kind], "shape": shape, "data_offsets": [off, off + nb]}
         off += nb
-    d = os.path.join(out, "glm5-shape-mxfp4")
     os.makedirs(d, exist_ok=True)
     h = json.dumps(hdr, separators=(",", ":")).encode("utf-8")
     h += b" " * ((8 - len(h) % 8) % 8)
@@ -151,14 +246,26 @@ def write_full(out, seed):
         f.write(len(h).to_bytes(8, "little"))
         f.write(h)
         for name, kind, shape in specs:
-            f.write(random_bytes(kind, shape, rng))
-    cfg = dict(c)
-    cfg["quantization_config"] = qn.quark_mxfp4_config("floor")
-    cfg["quantization_config"]["exclude"] += [f"re:model.layers.{l}.*" for l in range(1, c["first_k_dense_replace"])]
+            f.write(gen(kind, shape))
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2, sort_keys=True)
+        json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
     print(f"wrote {d}: {off / 1e9:.1f} GB")
+
+
+def write_full(out, seed, fast=False):
+    c = dict(GLM5_FULL)
+    c["quantization_config"] = qn.quark_mxfp4_config("floor")
+    c["quantization_config"]["exclude"] += [f"re:model.layers.{l}.*" for l in range(1, c["first_k_dense_replace"])]
+    write_streaming(os.path.join(out, "glm5-shape-mxfp4"), c, full_specs(GLM5_FULL), seed, fast)
+
+
+def write_v3(out, seed, fp8, fast=False):
+    c = dict(V3_FULL if fp8 else V3_BF16_4L)
+    if fp8:
+        c["quantization_config"] = dict(V3_FP8_CONFIG)
+    name = "deepseek-v3-shape-fp8" if fp8 else "deepseek-v3-shape-bf16"
+    write_streaming(os.path.join(out, name), c, v3_specs(c, fp8), seed, fast)
 
 
 def build_tensors(c, rng):
@@ -236,11 +343,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench-models")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--shape", choices=sorted(SHAPES) + ["all", "glm5-full"], default="glm5",
-                    help="glm5-full: the GLM-5 shape of spec cuda.md §4 (~34 GB, MXFP4 experts, GPU benchmark)")
+    ap.add_argument("--shape", choices=sorted(SHAPES) + ["all", "glm5-full", "deepseek-v3-fp8", "deepseek-v3-bf16"],
+                    default="glm5",
+                    help="glm5-full: the GLM-5 shape of the GPU benchmark (~34 GB, MXFP4 experts); deepseek-v3-fp8 "
+                         "(~28 GB, block FP8) / deepseek-v3-bf16 (4 layers, 64 experts, ~23 GB): DeepSeek-V3 shapes")
+    ap.add_argument("--fast", action="store_true",
+                    help="large tensors as slices of a random pool (disk-speed writing; values still random)")
     a = ap.parse_args()
     if a.shape == "glm5-full":
-        write_full(a.out, a.seed)
+        write_full(a.out, a.seed, a.fast)
+        return
+    if a.shape.startswith("deepseek-v3-"):
+        write_v3(a.out, a.seed, a.shape.endswith("fp8"), a.fast)
         return
     for name in sorted(SHAPES) if a.shape == "all" else [a.shape]:
         prefix, config = SHAPES[name]

@@ -12,6 +12,13 @@ so the files are reproducible with the same torch/transformers versions):
 Quantized variants, written by tools/quantize_np.py (numpy; no torch):
   glm5-tiny-mxfp4  from glm5-tiny: routed experts Quark MXFP4 (OCP floor scale rule, RNE)
   v3-tiny-fp8      from v3-tiny: DeepSeek block FP8 (128x128) for every Linear but lm_head/router
+MTP variants (numpy; no torch): the base model's files plus one multi-token-prediction layer
+model.layers.{L}.* (num_nextn_predict_layers 1), random with a fixed numpy seed (tools/mtp_reference.py
+documents the layer):
+  glm5-tiny-mtp        from glm5-tiny: GLM layout (no embedding / head copies: the main ones are used)
+  v3-tiny-mtp          from v3-tiny: DeepSeek layout, with its own embed_tokens and shared_head.head
+                       (random here, unlike the real checkpoints' copies, so a test sees which one is read)
+  glm5-tiny-mxfp4-mtp  glm5-tiny-mtp through quantize_np mxfp4 (the MTP layer's routed experts MXFP4 too)
 
 After init, as in shared/reference/mla_reference.py: every RMSNorm/LayerNorm weight = 1 + 0.2 N(0,1),
 indexer k_norm.bias = 0.2 N(0,1), e_score_correction_bias = 0.05 N(0,1). The model is then cast to
@@ -22,7 +29,7 @@ import json
 import os
 import sys
 
-import torch
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import quantize_np  # noqa: E402
@@ -57,6 +64,52 @@ MODELS = {
                                 indexer_types=["full", "shared", "full"]), 7),
 }
 QUANT = {"glm5-tiny-mxfp4": ("mxfp4", "glm5-tiny"), "v3-tiny-fp8": ("fp8", "v3-tiny")}
+# name -> (base model, numpy seed, own embed_tokens / shared_head.head copies); quantized MTP variants after.
+# Seeds picked from a scan (glm 20..31 with its MXFP4 variant, v3 0..7) for router, group, indexer and draft
+# margins (tests/golden/*-mtp/meta.json).
+MTP = {"glm5-tiny-mtp": ("glm5-tiny", 23, False), "v3-tiny-mtp": ("v3-tiny", 5, True)}
+QUANT_MTP = {"glm5-tiny-mxfp4-mtp": ("mxfp4", "glm5-tiny-mtp")}
+
+
+def add_mtp_layer(src, dst, seed, copies):
+    """dst = src + one random MTP layer model.layers.{L}.*: every tensor of the last main layer that has it
+    (attention, indexer, MoE) with fresh values by the same init rules (norm weights 1 + 0.2 N, k_norm.bias
+    0.2 N, e_score_correction_bias 0.05 N in F32, other weights N(0, initializer_range)), plus enorm, hnorm,
+    eh_proj [D, 2D], shared_head.norm and, with `copies`, embed_tokens and shared_head.head."""
+    T, meta = quantize_np.load_dir(src)
+    cfg = quantize_np._copy_side_files(src, dst)
+    L, D, V = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]
+    std = cfg.get("initializer_range", 0.02)
+    rng = np.random.default_rng(seed)
+    template = {}  # suffix -> tensor of the latest main layer holding it
+    for l in range(L):
+        pre = f"model.layers.{l}."
+        for k, t in T.items():
+            if k.startswith(pre):
+                template[k[len(pre):]] = t
+    extra = {"enorm.weight": ("BF16", [D]), "hnorm.weight": ("BF16", [D]), "eh_proj.weight": ("BF16", [D, 2 * D]),
+             "shared_head.norm.weight": ("BF16", [D])}
+    if copies:
+        extra["embed_tokens.weight"] = ("BF16", [V, D])
+        extra["shared_head.head.weight"] = ("BF16", [V, D])
+    specs = {k: (t.dtype, t.shape) for k, t in template.items()}
+    specs.update(extra)
+    out = dict(T)
+    for suffix in sorted(specs):
+        dtype, shape = specs[suffix]
+        if suffix.endswith("norm.weight") or "layernorm" in suffix:
+            v = 1 + 0.2 * rng.standard_normal(shape)
+        elif suffix.endswith("k_norm.bias"):
+            v = 0.2 * rng.standard_normal(shape)
+        elif "e_score_correction_bias" in suffix:
+            v = 0.05 * rng.standard_normal(shape)
+        else:
+            v = std * rng.standard_normal(shape)
+        out[f"model.layers.{L}.{suffix}"] = quantize_np.from_np(v.astype(np.float32), dtype)
+    cfg["num_nextn_predict_layers"] = 1
+    quantize_np.write_safetensors(os.path.join(dst, "model.safetensors"), out, meta or {"format": "pt"})
+    quantize_np._write_config(dst, cfg)
+    return len(out) - len(T)
 
 
 def classes(arch):
@@ -67,6 +120,7 @@ def classes(arch):
 
 
 def build(name, out_dir, seed=None):
+    import torch
     arch, kw, default_seed = MODELS[name]
     seed = default_seed if seed is None else seed
     C, M = classes(arch)
@@ -103,17 +157,25 @@ def main():
     ap.add_argument("--seed", type=int, help="override the seed (with --only)")
     ap.add_argument("--no-quant", action="store_true")
     a = ap.parse_args()
-    import transformers
-    print("torch", torch.__version__, "transformers", transformers.__version__)
-    names = a.only or list(MODELS) + list(QUANT)
+    names = a.only or list(MODELS) + list(QUANT) + list(MTP) + list(QUANT_MTP)
+    if any(n in MODELS for n in names):
+        import torch
+        import transformers
+        print("torch", torch.__version__, "transformers", transformers.__version__)
     for name in names:
         if name in MODELS:
             d, seed, _ = build(name, a.out, a.seed)
             print(f"built {d} seed {seed}")
-    if not a.no_quant:
+    stages = ([QUANT] if not a.no_quant else []) + [MTP] + ([QUANT_MTP] if not a.no_quant else [])
+    for stage in stages:
         for name in names:
-            if name in QUANT:
-                kind, src = QUANT[name]
+            if stage is MTP and name in MTP:
+                src, seed, copies = MTP[name]
+                n = add_mtp_layer(os.path.join(a.out, src), os.path.join(a.out, name), seed, copies)
+                print(f"MTP layer {os.path.join(a.out, src)} -> {os.path.join(a.out, name)} ({n} tensors, seed {seed})")
+                continue
+            if stage is not MTP and name in stage:
+                kind, src = stage[name]
                 s, d = os.path.join(a.out, src), os.path.join(a.out, name)
                 n = quantize_np.quantize_dir_mxfp4(s, d) if kind == "mxfp4" else quantize_np.quantize_dir_fp8(s, d)
                 print(f"quantized {s} -> {d} ({kind}, {n} tensors)")

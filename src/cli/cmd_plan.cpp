@@ -24,6 +24,7 @@ void register_plan(CLI::App& app) {
                                          "measured error");
   opts->model.add_to(cmd);
   opts->model.add_parallel_to(cmd);
+  opts->model.add_speculative_to(cmd);
   cmd->add_flag("--json", opts->json, "One JSON object per weight tensor");
   cmd->add_option("--activations", opts->activations, "fp32 or bf16: the activation mode the plan line reports "
                                                       "(default: bf16 on --device cuda, fp32 on cpu)");
@@ -33,6 +34,11 @@ void register_plan(CLI::App& app) {
     const Checkpoint ckpt = Checkpoint::open(dir);
     const PlanOptions popt = opts->model.plan_options();
     const PrecisionPlan plan = PrecisionPlan::build(ckpt, cfg, popt);
+    if (popt.mtp_layers > 0 &&
+        (cfg.num_nextn_predict_layers < 1 || !plan.has(fmt::format("model.layers.{}.eh_proj.weight", cfg.num_hidden_layers))))
+      fail("speculative decoding (method mtp): {} has no MTP layer (config.json num_nextn_predict_layers {}, tensor "
+           "'model.layers.{}.eh_proj.weight' {})", dir, cfg.num_nextn_predict_layers, cfg.num_hidden_layers,
+           plan.has(fmt::format("model.layers.{}.eh_proj.weight", cfg.num_hidden_layers)) ? "present" : "absent");
     const ParallelConfig pc = opts->model.parallel();
     if (opts->json && pc.active()) {
       // {"plan": [...], "sharding": [...]} when a parallel layout is asked for.

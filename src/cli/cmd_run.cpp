@@ -4,7 +4,11 @@
 // with add_special_tokens (the post-processor's BOS, as HF tokenizer(text) does).
 // --chat: one conversation through the serving path (chat template, scheduler, sampler, reasoning split), the
 // reasoning printed between <think> and </think> (dimmed on a terminal), then the answer.
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <functional>
+#include <mutex>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -16,7 +20,9 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/parallel_model.h"
+#include "runtime/scheduler.h"
 #include "server/chat_once.h"
+#include "server/model_engine.h"
 #include "server/serving_model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -38,6 +44,7 @@ void register_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "One plain generation on the terminal (no chat template)");
   o->model.add_to(cmd);
   o->model.add_parallel_to(cmd);
+  o->model.add_speculative_to(cmd);
   auto* p_text = cmd->add_option("--prompt", o->prompt, "Prompt text (needs tokenizer.json)");
   auto* p_ids = cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt token ids, e.g. \"1 2 3\"");
   auto* p_chat = cmd->add_option("--chat", o->chat, "A user message: one chat turn through the chat template");
@@ -71,6 +78,7 @@ void register_run(CLI::App& app) {
       so.cuda_graphs = !o->no_cuda_graphs;
       so.parallel = o->model.parallel();
       so.prefault = false;
+      so.num_speculative_tokens = o->model.num_speculative_tokens();
       auto m = server::load_serving_model(so);
       for (const auto& w : m->files.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
       server::ChatOnceOptions co;
@@ -120,6 +128,90 @@ void register_run(CLI::App& app) {
     if (!o->ignore_eos) g.stop_ids = mf.cfg->eos_token_ids;
     if (o->max_tokens == 0) {
       std::printf("\n");
+      return;
+    }
+    if (o->model.speculation_flags_given()) {
+      // Through the scheduler (the serving path), with the MTP layer drafting when k > 0: the same tokens as k = 0.
+      const int64_t k = o->model.num_speculative_tokens();
+      if (pc.active()) fail("run: speculative decoding needs a single-rank model (no --tensor-parallel-size)");
+      one.reset();
+      mo.mtp_layers = k > 0 ? 1 : 0;
+      one = std::make_unique<Model>(*mf.cfg, *mf.plan, *be, mo);
+      server::ModelEngine eng(*one);
+      SchedulerOptions so;
+      so.num_speculative_tokens = k;
+      so.max_num_seqs = 1;
+      so.prefix_cache = false;
+      const int64_t P = static_cast<int64_t>(prompt.size());
+      so.max_context = P + o->max_tokens + 1;
+      if (mf.cfg->max_position_embeddings > 0)
+        so.max_context = std::min<int64_t>(so.max_context, mf.cfg->max_position_embeddings);
+      if (P >= so.max_context) fail("run: the prompt has {} tokens; the context holds {}", P, so.max_context);
+      const int64_t blocks = (so.max_context + k + so.kv_block_tokens) / so.kv_block_tokens + 2;
+      so.kv_total_blocks = eng.configure(blocks * so.kv_block_tokens * eng.kv_bytes_per_token(), so.kv_block_tokens,
+                                         so.max_batch_tokens, 1, so.max_context);
+      Scheduler sched(eng, so);
+      struct PrintSink : GenerationSink {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::vector<int32_t> out;
+        bool done = false;
+        std::string err;
+        std::function<void(int32_t)> print;
+        bool on_token(int, const SampleResult& s, bool) override {
+          std::lock_guard lk(mu);
+          out.push_back(s.token);
+          print(s.token);
+          return false;
+        }
+        void on_finish(int, FinishReason) override {
+          std::lock_guard lk(mu);
+          done = true;
+          cv.notify_all();
+        }
+        void on_abort(AbortReason, const std::string& m) override {
+          std::lock_guard lk(mu);
+          err = m.empty() ? "aborted" : m;
+          cv.notify_all();
+        }
+      };
+      auto sink = std::make_shared<PrintSink>();
+      sink->print = [first = true](int32_t id) mutable {
+        std::printf(first ? "%d" : " %d", id);
+        std::fflush(stdout);
+        first = false;
+      };
+      GenerationRequest req;
+      req.prompt = prompt;
+      req.max_tokens = o->max_tokens;
+      req.sampling.temperature = static_cast<float>(o->temperature);
+      req.sampling.seed = static_cast<int64_t>(o->seed);
+      if (!o->ignore_eos) req.stop_ids.assign(mf.cfg->eos_token_ids.begin(), mf.cfg->eos_token_ids.end());
+      req.ignore_eos = o->ignore_eos;
+      req.sink = sink;
+      const auto t0 = std::chrono::steady_clock::now();
+      sched.start();
+      sched.submit(std::move(req));
+      {
+        std::unique_lock lk(sink->mu);
+        sink->cv.wait(lk, [&] { return sink->done || !sink->err.empty(); });
+      }
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      sched.stop();
+      if (!sink->err.empty()) fail("run: generation aborted: {}", sink->err);
+      std::printf("\n");
+      if (tok) std::printf("%s\n", tok->decode(sink->out).c_str());
+      const SchedulerStats st = sched.stats();
+      std::string per;
+      for (size_t j = 0; j < st.spec_proposed_at.size(); ++j)
+        per += fmt::format("{}{:.3f}", j ? " " : "",
+                           st.spec_proposed_at[j] ? double(st.spec_accepted_at[j]) / double(st.spec_proposed_at[j]) : 0.0);
+      std::fprintf(stderr,
+                   "latent: %zu tokens in %.3f s (%.1f tokens/s incl. the prompt), %lld steps; speculative k=%lld: "
+                   "%lld drafts proposed, %lld accepted, acceptance per position [%s]\n",
+                   sink->out.size(), secs, double(sink->out.size()) / secs, static_cast<long long>(st.steps),
+                   static_cast<long long>(k), static_cast<long long>(st.spec_proposed),
+                   static_cast<long long>(st.spec_accepted), per.c_str());
       return;
     }
     bool first = true;

@@ -21,7 +21,9 @@
 #include "cli/model_flags.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "server/host_memory.h"
 #include "server/http_server.h"
+#include "server/model_engine.h"
 #include "server/serving_model.h"
 
 #ifndef LATENT_VERSION
@@ -142,6 +144,7 @@ void raise_fd_limit() {
 }
 
 void run_serve(const ServeOpts& o) {
+  server::tune_allocator_for_serving();  // memory comes back after large requests (server/host_memory.h)
   if (!o.log_level.empty()) log::set_level(*log::parse_level(o.log_level));
   log::set_format(o.log_format == "json" ? log::Format::Json : log::Format::Text);
   // Flags whose check needs more than a range: before anything is loaded.
@@ -153,10 +156,10 @@ void run_serve(const ServeOpts& o) {
     for (char c : o.metrics_prefix) ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':';
     if (!ok) fail("--metrics-prefix '{}': allowed are letters, digits, '_' and ':' (not starting with a digit)", o.metrics_prefix);
   }
-  // "auto": 4 GiB on the CPU; on a device, what --gpu-memory-utilization leaves after weights and workspace.
+  // "auto": on the CPU what the server can use (server::host_kv_auto, sized once the model is loaded); on a device,
+  // what --gpu-memory-utilization leaves after weights and workspace (0 here).
   const bool kv_auto = o.kv_cache_bytes == "auto";
-  const double kv_budget =
-      kv_auto ? (o.model.device == "cuda" ? 0.0 : 4.0 * double(1ull << 30)) : parse_bytes(o.kv_cache_bytes);
+  const double kv_budget = kv_auto ? 0.0 : parse_bytes(o.kv_cache_bytes);
   server::SamplingDefaults default_sampling;
   if (!o.default_sampling.empty())
     default_sampling = server::SamplingDefaults::from_flag(o.default_sampling, "--default-sampling-params");
@@ -201,16 +204,31 @@ void run_serve(const ServeOpts& o) {
 
   std::atomic<bool> loaded{false};
   std::atomic<bool> quitting{false};  // set before this thread is woken by our own SIGTERM (load failure, exit)
+  std::atomic<int64_t> drain_aborted{0};  // requests the signal-driven drain aborted (exit status 1 when any)
+  std::thread drainer;                    // runs http.shutdown after the first signal; joined at exit
+  // First SIGTERM / SIGINT: drain (up to --shutdown-timeout). A second one ends the drain at once, aborting what
+  // still runs (as uvicorn and vLLM do); a third exits on the spot.
   std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    if (sig == 0 || quitting.load()) return;
-    if (!loaded.load()) {
-      std::fprintf(stderr, "\nlatent: interrupted while loading\n");
-      std::_Exit(130);
+    for (int n = 0;; ++n) {
+      int sig = 0;
+      sigwait(&sigs, &sig);
+      if (sig == 0 || quitting.load()) return;
+      if (!loaded.load()) {
+        std::fprintf(stderr, "\nlatent: interrupted while loading\n");
+        std::_Exit(130);
+      }
+      if (n == 0) {
+        log::info("signal {}: shutting down (up to {} s for running requests; a second signal ends the wait)", sig,
+                  o.shutdown_timeout);
+        drainer = std::thread([&] { drain_aborted.store(http.shutdown(o.shutdown_timeout)); });
+      } else if (n == 1) {
+        log::warn("signal {} again: ending the drain now, aborting the requests still running", sig);
+        http.abort_drain();
+      } else {
+        log::error("signal {} a third time: exiting at once", sig);
+        std::_Exit(1);
+      }
     }
-    log::info("signal {}: shutting down (up to {} s for running requests)", sig, o.shutdown_timeout);
-    http.shutdown(o.shutdown_timeout);
   });
 
   struct {
@@ -229,6 +247,7 @@ void run_serve(const ServeOpts& o) {
     mo.backend = o.model.backend_name(o.backend);
     mo.bf16_activations = o.model.bf16_activations(o.activations);
     mo.cuda_graphs = !o.no_cuda_graphs;
+    mo.num_speculative_tokens = o.model.num_speculative_tokens();
     log::info("{}; decode steps {}", o.model.activations_line(o.activations),
               o.model.device != "cuda" ? "eager"
               : o.no_cuda_graphs       ? "eager (--no-cuda-graphs)"
@@ -271,7 +290,27 @@ void run_serve(const ServeOpts& o) {
       engine_lost.what = what;
       engine_lost.stopper = std::thread([&http] { http.shutdown(2.0); });
     };
-    const double budget = kv_budget;
+    double budget = kv_budget;
+    if (kv_auto && o.model.device != "cuda") {
+      const int64_t bpt = m->engine->kv_bytes_per_token(), replicas = m->engine->host_replicas();
+      const server::HostKvAuto a =
+          server::host_kv_auto(o.max_num_seqs, m->info.max_model_len, o.prefix_cache, bpt, o.kv_block_tokens,
+                               server::host_available_memory(), replicas);
+      budget = static_cast<double>(a.bytes);
+      log::info("KV cache auto (CPU): {} sequences x {} tokens (--max-num-seqs x --max-model-len) = {} tokens{} -> "
+                "{} tokens in {} blocks, {:.1f} MiB at {} bytes/token{}{}; its pages become resident as blocks are "
+                "first written, so RSS grows to that as the cache (and the prefix cache) fills",
+                o.max_num_seqs, m->info.max_model_len, a.running_tokens,
+                o.prefix_cache ? fmt::format(" + {} for the prefix cache ({:.0f}%)", a.prefix_tokens,
+                                             server::HostKvAuto::kPrefixCacheShare * 100)
+                               : std::string(" (prefix cache off)"),
+                a.tokens, a.blocks, double(a.bytes) / double(1u << 20), bpt,
+                replicas > 1 ? fmt::format(" x {} ranks", replicas) : std::string(),
+                a.capped ? fmt::format(", capped at {:.0f}% of the {:.1f} MiB available",
+                                       server::HostKvAuto::kHostMemoryShare * 100,
+                                       double(a.available_bytes) / double(1u << 20))
+                         : std::string());
+    }
     so.max_context = m->info.max_model_len;
     so.kv_total_blocks = m->engine->configure(static_cast<int64_t>(budget), o.kv_block_tokens, so.max_batch_tokens,
                                               so.max_num_seqs, so.max_context, o.gpu_memory_fraction);
@@ -282,12 +321,32 @@ void run_serve(const ServeOpts& o) {
       m->info.max_model_len = capacity;
     }
     so.max_context = m->info.max_model_len;
-    log::info("KV cache: {} blocks x {} tokens = {} tokens ({} bytes/token, {} cache, {:.2f} GiB allocated of "
+    log::info("KV cache: {} blocks x {} tokens = {} tokens ({} bytes/token, {} cache, {:.1f} MiB reserved for "
               "--kv-cache-bytes {}), max_model_len {}, step workspace {:.1f} MiB for {} tokens",
               so.kv_total_blocks, o.kv_block_tokens, capacity, m->engine->kv_bytes_per_token(),
-              dtype_name(m->engine->cache_dtype()), double(m->engine->cache()->bytes()) / double(1u << 30),
+              dtype_name(m->engine->cache_dtype()), double(m->engine->cache()->bytes()) / double(1u << 20),
               o.kv_cache_bytes, m->info.max_model_len, double(m->engine->workspace_bytes()) / double(1u << 20),
               so.max_batch_tokens);
+    so.num_speculative_tokens = mo.num_speculative_tokens;
+    if (so.num_speculative_tokens > 0) {
+      const int64_t given = o.model.speculative_disable_batch_size();
+      if (given >= 0) {
+        so.speculative_max_batch = given;
+        log::info("speculative decoding: MTP, {} draft tokens per step; no drafts above {} decoding sequences "
+                  "(--speculative-disable-batch-size)", so.num_speculative_tokens, given);
+      } else {
+        const auto c = m->engine->speculation_crossover(so.num_speculative_tokens, so.max_num_seqs);
+        so.speculative_max_batch = c.max_batch;
+        if (c.max_batch < 0)
+          log::warn("speculative decoding: MTP, {} draft tokens per step, but no drafts at any batch size: a verify "
+                    "and its draft step cost more than they save even at batch 1 (measured: {}; "
+                    "--speculative-disable-batch-size to force)", so.num_speculative_tokens, c.summary);
+        else
+          log::info("speculative decoding: MTP, {} draft tokens per step; no drafts above {} decoding sequences "
+                    "(measured: {}; --speculative-disable-batch-size to change)", so.num_speculative_tokens,
+                    c.max_batch, c.summary);
+      }
+    }
     sched = std::make_unique<Scheduler>(*m->engine, so, &metrics);
     sched->start();
     metrics.set_gauge_source([s = sched.get()] { return s->gauges(); });
@@ -317,14 +376,20 @@ void run_serve(const ServeOpts& o) {
   log::info("serving '{}' on http://{}:{} (reasoning parser: {}, tool parser: {})", svc->info().served_names.front(),
             o.host, port, svc->reasoning_enabled() ? "glm45" : "none", server::tool_format_name(svc->tool_format()));
   serve_thread.join();
-  sched->stop();
   quitting.store(true);
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+  if (drainer.joinable()) drainer.join();
+  sched->stop();
   {
     std::lock_guard lk(engine_lost.mu);
     if (engine_lost.stopper.joinable()) engine_lost.stopper.join();
     if (!engine_lost.what.empty()) fail("serve: the engine's device context was lost: {}", engine_lost.what);
+  }
+  if (const int64_t n = drain_aborted.load(); n > 0) {
+    log::warn("stopped: the shutdown aborted {} request(s); exit status 1", n);
+    set_exit_code(1);
+    return;
   }
   log::info("stopped");
 }
@@ -382,6 +447,7 @@ void register_serve(CLI::App& app) {
   const CLI::Range kPositive(1.0, 1e18), kNonNegative(0.0, 1e18);
   o->model.add_to(cmd);
   o->model.add_parallel_to(cmd);
+  o->model.add_speculative_to(cmd);
   // Flags that vLLM also has keep vLLM's names (README "latent serve for vLLM users"); the second name of a pair
   // is the vLLM alias.
   cmd->add_option("--host", o->host, "Listen address (default 127.0.0.1)");
@@ -424,7 +490,9 @@ void register_serve(CLI::App& app) {
       ->check(kPositive);
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt chunk size for chunked prefill (default 256)")
       ->check(kPositive);
-  cmd->add_option("--kv-cache-bytes", o->kv_cache_bytes, "KV cache budget, e.g. 4G, 512M; auto (default): 4G on the CPU, on a GPU the memory "
+  cmd->add_option("--kv-cache-bytes", o->kv_cache_bytes,
+                  "KV cache budget, e.g. 4G, 512M; auto (default): on the CPU --max-num-seqs x --max-model-len tokens "
+                  "+ 25% for the prefix cache, at most half the available memory; on a GPU the memory "
                   "--gpu-memory-utilization leaves after weights and workspace");
   cmd->add_option("--kv-block-tokens", o->kv_block_tokens, "Tokens per KV cache block (default 64)")->check(kPositive);
   cmd->add_option("--gpu-memory-utilization,--gpu-memory-fraction", o->gpu_memory_fraction,

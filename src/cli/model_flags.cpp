@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "core/error.h"
 
@@ -30,6 +32,75 @@ void ModelFlags::add_parallel_to(CLI::App* cmd) {
   cmd->add_option("--expert-parallel-size", expert_parallel_size,
                   "Ranks to spread only the routed experts over (attention replicated); excludes "
                   "--tensor-parallel-size");
+}
+
+void ModelFlags::add_speculative_to(CLI::App* cmd) {
+  cmd->add_option("--speculative-config", speculative_config,
+                  "Speculative decoding as JSON with vLLM's keys: {\"method\": \"mtp\" (or \"deepseek_mtp\"), "
+                  "\"num_speculative_tokens\": N, \"disable_by_batch_size\": B} (the checkpoint's MTP layer drafts)");
+  cmd->add_option("--num-speculative-tokens", num_speculative_tokens_flag,
+                  "Draft tokens per step from the checkpoint's MTP layer (0 = off); the same as --speculative-config "
+                  "'{\"method\": \"mtp\", \"num_speculative_tokens\": N}'");
+  cmd->add_option("--speculative-disable-batch-size", speculative_disable_batch,
+                  "No drafts while more than this many sequences decode (serve: measured at start when not given)");
+}
+
+namespace {
+
+struct SpecConfig {
+  int64_t k = -1, disable = -1;
+};
+
+SpecConfig parse_spec_config(const std::string& text) {
+  SpecConfig c;
+  if (text.empty()) return c;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("--speculative-config: not valid JSON ({})", e.what());
+  }
+  if (!j.is_object()) fail("--speculative-config: expected a JSON object, got {}", j.dump());
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "method") {
+      if (!it->is_string() || (it->get<std::string>() != "mtp" && it->get<std::string>() != "deepseek_mtp"))
+        fail("--speculative-config: method {} is not supported (\"mtp\" or \"deepseek_mtp\": the checkpoint's "
+             "multi-token-prediction layer)", it->dump());
+    } else if (k == "num_speculative_tokens" || k == "disable_by_batch_size") {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0)
+        fail("--speculative-config: {} must be an integer >= 0 (got {})", k, it->dump());
+      (k == "num_speculative_tokens" ? c.k : c.disable) = it->get<int64_t>();
+    } else {
+      fail("--speculative-config: key '{}' is not supported (method, num_speculative_tokens, disable_by_batch_size)",
+           k);
+    }
+  }
+  if (!j.contains("method")) fail("--speculative-config: \"method\" is required (\"mtp\")");
+  if (c.k < 0) fail("--speculative-config: \"num_speculative_tokens\" is required");
+  return c;
+}
+
+}  // namespace
+
+int64_t ModelFlags::num_speculative_tokens() const {
+  const SpecConfig c = parse_spec_config(speculative_config);
+  if (num_speculative_tokens_flag < -1 || num_speculative_tokens_flag > 16)
+    fail("--num-speculative-tokens must be in [0, 16] (got {})", num_speculative_tokens_flag);
+  if (c.k > 16) fail("--speculative-config: num_speculative_tokens must be in [0, 16] (got {})", c.k);
+  if (c.k >= 0 && num_speculative_tokens_flag >= 0 && c.k != num_speculative_tokens_flag)
+    fail("--num-speculative-tokens {} disagrees with --speculative-config num_speculative_tokens {}",
+         num_speculative_tokens_flag, c.k);
+  return c.k >= 0 ? c.k : std::max(num_speculative_tokens_flag, 0);
+}
+
+int64_t ModelFlags::speculative_disable_batch_size() const {
+  const SpecConfig c = parse_spec_config(speculative_config);
+  if (speculative_disable_batch < -1) fail("--speculative-disable-batch-size must be >= 0 (got {})", speculative_disable_batch);
+  if (c.disable >= 0 && speculative_disable_batch >= 0 && c.disable != speculative_disable_batch)
+    fail("--speculative-disable-batch-size {} disagrees with --speculative-config disable_by_batch_size {}",
+         speculative_disable_batch, c.disable);
+  return c.disable >= 0 ? c.disable : speculative_disable_batch;
 }
 
 ParallelConfig ModelFlags::parallel() const {
@@ -66,6 +137,7 @@ PlanOptions ModelFlags::plan_options() const {
   for (const auto& q : quantize) o.quantize.push_back(QuantizeRule::parse(q));
   o.max_quant_error = max_quant_error;
   o.allow_lossy = allow_lossy;
+  o.mtp_layers = num_speculative_tokens() > 0 ? 1 : 0;
   return o;
 }
 

@@ -11,6 +11,11 @@
 //                              embedding and lm_head split over them
 //   --expert-parallel          the routed experts spread over those ranks (whole experts) instead of split
 //   --expert-parallel-size N   N ranks with only the routed experts spread (attention replicated)
+// and, for run / serve / plan (add_speculative_to): speculative decoding with the checkpoint's MTP layer
+//   --speculative-config JSON      vLLM's keys: {"method": "mtp" | "deepseek_mtp", "num_speculative_tokens": N,
+//                                  "disable_by_batch_size": B (optional)}
+//   --num-speculative-tokens N     the same as {"method": "mtp", "num_speculative_tokens": N}
+//   --speculative-disable-batch-size B   no drafts while more than B sequences decode (serve: measured if absent)
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -32,6 +37,9 @@ struct ModelFlags {
   int tensor_parallel_size = 1;
   bool expert_parallel = false;
   int expert_parallel_size = 0;
+  std::string speculative_config;
+  int num_speculative_tokens_flag = -1;
+  int speculative_disable_batch = -1;
 
   // The activation mode of a command's --activations value: fp32 or bf16 as given; empty (not given): the device's
   // default, bf16 (fp32 accumulation) on cuda, fp32 on cpu. Throws Error on another value.
@@ -43,8 +51,16 @@ struct ModelFlags {
   std::string backend_name(const std::string& cpu_backend = "cpu") const;
   void add_to(CLI::App* cmd, bool model_required = false);
   void add_parallel_to(CLI::App* cmd);
+  void add_speculative_to(CLI::App* cmd);
+  // Draft tokens per step from --speculative-config / --num-speculative-tokens (0: off); throws Error on a bad
+  // value, an unknown key or method, or the two flags disagreeing.
+  int64_t num_speculative_tokens() const;
+  // disable_by_batch_size / --speculative-disable-batch-size (-1: not given).
+  int64_t speculative_disable_batch_size() const;
+  // Some speculative flag was given (even with 0 tokens).
+  bool speculation_flags_given() const { return !speculative_config.empty() || num_speculative_tokens_flag >= 0; }
   ParallelConfig parallel() const;  // validates the parallel flags (throws Error)
-  PlanOptions plan_options() const;  // parses --quantize rules (throws Error on a bad one)
+  PlanOptions plan_options() const;  // parses --quantize rules (throws Error on a bad one); MTP layer with speculation
   std::string model_dir() const;     // --model or the bundled default
 };
 

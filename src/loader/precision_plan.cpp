@@ -56,8 +56,9 @@ bool is_linear_module(std::string_view module) {
   std::string_view last = dot == std::string_view::npos ? module : module.substr(dot + 1);
   for (auto l : kLinear)
     if (last == l) return true;
-  // The MoE router `mlp.gate` is a Linear [E, D] (computed in fp32 as HF does).
-  return ends_with(module, ".mlp.gate");
+  // The MoE router `mlp.gate` is a Linear [E, D] (computed in fp32 as HF does); an MTP layer's own head
+  // `shared_head.head` [V, D].
+  return ends_with(module, ".mlp.gate") || ends_with(module, ".shared_head.head");
 }
 
 std::string shape_str(const Shape& s) { return s.str(); }
@@ -233,13 +234,16 @@ PrecisionPlan PrecisionPlan::build(const Checkpoint& ckpt, const ModelConfig& cf
     e.shape = info.shape;
     const int64_t layer = layer_index(name);
 
-    if (layer >= cfg.num_hidden_layers) {
+    if (layer >= cfg.num_hidden_layers + opt.mtp_layers) {
       e.skipped = true;
-      e.skip_reason = "MTP layer (not part of the forward pass)";
+      e.skip_reason = layer < cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+                          ? "MTP layer (speculative decoding is off)"
+                          : "beyond num_hidden_layers + num_nextn_predict_layers";
     } else if (ends_with(name, "rotary_emb.inv_freq")) {
       e.skipped = true;
       e.skip_reason = "recomputed from config";
-    } else if (layer >= 0 && cfg.has_indexer() && name.find(".self_attn.indexer.") != std::string::npos &&
+    } else if (layer >= 0 && layer < cfg.num_hidden_layers && cfg.has_indexer() &&
+               name.find(".self_attn.indexer.") != std::string::npos &&
                !cfg.layer_has_indexer[static_cast<size_t>(layer)]) {
       e.skipped = true;
       e.skip_reason = "IndexShare: layer reuses the previous layer's selection";
@@ -278,7 +282,7 @@ PrecisionPlan PrecisionPlan::build(const Checkpoint& ckpt, const ModelConfig& cf
     plan.entries_.push_back(std::move(e));
   }
   for (const std::string& name : ckpt.names())
-    if (is_companion(name) && !consumed.count(name) && layer_index(name) < cfg.num_hidden_layers)
+    if (is_companion(name) && !consumed.count(name) && layer_index(name) < cfg.num_hidden_layers + opt.mtp_layers)
       plan.warnings_.push_back(fmt::format("{}: scale tensor has no matching quantized weight; ignored", name));
 
   apply_quantize_rules(plan.entries_, opt, plan.owned_);

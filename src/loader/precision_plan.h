@@ -27,6 +27,9 @@ struct PlanOptions {
   std::vector<QuantizeRule> quantize;
   double max_quant_error = 0.05;
   bool allow_lossy = false;
+  // Multi-token-prediction layers to load (speculative decoding): the tensors of layers L .. L + mtp_layers - 1
+  // (L = num_hidden_layers) get formats like any other instead of being skipped.
+  int64_t mtp_layers = 0;
 };
 
 struct PlanEntry {

@@ -11,15 +11,16 @@ namespace {
 int64_t elem_size(DType d) { return d == DType::BF16 ? 2 : 4; }
 
 bool layer_has_index(const ModelConfig& cfg, int64_t l) {
-  return cfg.has_indexer() && static_cast<size_t>(l) < cfg.layer_has_indexer.size() &&
-         cfg.layer_has_indexer[static_cast<size_t>(l)];
+  if (!cfg.has_indexer()) return false;
+  if (l >= cfg.num_hidden_layers) return true;  // an MTP layer: always its own indexer
+  return static_cast<size_t>(l) < cfg.layer_has_indexer.size() && cfg.layer_has_indexer[static_cast<size_t>(l)];
 }
 
 }  // namespace
 
-int64_t kv_bytes_per_token(const ModelConfig& cfg, DType dtype) {
+int64_t kv_bytes_per_token(const ModelConfig& cfg, DType dtype, int64_t mtp_layers) {
   int64_t elems = 0;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < cfg.num_hidden_layers + mtp_layers; ++l) {
     elems += cfg.kv_lora_rank + cfg.qk_rope_head_dim;
     if (layer_has_index(cfg, l)) elems += cfg.index_head_dim;
   }
@@ -27,9 +28,9 @@ int64_t kv_bytes_per_token(const ModelConfig& cfg, DType dtype) {
 }
 
 int64_t PagedKvCache::blocks_for_budget(const ModelConfig& cfg, int64_t budget_bytes, int64_t block_tokens,
-                                        DType dtype) {
+                                        DType dtype, int64_t mtp_layers) {
   if (block_tokens < 1) fail("--kv-block-tokens must be >= 1 (got {})", block_tokens);
-  const int64_t per_block = kv_bytes_per_token(cfg, dtype) * block_tokens;
+  const int64_t per_block = kv_bytes_per_token(cfg, dtype, mtp_layers) * block_tokens;
   const int64_t n = budget_bytes / per_block;
   if (n < 1)
     fail("--kv-cache-bytes {} holds no KV block: one block of {} tokens needs {} bytes for this model", budget_bytes,
@@ -37,13 +38,14 @@ int64_t PagedKvCache::blocks_for_budget(const ModelConfig& cfg, int64_t budget_b
   return n;
 }
 
-PagedKvCache::PagedKvCache(const ModelConfig& cfg, Backend& be, int64_t num_blocks, int64_t block_tokens, DType dtype)
+PagedKvCache::PagedKvCache(const ModelConfig& cfg, Backend& be, int64_t num_blocks, int64_t block_tokens, DType dtype,
+                           int64_t mtp_layers)
     : be_(be), num_blocks_(num_blocks), block_tokens_(block_tokens), dtype_(dtype) {
   if (num_blocks < 1) fail("KV cache: needs at least one block (got {})", num_blocks);
   if (block_tokens < 1) fail("KV cache: --kv-block-tokens must be >= 1 (got {})", block_tokens);
   if (dtype != DType::F32 && dtype != DType::BF16)
     fail("KV cache: dtype {} is not supported (f32 or bf16)", dtype_name(dtype));
-  const int64_t L = cfg.num_hidden_layers;
+  const int64_t L = cfg.num_hidden_layers + std::max<int64_t>(0, mtp_layers);
   latent_.resize(static_cast<size_t>(L));
   index_.resize(static_cast<size_t>(L));
   try {
@@ -99,7 +101,8 @@ void PagedKvCache::copy_prefix_from(const PagedKvCache& from, int64_t n_blocks) 
   }
 }
 
-KvCache::KvCache(const ModelConfig& cfg, int64_t block_tokens) : cfg_(cfg), block_tokens_(block_tokens) {
+KvCache::KvCache(const ModelConfig& cfg, int64_t block_tokens, int64_t mtp_layers)
+    : cfg_(cfg), block_tokens_(block_tokens), mtp_layers_(mtp_layers) {
   if (block_tokens < 1) fail("KV cache: block_tokens must be >= 1 (got {})", block_tokens);
 }
 
@@ -117,7 +120,7 @@ const std::vector<int32_t>& KvCache::ensure(Backend& be, DType dtype, int64_t n_
   if (!pool_ || pool_->num_blocks() < need) {
     const int64_t have = pool_ ? pool_->num_blocks() : 0;
     const int64_t grow = std::max<int64_t>(need, std::max<int64_t>(4, 2 * have));
-    auto bigger = std::make_unique<PagedKvCache>(cfg_, be, grow, block_tokens_, dtype);
+    auto bigger = std::make_unique<PagedKvCache>(cfg_, be, grow, block_tokens_, dtype, mtp_layers_);
     const int64_t used = (len_ + block_tokens_ - 1) / block_tokens_;
     if (pool_ && used > 0) bigger->copy_prefix_from(*pool_, used);
     pool_ = std::move(bigger);

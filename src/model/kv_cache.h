@@ -18,19 +18,23 @@
 
 namespace latent {
 
-// Bytes one token occupies in all layers' pools.
-int64_t kv_bytes_per_token(const ModelConfig& cfg, DType dtype);
+// Bytes one token occupies in all layers' pools (the L decoder layers, plus mtp_layers MTP layers).
+int64_t kv_bytes_per_token(const ModelConfig& cfg, DType dtype, int64_t mtp_layers = 0);
 
 class PagedKvCache {
  public:
-  // Allocates every pool through `be`. num_blocks >= 1, block_tokens >= 1, dtype F32 or BF16.
-  PagedKvCache(const ModelConfig& cfg, Backend& be, int64_t num_blocks, int64_t block_tokens, DType dtype);
+  // Allocates every pool through `be`. num_blocks >= 1, block_tokens >= 1, dtype F32 or BF16. mtp_layers > 0 adds
+  // the pools of the MTP layers as layers L, L+1, ... (their slots are the MTP layer's own cache; one block id
+  // names the same token range there too, so sharing, copying and freeing blocks covers them).
+  PagedKvCache(const ModelConfig& cfg, Backend& be, int64_t num_blocks, int64_t block_tokens, DType dtype,
+               int64_t mtp_layers = 0);
   ~PagedKvCache();
   PagedKvCache(const PagedKvCache&) = delete;
   PagedKvCache& operator=(const PagedKvCache&) = delete;
 
   // The number of blocks a byte budget buys (at least 1 is required: throws Error naming the budget otherwise).
-  static int64_t blocks_for_budget(const ModelConfig& cfg, int64_t budget_bytes, int64_t block_tokens, DType dtype);
+  static int64_t blocks_for_budget(const ModelConfig& cfg, int64_t budget_bytes, int64_t block_tokens, DType dtype,
+                                   int64_t mtp_layers = 0);
 
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_tokens() const { return block_tokens_; }
@@ -59,7 +63,7 @@ class PagedKvCache {
 // One sequence's cache for single-sequence use (Model::forward): blocks 0, 1, 2, … of a private pool.
 class KvCache {
  public:
-  explicit KvCache(const ModelConfig& cfg, int64_t block_tokens = 64);
+  explicit KvCache(const ModelConfig& cfg, int64_t block_tokens = 64, int64_t mtp_layers = 0);
   int64_t length() const { return len_; }
   int64_t block_tokens() const { return block_tokens_; }
   void clear() { len_ = 0; }
@@ -75,6 +79,7 @@ class KvCache {
 
   const ModelConfig& cfg_;
   int64_t block_tokens_;
+  int64_t mtp_layers_ = 0;
   int64_t len_ = 0;
   std::unique_ptr<PagedKvCache> pool_;
   std::vector<int32_t> blocks_;

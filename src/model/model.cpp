@@ -7,6 +7,8 @@
 
 #include "backend/sample_reference.h"
 #include "core/error.h"
+#include "model/model_internal.h"
+#include "quant/float_formats.h"
 
 namespace latent {
 
@@ -15,7 +17,15 @@ namespace latent {
 // ---------------------------------------------------------------------------------------------------------------
 Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend, ModelOptions opt,
              const RankContext& rank)
-    : cfg_(cfg), be_(backend), opt_(opt), w_(resolve_weights(cfg, plan)), rank_(rank) {
+    : cfg_(cfg),
+      be_(backend),
+      opt_(opt),
+      act_(opt.bf16_activations ? DType::BF16 : DType::F32),
+      w_(resolve_weights(cfg, plan, opt.mtp_layers)),
+      rank_(rank) {
+  if (opt.mtp_layers > 1) fail("speculative decoding: {} MTP layers asked for; one is supported", opt.mtp_layers);
+  if (rank.parallel.active() && opt.mtp_layers > 0)
+    fail("speculative decoding (MTP) needs a single-rank model (no --tensor-parallel-size / --expert-parallel)");
   if (rank.parallel.active()) {
     if (!rank.comm || rank.comm->size() != rank.parallel.ranks || rank.comm->rank() != rank.rank)
       fail("model: rank {} of {} needs a communicator of that rank and size", rank.rank, rank.parallel.ranks);
@@ -46,6 +56,11 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
   auto bytes_of = [](const QuantWeight& q) { return q.data ? static_cast<uint64_t>(q.rows * q.row_bytes()) : 0u; };
   if (report) {
     for (const QuantWeight* q : {&w_.embed, &w_.lm_head}) up_total += bytes_of(*q);
+    for (const MtpWeights& mt : w_.mtp) {
+      up_total += bytes_of(mt.eh_proj);
+      if (mt.own_embed) up_total += bytes_of(mt.embed);
+      if (mt.own_head) up_total += bytes_of(mt.head);
+    }
     for (const LayerWeights& lw : w_.layers) {
       for (const QuantWeight* q : {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.kv_b, &lw.attn.o})
         up_total += bytes_of(*q);
@@ -111,10 +126,74 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
         prep_mlp(lw.dense);
       }
     }
+    for (MtpWeights& mt : w_.mtp) {
+      prep(mt.eh_proj);
+      if (mt.own_embed) prep(mt.embed); else mt.embed = w_.embed;
+      if (mt.own_head) prep(mt.head); else mt.head = w_.lm_head;
+      mtp_p_.push_back({upload_vector(mt.enorm, "enorm"), upload_vector(mt.hnorm, "hnorm"),
+                        upload_vector(mt.head_norm, "shared_head.norm")});
+    }
+    build_block_args();
   } catch (...) {
     for (void* q : owned_) be_.dealloc(q);
     owned_.clear();
     throw;
+  }
+}
+
+void Model::build_block_args() {
+  const int64_t L = static_cast<int64_t>(w_.layers.size());  // (the MTP layer, when loaded, is index L of the config)
+  mla_.assign(static_cast<size_t>(L), MlaLayer{});
+  moe_.assign(static_cast<size_t>(L), MoeLayer{});
+  expert_tables_.assign(static_cast<size_t>(L), {});
+  const RopeParams rp{inv_freq_, cfg_.qk_rope_head_dim, attention_factor_, cfg_.rope_interleave};
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerWeights& lw = w_.layers[l];
+    const LayerParams& p = lp_[static_cast<size_t>(l)];
+    MlaLayer& a = mla_[static_cast<size_t>(l)];
+    a.d = MlaDims{sd_.heads, cfg_.qk_nope_head_dim, cfg_.qk_rope_head_dim, cfg_.v_head_dim, cfg_.kv_lora_rank};
+    a.q_lora = cfg_.q_lora_rank;
+    a.q_a = &lw.attn.q_a;
+    a.q_b = &lw.attn.q_b;
+    a.kv_a = &lw.attn.kv_a;
+    a.kv_b = &lw.attn.kv_b;
+    a.q_a_norm = p.q_a_norm;
+    a.kv_a_norm = p.kv_a_norm;
+    a.q_a_bias = p.q_a_bias;
+    a.kv_a_bias = p.kv_a_bias;
+    a.norm_eps = 1e-6f;
+    a.rope = rp;
+    a.softmax_scale = softmax_scale_;
+    if (!lw.is_moe) continue;
+    MoeLayer& m = moe_[static_cast<size_t>(l)];
+    const int64_t E = cfg_.n_routed_experts;
+    m.router.n_experts = E;
+    m.router.n_group = std::max<int64_t>(1, cfg_.n_group);
+    m.router.topk_group = cfg_.topk_group;
+    m.router.top_k = cfg_.num_experts_per_tok;
+    m.router.norm_topk_prob = cfg_.norm_topk_prob;
+    m.router.routed_scaling_factor = static_cast<float>(cfg_.routed_scaling_factor);
+    m.gate = &lw.moe.router;
+    m.score_bias = p.score_bias;
+    std::vector<const QuantWeight*>& t = expert_tables_[static_cast<size_t>(l)];
+    t.resize(static_cast<size_t>(3 * E));
+    for (int64_t e = 0; e < E; ++e) {
+      t[e] = lw.moe.experts[e].gate.data ? &lw.moe.experts[e].gate : nullptr;
+      t[E + e] = lw.moe.experts[e].up.data ? &lw.moe.experts[e].up : nullptr;
+      t[2 * E + e] = lw.moe.experts[e].down.data ? &lw.moe.experts[e].down : nullptr;
+    }
+    m.w_gate = t.data();
+    m.w_up = t.data() + E;
+    m.w_down = t.data() + 2 * E;
+    m.expert0 = sd_.expert0;
+    m.expert1 = sd_.expert1;
+    m.inter = sd_.moe_inter;
+    if (lw.moe.has_shared) {
+      m.shared_gate = &lw.moe.shared.gate;
+      m.shared_up = &lw.moe.shared.up;
+      m.shared_down = &lw.moe.shared.down;
+      m.shared_inter = sd_.shared_inter;
+    }
   }
 }
 
@@ -131,6 +210,8 @@ Model::~Model() {
   for (void* p : owned_) be_.dealloc(p);
   if (smp_buf_) be_.dealloc(smp_buf_);
   if (smp_banned_) be_.dealloc(smp_banned_);
+  for (void* p : {kept_, mtp_prev_, static_cast<void*>(mtp_ids_dev_), static_cast<void*>(mtp_params_dev_)})
+    if (p) be_.dealloc(p);
 }
 
 void Model::upload_sampling(const SampleBatch& s) {
@@ -187,25 +268,7 @@ const float* Model::upload_vector(const std::vector<float>& v, const char* what)
 // ---------------------------------------------------------------------------------------------------------------
 // The step workspace: every buffer of a step carved from one backend allocation.
 // ---------------------------------------------------------------------------------------------------------------
-struct Model::Dims {
-  int64_t N = 0, S = 0, Tm = 0, MB = 0, R = 0;  // tokens, sequences, max context, max blocks, logit rows
-};
 
-struct Model::Buffers {
-  int32_t *tokens, *q_begin, *ctx_len, *btab, *lrows;
-  int64_t *pos, *slots;
-  float *h, *x, *y, *cq, *q, *kv, *cnew, *kpenew, *o;
-  float *iq, *iw, *ik, *keys, *scores;
-  int32_t *sel, *cnt;
-  float *gc, *gk, *kvb;
-  float *g, *u;
-  float *rl, *wts, *aw, *xs, *eg, *eu, *ed, *sh;
-  int32_t *ids, *tok;
-  int64_t* offs;
-  float *hx, *lg;
-  float* lgall;  // [ranks, R, vocab_chunk]: the all-gathered logits slices (vocab-parallel lm_head only)
-  int64_t score_rows;
-};
 
 // Rows of indexer scores computed per call: bounds the [rows, T] score matrix to ~64 MB of fp32.
 static int64_t score_block_rows(int64_t N, int64_t Tm) {
@@ -231,7 +294,13 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
     p = base ? reinterpret_cast<T*>(base + off) : nullptr;
     off += static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
   };
+  auto tensor = [&](Tensor& t, int64_t rows, int64_t cols, DType dt) {
+    off = (off + 63) / 64 * 64;
+    t = Tensor(base ? base + off : nullptr, dt, rows, cols);
+    off += static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * Tensor::size_of(dt);
+  };
   const ModelConfig& c = cfg_;
+  const DType A = act_, F = DType::F32;
   const int64_t N = d.N, S = d.S, Tm = d.Tm, D = c.hidden_size, H = c.num_attention_heads;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dc = c.kv_lora_rank;
   const int64_t dq = std::max<int64_t>(c.q_lora_rank, 1), dqk = dn + dr;
@@ -242,58 +311,61 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
   take(b.lrows, d.R);
   take(b.pos, N);
   take(b.slots, N);
-  take(b.h, N * D);
-  take(b.x, N * D);
-  take(b.y, N * D);
-  take(b.cq, N * dq);
-  take(b.q, N * H * dqk);
-  take(b.kv, N * (dc + dr));
-  take(b.cnew, N * dc);
-  take(b.kpenew, N * dr);
-  take(b.o, N * H * dv);
+  tensor(b.h, N, D, A);
+  tensor(b.x, N, D, A);
+  tensor(b.y, N, D, A);
+  if (rank_.parallel.active()) tensor(b.yf, N, D, F);
+  tensor(b.cq, N, dq, A);
+  tensor(b.q, N, H * dqk, A);
+  tensor(b.kv, N, dc + dr, A);
+  tensor(b.o, N, H * dv, A);
   b.score_rows = 0;
+  b.scores = nullptr;
+  b.sel = b.cnt = nullptr;
   if (c.has_indexer()) {
     const int64_t nI = c.index_n_heads, dI = c.index_head_dim, k = c.index_topk;
     b.score_rows = score_block_rows(N, Tm);
-    take(b.iq, N * nI * dI);
-    take(b.iw, N * nI);
-    take(b.ik, N * dI);
-    take(b.keys, Tm * dI);
+    tensor(b.iq, N, nI * dI, A);
+    tensor(b.iwa, N, nI, A);
+    tensor(b.iw, N, nI, F);
+    tensor(b.ik, N, dI, A);
     take(b.scores, b.score_rows * Tm);
     take(b.sel, N * k);
     take(b.cnt, N);
-  } else {
-    b.iq = b.iw = b.ik = b.keys = b.scores = nullptr;
-    b.sel = b.cnt = nullptr;
   }
-  take(b.gc, Tm * dc);
-  take(b.gk, Tm * dr);
-  take(b.kvb, Tm * H * (dn + dv));
+  tensor(b.gc, Tm, dc, A);
+  tensor(b.gk, Tm, dr, A);
+  tensor(b.kvb, Tm, H * (dn + dv), A);
   int64_t inter = c.intermediate_size;
   if (c.n_routed_experts > 0) inter = std::max<int64_t>(inter, c.moe_intermediate_size * c.n_shared_experts);
-  take(b.g, N * inter);
-  take(b.u, N * inter);
+  tensor(b.g, N, inter, A);
+  b.moe = MoeScratch{};
   if (c.n_routed_experts > 0) {
     const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
-    take(b.rl, N * E);
-    take(b.ids, N * K);
-    take(b.wts, N * K);
-    take(b.offs, E + 1);
-    take(b.tok, N * K);
-    take(b.aw, N * K);
-    take(b.xs, N * K * D);
-    take(b.eg, N * K * Im);
-    take(b.eu, N * K * Im);
-    take(b.ed, N * K * D);
-    take(b.sh, N * D);
-  } else {
-    b.rl = b.wts = b.aw = b.xs = b.eg = b.eu = b.ed = b.sh = nullptr;
-    b.ids = b.tok = nullptr;
-    b.offs = nullptr;
+    MoeScratch& m = b.moe;
+    take(m.logits, N * E);
+    take(m.ids, N * K);
+    take(m.weights, N * K);
+    take(m.offsets, E + 1);
+    take(m.token, N * K);
+    take(m.pair_w, N * K);
+    tensor(m.xs, N * K, D, A);
+    tensor(m.eg, N * K, Im, A);
+    tensor(m.ed, N * K, D, A);
+    tensor(m.sh, N, std::max<int64_t>(Im * c.n_shared_experts, 1), A);
   }
-  take(b.hx, d.R * D);
+  tensor(b.hx, d.R, D, A);
   take(b.lg, d.R * std::max(c.vocab_size, sd_.vocab_chunk));
+  b.lgall = nullptr;
   if (sd_.vocab_split) take(b.lgall, d.R * sd_.vocab_chunk * rank_.parallel.ranks);
+  b.mtp_idx = b.mtp_hrows = nullptr;
+  b.mtp_in = b.mtp_cat = Tensor{};
+  if (!w_.mtp.empty()) {
+    tensor(b.mtp_in, 2 * N, D, A);
+    tensor(b.mtp_cat, N, 2 * D, A);
+    take(b.mtp_idx, 2 * N);
+    take(b.mtp_hrows, N);
+  }
   return (off + 63) / 64 * 64;
 }
 
@@ -311,25 +383,25 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
   if (d.Tm != res_ctx_ || d.MB != res_blocks_) drop_graphs();  // graphs are shaped by these limits
   res_ctx_ = std::max(res_ctx_, d.Tm);
   res_blocks_ = std::max(res_blocks_, d.MB);
-  if (opt_.bf16_activations) {
-    // The bf16 matmul path's scratch, for every weight linear() (and the head, the router) multiplies, at up to
-    // the step's tokens; kv_b at up to max(tokens, context) rows (it runs over a sequence's whole context).
-    std::vector<const QuantWeight*> ws{&w_.lm_head}, kvb;
-    auto mlp = [&](const MlpWeights& m) { ws.insert(ws.end(), {&m.gate, &m.up, &m.down}); };
-    for (const LayerWeights& lw : w_.layers) {
-      ws.insert(ws.end(), {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.o});
-      kvb.push_back(&lw.attn.kv_b);
-      if (lw.indexer.present) ws.insert(ws.end(), {&lw.indexer.wq_b, &lw.indexer.wk, &lw.indexer.weights_proj});
-      if (lw.is_moe) {
-        ws.push_back(&lw.moe.router);
-        if (lw.moe.has_shared) mlp(lw.moe.shared);
-      } else {
-        mlp(lw.dense);
-      }
+  // What the backend's matmuls need for every weight the step multiplies (the head, the router, every linear) at
+  // up to the step's tokens; kv_b at up to max(tokens, context) rows (it expands a sequence's whole context).
+  if (!w_.mtp.empty()) ensure_mtp_buffers(d.N, d.S);
+  std::vector<const QuantWeight*> ws{&w_.lm_head}, kvb;
+  for (const MtpWeights& mt : w_.mtp) ws.insert(ws.end(), {&mt.eh_proj, &mt.head});
+  auto mlp = [&](const MlpWeights& m) { ws.insert(ws.end(), {&m.gate, &m.up, &m.down}); };
+  for (const LayerWeights& lw : w_.layers) {
+    ws.insert(ws.end(), {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.o});
+    kvb.push_back(&lw.attn.kv_b);
+    if (lw.indexer.present) ws.insert(ws.end(), {&lw.indexer.wq_b, &lw.indexer.wk, &lw.indexer.weights_proj});
+    if (lw.is_moe) {
+      ws.push_back(&lw.moe.router);
+      if (lw.moe.has_shared) mlp(lw.moe.shared);
+    } else {
+      mlp(lw.dense);
     }
-    be_.reserve_matmul_bf16(ws.data(), ws.size(), d.N);
-    be_.reserve_matmul_bf16(kvb.data(), kvb.size(), std::max(d.N, d.Tm));
   }
+  be_.reserve_matmul(ws.data(), ws.size(), d.N, act_);
+  be_.reserve_matmul(kvb.data(), kvb.size(), std::max(d.N, d.Tm), act_);
 }
 
 void Model::replace_workspace(size_t bytes) {
@@ -357,68 +429,42 @@ void Model::ensure_workspace(const Dims& d) {
 // ---------------------------------------------------------------------------------------------------------------
 // Step metadata
 // ---------------------------------------------------------------------------------------------------------------
-struct Model::Meta {
-  int64_t N = 0, S = 0, max_ctx = 0, max_blocks = 0, rows = 0;
-  bool any_long = false;      // some sequence sees more than index_topk keys (DSA selection needed)
-  bool graph = false;         // a graph step: shapes fixed by the reserved limits (indexer over max_ctx keys)
-  const int32_t* q_begin = nullptr;  // host [S+1]
-  const int32_t* ctx = nullptr;      // host [S]
-  StepSeqs seqs;                     // backend memory
-  const Step* step = nullptr;
 
-  // The step's shape over the metadata arrays carved in b (host copies h_qb [S+1], h_ctx [S]).
-  Meta(const Step& st, int64_t n, int64_t s, int64_t ctx_max, int64_t blocks_max, int64_t n_rows, bool long_seq,
-       const int32_t* h_qb, const int32_t* h_ctx, const Buffers& b)
-      : N(n), S(s), max_ctx(ctx_max), max_blocks(blocks_max), rows(n_rows), any_long(long_seq), q_begin(h_qb),
-        ctx(h_ctx), seqs{s, b.q_begin, b.ctx_len, b.btab, blocks_max, ctx_max}, step(&st) {}
-};
-
-void Model::linear(const QuantWeight& w, const float* x, int64_t M, float* y, const float* bias) {
-  // bf16 mode: x is bf16 (every activation is rounded), so the backend may multiply on bf16 tensor cores.
-  if (opt_.bf16_activations)
-    be_.matmul_bf16(w, x, M, y);
-  else
-    be_.matmul(w, x, M, y);
-  if (bias) be_.add_bias(y, bias, M, w.rows, false);
-  if (opt_.bf16_activations) be_.round_bf16(y, M * w.rows);
+void Model::reduce_partial(const Tensor& y, const Tensor& yf) {
+  // The ranks' partial sums, each rounded like any output, summed in fp32 and rounded once more.
+  if (y.dtype == DType::F32) {
+    rank_.comm->all_reduce_sum(y.f32(), y.numel());
+    return;
+  }
+  be_.convert(y, yf);
+  rank_.comm->all_reduce_sum(yf.f32(), yf.numel());
+  be_.convert(yf, y);
 }
 
-void Model::reduce_partial(float* y, int64_t n) {
-  rank_.comm->all_reduce_sum(y, n);
-  if (opt_.bf16_activations) be_.round_bf16(y, n);
+// y = the dense SwiGLU MLP of x: down(SiLU(gate x) ⊙ up x); a tensor-parallel rank's partial sum (then reduced).
+void Model::mlp(const MlpWeights& w, const Tensor& x, int64_t inter, Buffers& b, const Tensor& y) {
+  const Tensor g = Tensor(b.g.data, act_, x.rows, inter);
+  const QuantWeight* gate = &w.gate;
+  Epilogue glu;
+  glu.glu = &gate;
+  be_.matmul(w.up, x, g, glu);
+  be_.matmul(w.down, g, y);
 }
 
-void Model::mlp(const MlpWeights& w, const float* x, int64_t M, int64_t inter, Buffers& b, float* out) {
-  linear(w.gate, x, M, b.g);
-  linear(w.up, x, M, b.u);
-  be_.silu_mul(b.g, b.u, M * inter, b.g, opt_.bf16_activations);
-  linear(w.down, b.g, M, out);
-}
-
-void Model::moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float* out) {
-  const int64_t D = cfg_.hidden_size, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
-  const int64_t Im = sd_.moe_inter, M = m.N;  // (the full moe_intermediate_size on one rank)
-  const bool bf16 = opt_.bf16_activations;
-  // Router in fp32 (never rounded, spec §8). A bf16 router weight times bf16 x has exact products, so the bf16
-  // path (fp32 accumulation) keeps that; other formats take the exact matmul.
-  if (bf16 && w.router.format == WeightFormat::BF16)
-    be_.matmul_bf16(w.router, b.x, M, b.rl);
-  else
-    be_.matmul(w.router, b.x, M, b.rl);
-  RouterParams rp;
-  rp.n_experts = E;
-  rp.n_group = std::max<int64_t>(1, cfg_.n_group);
-  rp.topk_group = cfg_.topk_group;
-  rp.top_k = K;
-  rp.norm_topk_prob = cfg_.norm_topk_prob;
-  rp.routed_scaling_factor = static_cast<float>(cfg_.routed_scaling_factor);
+void Model::moe(int64_t l, const Meta& m, Buffers& b, const Tensor& y) {
+  const int64_t M = m.N, E = cfg_.n_routed_experts, K = cfg_.num_experts_per_tok;
+  const MoeLayer& L = moe_[static_cast<size_t>(l)];
+  const Tensor x = b.x.with_rows(M);
+  // With expert parallelism alone the shared experts are replicated: the routed partials are reduced first.
+  const bool ep_only = rank_.parallel.expert && !rank_.parallel.tensor;
   if (opt_.force_decisions) {
     // Diagnostic: replay recorded expert ids; weights from this run's scores (sigmoid, normalized, scaled).
     const auto& rec = opt_.force_decisions->experts;
     if (static_cast<size_t>(l) >= rec.size() || rec[l].size() != static_cast<size_t>(M * K))
       fail("forced decisions: layer {} has no recorded routing for {} tokens", l, M);
+    be_.matmul(*L.gate, x, Tensor(b.moe.logits, DType::F32, M, E));
     std::vector<float> logits(static_cast<size_t>(M * E)), wts(static_cast<size_t>(M * K));
-    be_.download(logits.data(), b.rl, logits.size() * sizeof(float));
+    be_.download(logits.data(), b.moe.logits, logits.size() * sizeof(float));
     const std::vector<int32_t>& ids = rec[l];
     for (int64_t s = 0; s < M; ++s) {
       float sum = 0.0f;
@@ -429,66 +475,34 @@ void Model::moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float
         sum += wts[s * K + k];
       }
       for (int64_t k = 0; k < K; ++k) {
-        if (rp.norm_topk_prob) wts[s * K + k] /= sum + 1e-20f;
-        wts[s * K + k] *= rp.routed_scaling_factor;
+        if (L.router.norm_topk_prob) wts[s * K + k] /= sum + 1e-20f;
+        wts[s * K + k] *= L.router.routed_scaling_factor;
       }
     }
-    be_.upload(b.ids, ids.data(), ids.size() * sizeof(int32_t));
-    be_.upload(b.wts, wts.data(), wts.size() * sizeof(float));
+    be_.upload(b.moe.ids, ids.data(), ids.size() * sizeof(int32_t));
+    be_.upload(b.moe.weights, wts.data(), wts.size() * sizeof(float));
+    be_.moe_experts(L, x, b.moe, y, !ep_only);
   } else {
-    be_.router(b.rl, lp_[static_cast<size_t>(l)].score_bias, M, rp, b.ids, b.wts);
+    be_.moe_ffn(L, x, b.moe, y, !ep_only);
   }
   if (opt_.record_decisions) {
     auto& rec = opt_.record_decisions->experts[static_cast<size_t>(l)];
     rec.resize(static_cast<size_t>(M * K));
-    be_.download(rec.data(), b.ids, rec.size() * sizeof(int32_t));
+    be_.download(rec.data(), b.moe.ids, rec.size() * sizeof(int32_t));
   }
-
-  // Group the (token, slot) pairs by expert (ascending expert, then token: HF eager order), on the backend.
-  const int64_t n = M * K;
-  be_.moe_group(b.ids, b.wts, M, K, E, b.offs, b.tok, b.aw);
-  be_.gather_rows(b.x, b.tok, n, D, b.xs);
-  thread_local std::vector<const QuantWeight*> wg, wu, wd;
-  wg.resize(static_cast<size_t>(E));
-  wu.resize(static_cast<size_t>(E));
-  wd.resize(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    wg[e] = &w.experts[e].gate;
-    wu[e] = &w.experts[e].up;
-    wd[e] = &w.experts[e].down;
+  if (ep_only) {
+    reduce_partial(y, b.yf.with_rows(M));
+    if (L.shared_up) {
+      const Tensor sh = b.moe.sh.with_rows(M);
+      Epilogue sg;
+      sg.glu = &L.shared_gate;
+      be_.matmul(*L.shared_up, x, sh, sg);
+      Epilogue res;
+      res.residual = &y;
+      be_.matmul(*L.shared_down, sh, y, res);
+    }
   }
-  // This rank's experts [e0, e1) (all of them on one rank): their rows of the grouped pairs. With expert
-  // parallelism the other experts' rows stay zero, so the scatter below adds exact zeros for them and the
-  // partial outputs of the ranks are all-reduced (the small-batch combine: no token dispatch).
-  const int64_t e0 = sd_.expert0, e1 = sd_.expert1;
-  if (e1 - e0 < E) {
-    be_.fill(b.eg, n * Im, 0.0f);
-    be_.fill(b.eu, n * Im, 0.0f);
-    be_.fill(b.ed, n * D, 0.0f);
-  }
-  auto grouped = [&](const std::vector<const QuantWeight*>& ws, const float* x, float* y) {
-    if (bf16)
-      be_.grouped_matmul_bf16(ws.data() + e0, e1 - e0, b.offs + e0, x, y);
-    else
-      be_.grouped_matmul(ws.data() + e0, e1 - e0, b.offs + e0, x, y);
-  };
-  grouped(wg, b.xs, b.eg);
-  grouped(wu, b.xs, b.eu);
-  if (bf16) {
-    be_.round_bf16(b.eg, n * Im);
-    be_.round_bf16(b.eu, n * Im);
-  }
-  be_.silu_mul(b.eg, b.eu, n * Im, b.eg, bf16);
-  grouped(wd, b.eg, b.ed);
-  if (bf16) be_.round_bf16(b.ed, n * D);
-  be_.fill(out, M * D, 0.0f);
-  be_.scatter_add_weighted(b.ed, b.tok, b.aw, n, D, out, bf16);
-  if (rank_.parallel.expert && !rank_.parallel.tensor) reduce_partial(out, M * D);  // shared experts replicated
-  if (w.has_shared) {
-    mlp(w.shared, b.x, M, sd_.shared_inter, b, b.sh);
-    be_.add(out, b.sh, M * D, bf16);
-  }
-  if (rank_.parallel.tensor) reduce_partial(out, M * D);  // routed + shared partials in one all-reduce
+  if (rank_.parallel.tensor) reduce_partial(y, b.yf.with_rows(M));  // routed + shared partials in one all-reduce
 }
 
 // The DSA indexer of layer l: new keys into the index pool; when some sequence sees more than index_topk keys,
@@ -497,15 +511,15 @@ void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, b
   const IndexerWeights& iw = w_.layers[l].indexer;
   const LayerParams& p = lp_[static_cast<size_t>(l)];
   const int64_t nI = cfg_.index_n_heads, dI = cfg_.index_head_dim, N = m.N, k = cfg_.index_topk;
-  const bool bf16 = opt_.bf16_activations;
   RopeParams rp{inv_freq_, cfg_.qk_rope_head_dim, attention_factor_, cfg_.indexer_rope_interleave};
 
   // Keys of the new tokens: LayerNorm(x·Wkᵀ), RoPE on the first dr dims; written to the pool.
-  linear(iw.wk, b.x, N, b.ik);
-  be_.layer_norm(b.ik, p.k_norm_w, p.k_norm_b, N, dI, 1e-6f, b.ik, bf16);
-  be_.rope(b.ik, N, 1, dI, dI, b.pos, rp, bf16);
+  const Tensor ik = b.ik.with_rows(N);
+  be_.matmul(iw.wk, b.x.with_rows(N), ik);
+  be_.layer_norm(ik, p.k_norm_w, p.k_norm_b, 1e-6f, ik);
+  be_.rope(ik, 1, dI, b.pos, rp);
   const KvPool& pool = cache.index(l);
-  be_.kv_store(pool, b.slots, N, b.ik, 0, dI);
+  be_.kv_store(pool, b.slots, ik, 0);
 
   if (opt_.force_decisions) {
     const auto& f = *opt_.force_decisions;
@@ -526,58 +540,49 @@ void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, b
     }
     return;
   }
-  // Dense when every query sees at most index_topk keys (spec §4.3): skip the scores. Otherwise every token gets
-  // a selection row; a sequence with <= index_topk keys selects all its causal keys, which equals dense attention.
+  // Dense when every query sees at most index_topk keys (docs/model.md, "DSA indexer"): skip the scores. Otherwise
+  // every token gets a selection row; a sequence with <= index_topk keys selects all its causal keys, which equals
+  // dense attention.
   if (!m.any_long) {
     sparse = false;
     return;
   }
   sparse = true;
-  linear(iw.wq_b, b.cq, N, b.iq);
-  be_.rope(b.iq, N, nI, nI * dI, dI, b.pos, rp, bf16);
-  linear(iw.weights_proj, b.x, N, b.iw);
-  be_.scale(b.iw, N * nI, static_cast<float>(std::pow(static_cast<double>(nI), -0.5)));
+  const Tensor iq = b.iq.with_rows(N), iwt = b.iw.with_rows(N);
+  be_.matmul(iw.wq_b, b.cq.with_rows(N), iq);
+  be_.rope(iq, nI, dI, b.pos, rp);
+  // The head weights: rounded like any linear output, then scaled by nI^-0.5 in fp32.
+  if (act_ == DType::F32) {
+    be_.matmul(iw.weights_proj, b.x.with_rows(N), iwt);
+  } else {
+    be_.matmul(iw.weights_proj, b.x.with_rows(N), b.iwa.with_rows(N));
+    be_.convert(b.iwa.with_rows(N), iwt);
+  }
+  be_.scale(iwt, static_cast<float>(std::pow(static_cast<double>(nI), -0.5)));
   const float score_scale = static_cast<float>(std::pow(static_cast<double>(dI), -0.5));
-  for (int64_t s = 0; s < m.S; ++s) {
-    // A graph step scores the reserved context (keys past a token's position score −inf and are never selected:
-    // the selection equals the eager one over the sequence's own keys).
-    const int64_t q0 = m.q_begin[s], q1 = m.q_begin[s + 1], T = m.graph ? m.max_ctx : m.ctx[s];
-    if (q1 <= q0) continue;
-    be_.kv_gather(pool, m.seqs.block_table + s * m.max_blocks, T, 0, dI, b.keys);
-    for (int64_t r0 = q0; r0 < q1; r0 += b.score_rows) {
-      const int64_t nr = std::min(b.score_rows, q1 - r0);
-      be_.indexer_scores(b.iq + r0 * nI * dI, b.iw + r0 * nI, b.keys, nr, T, nI, dI, score_scale, b.pos + r0,
-                         b.scores);
-      be_.topk_select(b.scores, nr, T, k, b.pos + r0, b.sel + r0 * k, b.cnt + r0);
-    }
+  // Every token of the step over its own sequence's keys in the pool, in blocks of rows (a graph step scores the
+  // reserved context: keys past a token's position score −inf and are never selected, so the selection equals the
+  // eager one).
+  const int64_t T = m.max_ctx;
+  for (int64_t r0 = 0; r0 < N; r0 += b.score_rows) {
+    const int64_t nr = std::min(b.score_rows, N - r0);
+    be_.indexer_scores_paged(iq.row_slice(r0, nr), iwt.row_slice(r0, nr), pool, m.seqs, r0, nI, score_scale,
+                             b.pos + r0, T, b.scores);
+    be_.topk_select(b.scores, nr, T, k, b.pos + r0, b.sel + r0 * k, b.cnt + r0);
   }
 }
 
 void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse) {
   const LayerWeights& lw = w_.layers[l];
-  const AttentionWeights& aw = lw.attn;
-  const LayerParams& p = lp_[static_cast<size_t>(l)];
+  const MlaLayer& L = mla_[static_cast<size_t>(l)];
   const int64_t H = sd_.heads, dn = cfg_.qk_nope_head_dim, dr = cfg_.qk_rope_head_dim;  // this rank's heads
-  const int64_t dv = cfg_.v_head_dim, dc = cfg_.kv_lora_rank, dq = cfg_.q_lora_rank, dqk = dn + dr;
+  const int64_t dv = cfg_.v_head_dim, dc = cfg_.kv_lora_rank, dqk = dn + dr;
   const int64_t N = m.N;
-  const bool bf16 = opt_.bf16_activations;
-  RopeParams rp{inv_freq_, dr, attention_factor_, cfg_.rope_interleave};
-
-  // Query path: cq = RMSNorm(x·Wq_aᵀ) (eps 1e-6), q = cq·Wq_bᵀ [N, H, dn+dr].
-  linear(aw.q_a, b.x, N, b.cq, p.q_a_bias);
-  be_.rms_norm(b.cq, p.q_a_norm, N, dq, 1e-6f, b.cq, bf16);
-  linear(aw.q_b, b.cq, N, b.q);
-  be_.rope(b.q + dn, N, H, H * dqk, dqk, b.pos, rp, bf16);
-
-  // Latent path: [c ; k_pe] = x·Wkv_aᵀ; c normalized, k_pe rotated; both written to the pool.
-  linear(aw.kv_a, b.x, N, b.kv, p.kv_a_bias);
-  be_.copy_cols(b.kv, dc + dr, 0, dc, N, b.cnew);
-  be_.copy_cols(b.kv, dc + dr, dc, dr, N, b.kpenew);
-  be_.rms_norm(b.cnew, p.kv_a_norm, N, dc, 1e-6f, b.cnew, bf16);
-  be_.rope(b.kpenew, N, 1, dr, dr, b.pos, rp, bf16);
   const KvPool& pool = cache.latent(l);
-  be_.kv_store(pool, b.slots, N, b.cnew, 0, dc);
-  be_.kv_store(pool, b.slots, N, b.kpenew, dc, dr);
+  const Tensor q(b.q.data, act_, N, H * dqk), o(b.o.data, act_, N, H * dv);  // this rank's heads
+
+  // Query and latent path (q with rotated q_pe; c and k_pe into the pool).
+  be_.mla_qkv(L, b.x.with_rows(N), StepTokens{N, b.pos, b.slots}, pool, b.cq.with_rows(N), q, b.kv.with_rows(N));
 
   // DSA selection: own indexer, shared (IndexShare: reuse the previous indexer layer's rows), or none.
   if (cfg_.has_indexer() && !opt_.disable_indexer) {
@@ -602,9 +607,8 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
   }
   const KeySelection all = sparse ? KeySelection{b.sel, b.cnt, cfg_.index_topk} : KeySelection{};
 
-  MlaDims md{H, dn, dr, dv, dc};
-  // Per sequence: the absorbed form over the pages for single-token chunks (decode) in runs of consecutive
-  // sequences, the naive form (expanded K/V of the gathered context) for multi-token chunks.
+  // Per sequence: the absorbed form over the pages for generated tokens (decode) in runs of consecutive
+  // sequences, the naive form (expanded K/V of the gathered context) for prompt chunks.
   auto absorbed_for = [&](int64_t s) {
     if (opt_.attention == AttentionForm::Absorbed) return true;
     if (opt_.attention == AttentionForm::Naive) return false;
@@ -619,42 +623,41 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
       run.q_begin = m.seqs.q_begin + s;
       run.ctx_len = m.seqs.ctx_len + s;
       run.block_table = m.seqs.block_table + s * m.max_blocks;
-      be_.mla_attention_absorbed_paged(md, b.q, aw.kv_b, pool, run, b.pos, all, softmax_scale_, b.o, bf16);
+      be_.mla_decode_attention(L, q, pool, run, b.pos, all, o);
       s = e;
       continue;
     }
     const int64_t q0 = m.q_begin[s], n = m.q_begin[s + 1] - q0, T = m.ctx[s];
     if (n > 0) {
       const int32_t* blocks = m.seqs.block_table + s * m.max_blocks;
-      be_.kv_gather(pool, blocks, T, 0, dc, b.gc);
-      be_.kv_gather(pool, blocks, T, dc, dr, b.gk);
-      linear(aw.kv_b, b.gc, T, b.kvb);
+      const Tensor gc = b.gc.with_rows(T), gk = b.gk.with_rows(T);
+      const Tensor kvb = Tensor(b.kvb.data, act_, T, H * (cfg_.qk_nope_head_dim + dv));
+      be_.kv_gather(pool, blocks, 0, gc);
+      be_.kv_gather(pool, blocks, dc, gk);
+      be_.matmul(*L.kv_b, gc, kvb);
       KeySelection ks;
       if (sparse) ks = {b.sel + q0 * cfg_.index_topk, b.cnt + q0, cfg_.index_topk};
-      be_.mla_attention_naive(md, b.q + q0 * H * dqk, b.kvb, b.gk, n, T, b.pos + q0, ks, softmax_scale_,
-                              b.o + q0 * H * dv, bf16);
+      be_.mla_attention_naive(L.d, q.row_slice(q0, n), kvb, gk, T, b.pos + q0, ks, L.softmax_scale,
+                              o.row_slice(q0, n));
     }
     ++s;
   }
-  linear(aw.o, b.o, N, b.y, p.o_bias);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // The step
 // ---------------------------------------------------------------------------------------------------------------
-void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector<float>* hidden,
-                 const SampleBatch* sampling, int32_t* ids) {
-  const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
-  const int64_t V = cfg_.vocab_size, bt = cache.block_tokens();
-  if (N == 0) return;
+Model::StepShape Model::validate_step(const Step& st, const PagedKvCache& cache, int64_t layers_needed) const {
+  const int64_t N = static_cast<int64_t>(st.tokens.size()), V = cfg_.vocab_size, bt = cache.block_tokens();
   if (&cache.backend() != &be_) fail("model step: the KV cache was allocated by another backend");
   if (cache.dtype() != cache_dtype())
     fail("model step: the KV cache holds {} but the activations are {}", dtype_name(cache.dtype()),
          dtype_name(cache_dtype()));
-  if (cache.num_layers() != cfg_.num_hidden_layers) fail("model step: the KV cache is for another model");
+  if (cache.num_layers() < layers_needed)
+    fail("model step: the KV cache holds {} layers, the model needs {}", cache.num_layers(), layers_needed);
   // Validate everything before any write: a bad step leaves the cache untouched.
-  int64_t total = 0, max_ctx = 0, max_blocks = 1, rows = 0;
-  bool any_long = false;
+  StepShape sh;
+  int64_t total = 0;
   for (const StepSequence& q : st.seqs) {
     if (q.n_tokens < 0 || q.start < 0) fail("model step: negative token count or start");
     const int64_t ctx = q.start + q.n_tokens;
@@ -667,42 +670,22 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
       if (q.blocks[j] < 0 || q.blocks[j] >= cache.num_blocks())
         fail("model step: block id {} outside the pool of {} blocks", q.blocks[j], cache.num_blocks());
     total += q.n_tokens;
-    max_ctx = std::max(max_ctx, ctx);
-    max_blocks = std::max(max_blocks, need);
-    if (cfg_.has_indexer() && ctx > cfg_.index_topk) any_long = true;
-    rows += q.logits == LogitRows::All ? q.n_tokens : (q.logits == LogitRows::Last && q.n_tokens > 0 ? 1 : 0);
+    sh.max_ctx = std::max(sh.max_ctx, ctx);
+    sh.max_blocks = std::max(sh.max_blocks, need);
+    if (cfg_.has_indexer() && ctx > cfg_.index_topk) sh.any_long = true;
+    sh.rows += q.logits == LogitRows::All ? q.n_tokens : (q.logits == LogitRows::Last && q.n_tokens > 0 ? 1 : 0);
   }
   if (total != N) fail("model step: the sequences hold {} tokens, the step {}", total, N);
   for (int32_t id : st.tokens)
     if (id < 0 || id >= V) fail("token id {} is out of range [0, {})", id, V);
-  if (sampling) {
-    if (!ids) fail("model step: sampling without an ids output");
-    if (sampling->n_rows != rows)
-      fail("model step: {} sampling rows for {} logits rows", sampling->n_rows, rows);
-    if (rank_.parallel.ranks > 1) fail("model step: sampling on the backend needs a single-rank model");
-    upload_sampling(*sampling);
-  }
-  struct SamplingScope {
-    bool& flag;
-    ~SamplingScope() { flag = false; }
-  } scope{sampling_step_};
-  sampling_step_ = sampling != nullptr && rows > 0;
-  last_lg_ = nullptr;
-  auto sample = [&] {
-    if (!sampling_step_ || !last_lg_) return;
-    be_.sample_rows(last_lg_, rows, V, smp_params_, smp_edits_, smp_allow_, sampling->banned ? smp_banned_ : nullptr,
-                    smp_ids_);
-    be_.download(ids, smp_ids_, sizeof(int32_t) * static_cast<size_t>(rows));
-  };
+  return sh;
+}
 
-  if (graph_eligible(st, max_ctx, max_blocks, logits, hidden)) {
-    graph_step(st, cache, logits, any_long);
-    sample();
-    return;
-  }
-  const Dims d = dims_for(N, S, max_ctx, max_blocks, rows);
+Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b) {
+  const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
+  const int64_t bt = cache.block_tokens(), max_blocks = sh.max_blocks, rows = sh.rows;
+  const Dims d = dims_for(N, S, sh.max_ctx, max_blocks, rows);
   ensure_workspace(d);
-  Buffers b{};
   carve(d, ws_, b);
 
   // Host staging of the metadata, then one upload per array.
@@ -747,23 +730,78 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
   if (rows > 0) be_.upload(b.lrows, h_rows, sizeof(int32_t) * rows);
   be_.upload(b.pos, h_pos, sizeof(int64_t) * N);
   be_.upload(b.slots, h_slot, sizeof(int64_t) * N);
+  return Meta(st, N, S, sh.max_ctx, max_blocks, rows, sh.any_long, h_qb, h_ctx, b);
+}
 
-  const Meta m(st, N, S, max_ctx, max_blocks, rows, any_long, h_qb, h_ctx, b);
+void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector<float>* hidden,
+                 const SampleBatch* sampling, int32_t* ids) {
+  const int64_t N = static_cast<int64_t>(st.tokens.size());
+  const int64_t V = cfg_.vocab_size;
+  if (N == 0) return;
+  const StepShape sh = validate_step(st, cache, cfg_.num_hidden_layers + mtp_layers());
+  const int64_t rows = sh.rows;
+  if (sampling) {
+    if (!ids) fail("model step: sampling without an ids output");
+    if (sampling->n_rows != rows)
+      fail("model step: {} sampling rows for {} logits rows", sampling->n_rows, rows);
+    if (rank_.parallel.ranks > 1) fail("model step: sampling on the backend needs a single-rank model");
+    upload_sampling(*sampling);
+  }
+  struct SamplingScope {
+    bool& flag;
+    ~SamplingScope() { flag = false; }
+  } scope{sampling_step_};
+  sampling_step_ = sampling != nullptr && rows > 0;
+  last_lg_ = nullptr;
+  auto sample = [&] {
+    if (!sampling_step_ || !last_lg_) return;
+    be_.sample_rows(last_lg_, rows, V, smp_params_, smp_edits_, smp_allow_, sampling->banned ? smp_banned_ : nullptr,
+                    smp_ids_);
+    be_.download(ids, smp_ids_, sizeof(int32_t) * static_cast<size_t>(rows));
+  };
+  if (!w_.mtp.empty()) ensure_mtp_buffers(std::max(N, decode_graph_bucket(static_cast<int64_t>(st.seqs.size()))), 1);
+  kept_rows_ = 0;
+
+  if (graph_eligible(st, sh.max_ctx, sh.max_blocks, logits, hidden)) {
+    graph_step(st, cache, logits, sh.any_long);
+    sample();
+    if (!w_.mtp.empty()) kept_rows_ = N;
+    return;
+  }
+  Buffers b{};
+  const Meta m = stage_step(st, cache, sh, b);
   forward_step(st, cache, m, b, logits, hidden);
   sample();
+  if (!w_.mtp.empty()) kept_rows_ = N;
+}
+
+void Model::download_rows(const Tensor& t, float* dst) {
+  // A device tensor to host fp32 (hidden-state diagnostics): the bytes, then widened on the host.
+  const size_t n = static_cast<size_t>(t.numel());
+  if (t.dtype == DType::F32) {
+    be_.download(dst, t.data, n * sizeof(float));
+    return;
+  }
+  std::vector<uint16_t> raw(n);
+  be_.download(raw.data(), t.data, n * sizeof(uint16_t));
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(raw[i]);
 }
 
 void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
                          std::vector<float>* hidden, bool capture) {
   const int64_t N = m.N, D = cfg_.hidden_size, L = cfg_.num_hidden_layers, V = cfg_.vocab_size;
-  const bool bf16 = opt_.bf16_activations;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  be_.embedding(w_.embed, b.tokens, N, b.h);
-  if (sd_.vocab_split) rank_.comm->all_reduce_sum(b.h, N * D);  // exact: one rank holds each row
-  if (bf16) be_.round_bf16(b.h, N * D);
+  const Tensor h = b.h.with_rows(N), x = b.x.with_rows(N);
+  if (sd_.vocab_split) {  // vocab-parallel embedding: every rank's rows (zeros for the others' tokens), summed
+    const Tensor yf = b.yf.with_rows(N);
+    be_.embedding(w_.embed, b.tokens, yf);
+    rank_.comm->all_reduce_sum(yf.f32(), N * D);  // exact: one rank holds each row
+    be_.convert(yf, h);
+  } else {
+    be_.embedding(w_.embed, b.tokens, h);
+  }
   if (hidden) {
     hidden->assign(static_cast<size_t>((L + 1) * N * D), 0.0f);
-    be_.download(hidden->data(), b.h, sizeof(float) * N * D);
+    download_rows(h, hidden->data());
   }
   if (opt_.record_decisions) {
     *opt_.record_decisions = {};
@@ -771,45 +809,28 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
     opt_.record_decisions->index_sel.resize(static_cast<size_t>(L));
     opt_.record_decisions->index_count.resize(static_cast<size_t>(L));
   }
+  // Layer l: x = norm(h); h += o_proj(attention(x)); x = norm(h); y = ffn(x); h += y (fused with the next norm).
   bool sparse = false;
   for (int64_t l = 0; l < L; ++l) {
-    const LayerWeights& lw = w_.layers[l];
-    const LayerParams& p = lp_[static_cast<size_t>(l)];
-    be_.rms_norm(b.h, p.input_norm, N, D, eps, b.x, bf16);
-    attention(l, m, cache, b, sparse);
-    if (rank_.parallel.tensor) reduce_partial(b.y, N * D);  // o_proj over this rank's heads
-    be_.add(b.h, b.y, N * D, bf16);
-    be_.rms_norm(b.h, p.post_attn_norm, N, D, eps, b.x, bf16);
-    if (lw.is_moe) {
-      moe(l, lw.moe, m, b, b.y);
-    } else {
-      mlp(lw.dense, b.x, N, sd_.inter, b, b.y);
-      if (rank_.parallel.tensor) reduce_partial(b.y, N * D);
-    }
-    be_.add(b.h, b.y, N * D, bf16);
-    if (hidden && l + 1 < L) be_.download(hidden->data() + (l + 1) * N * D, b.h, sizeof(float) * N * D);
+    const float* next = l + 1 < L ? lp_[static_cast<size_t>(l + 1)].input_norm : final_norm_;
+    decoder_layer(l, m, cache, b, sparse, l > 0, next);
+    if (hidden && l + 1 < L) download_rows(h, hidden->data() + (l + 1) * N * D);
   }
-  be_.rms_norm(b.h, final_norm_, N, D, eps, b.x, bf16);
-  if (hidden) be_.download(hidden->data() + L * N * D, b.x, sizeof(float) * N * D);
+  if (hidden) download_rows(x, hidden->data() + L * N * D);
+  // MTP: the head-input rows of every token stay for the draft step (Model::mtp_draft).
+  if (kept_) be_.copy(kept_, x.data, static_cast<size_t>(N * D) * x.elem_size());
   if ((logits || capture || sampling_step_) && m.rows > 0) {
-    // The head stays fp32 in bf16 mode (no rounding of the logits; top-1 ties would be artificial).
-    be_.gather_rows(b.x, b.lrows, m.rows, D, b.hx);
+    // The head's logits stay fp32 (no rounding; top-1 ties would be artificial).
+    const Tensor hx = b.hx.with_rows(m.rows);
+    be_.gather_rows(x, b.lrows, hx);
     if (!sd_.vocab_split) {
-      if (bf16)
-        be_.matmul_bf16(w_.lm_head, b.hx, m.rows, b.lg);
-      else
-        be_.matmul(w_.lm_head, b.hx, m.rows, b.lg);
+      be_.matmul(w_.lm_head, hx, Tensor(b.lg, DType::F32, m.rows, V));
       if (!capture && logits) be_.download(logits, b.lg, sizeof(float) * m.rows * V);
       if (!capture) last_lg_ = b.lg;
     } else {  // (never captured: graphs are single-rank, see use_graph)
       // Vocab-parallel head: [rows, Vr] per rank, all-gathered ([ranks][rows * chunk]); rank 0 lays them out.
       const int64_t C = sd_.vocab_chunk, W = rank_.parallel.ranks, R = m.rows;
-      if (sd_.vocab1 > sd_.vocab0) {
-        if (bf16)
-          be_.matmul_bf16(w_.lm_head, b.hx, R, b.lg);
-        else
-          be_.matmul(w_.lm_head, b.hx, R, b.lg);
-      }
+      if (sd_.vocab1 > sd_.vocab0) be_.matmul(w_.lm_head, hx, Tensor(b.lg, DType::F32, R, w_.lm_head.rows));
       rank_.comm->all_gather(b.lg, sizeof(float) * static_cast<size_t>(R * C), b.lgall);
       if (rank_.rank == 0) {
         host_f32_.resize(static_cast<size_t>(W * R * C));
@@ -824,6 +845,39 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
   }
   if (!capture) be_.sync();
   (void)st;
+}
+
+void Model::decoder_layer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse,
+                          bool input_normed, const float* next_norm) {
+  const int64_t N = m.N;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const Tensor h = b.h.with_rows(N), x = b.x.with_rows(N), y = b.y.with_rows(N);
+  const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
+  const LayerParams& p = lp_[static_cast<size_t>(l)];
+  if (!input_normed) be_.rms_norm(h, p.input_norm, eps, x);
+  attention(l, m, cache, b, sparse);
+  const Tensor o(b.o.data, act_, N, sd_.heads * cfg_.v_head_dim);
+  Epilogue ob;
+  ob.bias = p.o_bias;
+  if (rank_.parallel.tensor) {  // o_proj over this rank's heads: partial sums, reduced, then added
+    be_.matmul(lw.attn.o, o, y, ob);
+    reduce_partial(y, b.yf.with_rows(N));
+    be_.add(h, y);
+  } else {
+    ob.residual = &h;
+    be_.matmul(lw.attn.o, o, h, ob);
+  }
+  be_.rms_norm(h, p.post_attn_norm, eps, x);
+  if (lw.is_moe) {
+    moe(l, m, b, y);
+  } else {
+    mlp(lw.dense, x, sd_.inter, b, y);
+    if (rank_.parallel.tensor) reduce_partial(y, b.yf.with_rows(N));
+  }
+  if (next_norm)
+    be_.add_rms_norm(h, y, next_norm, eps, x);
+  else
+    be_.add(h, y);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

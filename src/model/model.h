@@ -1,6 +1,7 @@
 // Model: the forward pass of GlmMoeDsaForCausalLM / DeepseekV3ForCausalLM / DeepseekV32ForCausalLM
 // (shared/spec/model.md §3–§6) written over Backend ops, with the latent KV cache (§3.4) and the DSA indexer key
-// cache (§4). MTP layers (index >= num_hidden_layers) are not part of the forward pass.
+// cache (§4). MTP layers (index >= num_hidden_layers) are not part of the forward pass; with
+// ModelOptions::mtp_layers they are loaded for drafting (Model::mtp_draft, model/mtp.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -51,6 +52,28 @@ struct ModelOptions {
   // Called while the constructor uploads the weights to a device backend (bytes done, bytes total), every ~0.5 %
   // and at the end; not called on host backends (their weights stay in the memory map).
   std::function<void(uint64_t, uint64_t)> upload_progress;
+  // Multi-token prediction: load this many MTP layers (0 or 1; the plan must be built with
+  // PlanOptions::mtp_layers >= this). Every step then keeps its head-input rows for mtp_draft() and the KV cache
+  // must hold the MTP layers' pools (PagedKvCache / KvCache with mtp_layers).
+  int64_t mtp_layers = 0;
+};
+
+// One sequence of an MTP draft step (Model::mtp_draft): the MTP layer's slots start .. start + n_slots - 1 are
+// written (slot q pairs the head-input hidden state of position q-1 with the token at q; tools/mtp_reference.py),
+// then n_draft greedy draft tokens are proposed after the last slot, each from the layer applied to its own output
+// (slots start + n_slots .. start + n_slots + n_draft - 2 are written as scratch, overwritten by later steps).
+struct MtpSequence {
+  int64_t start = 0;
+  int64_t n_slots = 0;               // >= 1
+  std::span<const int32_t> tokens;   // [n_slots]: the token of each slot (t_start ..)
+  // The hidden state of slot start + i is row hidden_row + i of the last Model::step's flat batch (its head input,
+  // the final RMSNorm's output); with zero_first, slot `start` gets a zero vector instead (no previous position:
+  // slot 0, or the first slot after a prefix taken from the cache).
+  int64_t hidden_row = 0;
+  bool zero_first = false;
+  std::span<const int32_t> blocks;   // block table covering start + n_slots + max(n_draft - 1, 0) slots
+  int32_t n_draft = 0;               // 0: only fill the slots
+  bool decode = true;                // absorbed attention form (false: the naive form, for long prompt chunks)
 };
 
 // Which logits rows a sequence of a step wants: none, its last token's, or every token's (teacher forcing).
@@ -135,9 +158,20 @@ class Model {
   int64_t workspace_bytes() const { return static_cast<int64_t>(ws_cap_); }
   // The cache dtype of this model's activation mode (F32, or BF16 with bf16 activations).
   DType cache_dtype() const { return opt_.bf16_activations ? DType::BF16 : DType::F32; }
+  // The dtype of the activations (F32, or BF16 with bf16_activations: bf16 storage on every backend).
+  DType activation_dtype() const { return act_; }
 
   // Convenience: a prefill from an empty cache returning [S, V] logits.
   std::vector<float> logits(std::span<const int32_t> ids);
+
+  // ---- multi-token prediction (model/mtp.cpp; needs ModelOptions::mtp_layers) ----
+  int64_t mtp_layers() const { return static_cast<int64_t>(w_.mtp.size()); }
+  // One draft step over the sequences of the last step(): writes their MTP slots into `cache` (layer L's pools)
+  // and the proposals into drafts (n_draft per sequence, in order; greedy on the MTP head, banned ids skipped).
+  // Nothing but the ids is downloaded. logits (optional, host [Σ n_draft, V]): the MTP head's logits of every
+  // draft (tests). Throws Error (before any write) on a malformed step.
+  void mtp_draft(std::span<const MtpSequence> seqs, PagedKvCache& cache, int32_t* drafts,
+                 const std::vector<bool>* banned = nullptr, float* logits = nullptr);
 
  private:
   struct Dims;
@@ -155,13 +189,32 @@ class Model {
                       const std::vector<float>* hidden) const;
   void graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long);
   void drop_graphs();
+  // Shape of a validated step: max context, max block-table length, logits rows, some DSA selection needed.
+  struct StepShape {
+    int64_t max_ctx = 0, max_blocks = 1, rows = 0;
+    bool any_long = false;
+  };
+  StepShape validate_step(const Step& st, const PagedKvCache& cache, int64_t layers_needed) const;
+  // Carves the workspace for the step and uploads its metadata (tokens, positions, slots, block tables, rows).
+  Meta stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b);
+  // Decoder layer l over the step's residual stream b.h: x = norm(h) unless `input_normed` (the previous layer
+  // fused it), h += o_proj(attention(x)), x = norm(h), h += ffn(x) — fused with the next norm into x when
+  // next_norm is given.
+  void decoder_layer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse, bool input_normed,
+                     const float* next_norm);
+  // MTP: backend buffers for the kept head-input rows ([rows + 1, D], the last row zero) and the draft hidden rows.
+  void ensure_mtp_buffers(int64_t rows, int64_t seqs);
+  void mtp_pass(std::span<const MtpSequence> seqs, const void* hidden_src, std::span<const int32_t> hrows,
+                std::span<const int32_t> tokens, std::span<const StepSequence> sseqs, PagedKvCache& cache,
+                int32_t* ids, float* logits, const std::vector<bool>* banned);
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   void indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
-  void mlp(const MlpWeights& w, const float* x, int64_t M, int64_t inter, Buffers& b, float* out);
-  void moe(int64_t l, const MoeWeights& w, const Meta& m, Buffers& b, float* out);
-  void linear(const QuantWeight& w, const float* x, int64_t M, float* y, const float* bias = nullptr);
+  void mlp(const MlpWeights& w, const Tensor& x, int64_t inter, Buffers& b, const Tensor& y);
+  void moe(int64_t l, const Meta& m, Buffers& b, const Tensor& y);
   const float* upload_vector(const std::vector<float>& v, const char* what);
-  void reduce_partial(float* y, int64_t n);  // all-reduce of a rank's partial sum (parallel only)
+  void reduce_partial(const Tensor& y, const Tensor& yf);  // all-reduce of a rank's partial sum (yf: F32 staging)
+  void download_rows(const Tensor& t, float* dst);  // a contiguous backend tensor to host fp32
+  void build_block_args();  // mla_, moe_ from the prepared weights and the uploaded vectors
 
   struct LayerParams {  // the small per-channel vectors, in backend memory (null when absent)
     const float *input_norm = nullptr, *post_attn_norm = nullptr, *q_a_norm = nullptr, *kv_a_norm = nullptr;
@@ -172,8 +225,24 @@ class Model {
   const ModelConfig& cfg_;
   Backend& be_;
   ModelOptions opt_;
+  DType act_ = DType::F32;  // the activation dtype of the run (BF16 with bf16_activations)
   ModelWeights w_;
   std::vector<LayerParams> lp_;
+  struct MtpParams {  // an MTP layer's norm vectors, in backend memory
+    const float *enorm = nullptr, *hnorm = nullptr, *head_norm = nullptr;
+  };
+  std::vector<MtpParams> mtp_p_;
+  void* kept_ = nullptr;  // [kept_cap_ + 1, D] activation dtype: the last step's head-input rows (MTP), a zero row
+  int64_t kept_cap_ = 0, kept_rows_ = 0;
+  void* mtp_prev_ = nullptr;  // [mtp_prev_cap_, D] activation dtype: the draft step's own normed rows
+  int64_t mtp_prev_cap_ = 0;
+  int32_t* mtp_ids_dev_ = nullptr;             // [mtp_prev_cap_] draft ids of a pass
+  SampleRowParams* mtp_params_dev_ = nullptr;  // [mtp_prev_cap_] greedy rows
+  std::vector<int32_t> mtp_host_i32_;
+  // The decode blocks' view of each layer (backend/backend.h), built once after the weights are prepared.
+  std::vector<MlaLayer> mla_;
+  std::vector<MoeLayer> moe_;
+  std::vector<std::vector<const QuantWeight*>> expert_tables_;  // per MoE layer: gate [E], up [E], down [E]
   const float* final_norm_ = nullptr;
   const float* inv_freq_ = nullptr;  // backend memory
   float attention_factor_ = 1.0f;

@@ -77,7 +77,18 @@ struct Resolver {
 
 }  // namespace
 
-ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan) {
+bool layer_is_moe(const ModelConfig& cfg, int64_t l) {
+  if (l < static_cast<int64_t>(cfg.layer_is_moe.size())) return cfg.layer_is_moe[static_cast<size_t>(l)];
+  return cfg.n_routed_experts > 0 && l >= cfg.first_k_dense_replace;
+}
+
+bool layer_has_own_indexer(const ModelConfig& cfg, int64_t l) {
+  if (!cfg.has_indexer()) return false;
+  if (l < cfg.num_hidden_layers) return cfg.layer_has_indexer[static_cast<size_t>(l)];
+  return true;
+}
+
+ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers) {
   Resolver r{cfg, plan};
   const int64_t D = cfg.hidden_size, H = cfg.num_attention_heads, dq = cfg.q_lora_rank, dc = cfg.kv_lora_rank;
   const int64_t dn = cfg.qk_nope_head_dim, dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, V = cfg.vocab_size;
@@ -98,7 +109,17 @@ ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan) 
   if (cfg.has_indexer() && dr > cfg.index_head_dim)
     fail("config: qk_rope_head_dim {} exceeds index_head_dim {}", dr, cfg.index_head_dim);
 
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+  const int64_t L = cfg.num_hidden_layers;
+  if (mtp_layers > 0) {
+    if (cfg.num_nextn_predict_layers < mtp_layers)
+      fail("speculative decoding (method mtp): the checkpoint has no MTP layer (config.json num_nextn_predict_layers "
+           "{}, {} needed)", cfg.num_nextn_predict_layers, mtp_layers);
+    const std::string probe = fmt::format("model.layers.{}.eh_proj.weight", L);
+    if (!plan.has(probe))
+      fail("speculative decoding (method mtp): the checkpoint has no MTP layer (tensor '{}' not found; config.json "
+           "num_nextn_predict_layers {})", probe, cfg.num_nextn_predict_layers);
+  }
+  for (int64_t l = 0; l < L + mtp_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     const std::string a = p + "self_attn.";
     LayerWeights lw;
@@ -117,7 +138,7 @@ ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan) 
       at.kv_a_bias = r.vec(a + "kv_a_proj_with_mqa.bias", dc + dr);
       at.o_bias = r.vec(a + "o_proj.bias", D);
     }
-    if (cfg.has_indexer() && cfg.layer_has_indexer[static_cast<size_t>(l)]) {
+    if (layer_has_own_indexer(cfg, l)) {
       const std::string ip = a + "indexer.";
       const int64_t nI = cfg.index_n_heads, dI = cfg.index_head_dim;
       IndexerWeights& iw = lw.indexer;
@@ -128,7 +149,7 @@ ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan) 
       iw.k_norm_w = r.vec(ip + "k_norm.weight", dI);
       iw.k_norm_b = r.vec(ip + "k_norm.bias", dI);
     }
-    lw.is_moe = cfg.layer_is_moe[static_cast<size_t>(l)];
+    lw.is_moe = layer_is_moe(cfg, l);
     const std::string m = p + "mlp.";
     if (!lw.is_moe) {
       lw.dense = r.mlp(m, cfg.intermediate_size);
@@ -145,6 +166,23 @@ ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan) 
       }
     }
     mw.layers.push_back(std::move(lw));
+    if (l < L) continue;
+    MtpWeights mt;
+    mt.enorm = r.vec(p + "enorm.weight", D);
+    mt.hnorm = r.vec(p + "hnorm.weight", D);
+    mt.head_norm = r.vec(p + "shared_head.norm.weight", D);
+    mt.eh_proj = r.linear(p + "eh_proj", D, 2 * D);
+    mt.own_embed = plan.has(p + "embed_tokens.weight");
+    if (mt.own_embed) {
+      mt.embed = plain_weight(plan.tensor(p + "embed_tokens.weight"), p + "embed_tokens.weight");
+      if (mt.embed.rows != V || mt.embed.cols != D)
+        fail("tensor '{}embed_tokens.weight': shape [{}, {}], expected [{}, {}]", p, mt.embed.rows, mt.embed.cols, V, D);
+    } else {
+      mt.embed = mw.embed;
+    }
+    mt.own_head = plan.has(p + "shared_head.head.weight");
+    mt.head = mt.own_head ? r.linear(p + "shared_head.head", V, D) : mw.lm_head;
+    mw.mtp.push_back(std::move(mt));
   }
   return mw;
 }

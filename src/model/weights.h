@@ -50,16 +50,35 @@ struct LayerWeights {
   MoeWeights moe;    // is_moe
 };
 
-struct ModelWeights {
-  QuantWeight embed;  // [V, D]
-  std::vector<LayerWeights> layers;
-  std::vector<float> final_norm;  // [D]
-  QuantWeight lm_head;            // [V, D]
+// A multi-token-prediction layer's own tensors (model.layers.{L+i}.*, tools/mtp_reference.py); its decoder block
+// is ModelWeights::layers[L + i].
+struct MtpWeights {
+  std::vector<float> enorm, hnorm, head_norm;  // [D] enorm, hnorm, shared_head.norm
+  QuantWeight eh_proj;                         // [D, 2D] over concat(enorm(embed), hnorm(hidden))
+  QuantWeight embed;                           // [V, D] its embed_tokens, else the main embedding
+  QuantWeight head;                            // [V, D] its shared_head.head, else the main lm_head
+  bool own_embed = false, own_head = false;
 };
 
+struct ModelWeights {
+  QuantWeight embed;  // [V, D]
+  std::vector<LayerWeights> layers;  // L decoder layers, then the decoder blocks of the MTP layers (if loaded)
+  std::vector<float> final_norm;  // [D]
+  QuantWeight lm_head;            // [V, D]
+  std::vector<MtpWeights> mtp;    // the MTP layers loaded (PlanOptions::mtp_layers)
+};
+
+// Whether decoder layer l (l >= num_hidden_layers: an MTP layer) is MoE / has its own DSA indexer. MTP layers
+// follow vLLM's rule (MoE when the model has routed experts and l >= first_k_dense_replace) and always have their
+// own indexer on DSA models.
+bool layer_is_moe(const ModelConfig& cfg, int64_t l);
+bool layer_has_own_indexer(const ModelConfig& cfg, int64_t l);
+
 // Resolves every weight the forward pass needs and validates its shape against the config. Throws latent::Error
-// naming the tensor on a missing tensor or a wrong shape.
-ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan);
+// naming the tensor on a missing tensor or a wrong shape. mtp_layers > 0 also resolves that many MTP layers
+// (the plan must have been built with PlanOptions::mtp_layers >= mtp_layers); a checkpoint without them is an
+// error naming what is missing.
+ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers = 0);
 
 // A plain float tensor (F32/BF16/F16) as a QuantWeight [rows, cols] (e.g. the embedding table).
 QuantWeight plain_weight(const TensorView& t, const std::string& name);

@@ -24,6 +24,21 @@ struct EngineStepItem {
   bool decode = false;              // the tokens are generated ones (not the prompt): decode-form attention
 };
 
+// One sequence of a draft step (speculative decoding with a multi-token-prediction layer; model/model.h
+// MtpSequence has the semantics): the draft layer's slots start .. start + tokens.size() - 1 are written from the
+// hidden rows of the last step() (slot start + i from row hidden_row + i of that step's flat token order, or a zero
+// vector for slot `start` with zero_first), then n_draft tokens are proposed after the last slot.
+struct EngineDraftItem {
+  SeqId seq = -1;
+  int64_t start = 0;
+  std::span<const int32_t> tokens;  // the token at each slot (>= 1)
+  int64_t hidden_row = 0;
+  bool zero_first = false;
+  std::span<const int32_t> blocks;  // block table covering start + tokens.size() + max(n_draft - 1, 0) slots
+  int32_t n_draft = 0;
+  bool decode = true;  // the slots come from generated tokens (decode-form attention)
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -47,6 +62,13 @@ class Engine {
   }
   // True when a failed step left the engine unusable (a lost GPU context): no later step can succeed.
   virtual bool lost() const { return false; }
+  // Speculative decoding: draft layers the engine runs (0: none; the scheduler then never drafts).
+  virtual int64_t draft_layers() const { return 0; }
+  // After a step() / step_sampled(): writes the draft layer's slots of `items` from that step's rows and proposes
+  // n_draft tokens per item (greedy), in item order into drafts. Only the ids cross to the host. Throws on failure.
+  virtual void draft(std::span<const EngineDraftItem> items, int32_t* drafts) {
+    throw std::logic_error("this engine has no draft layer");
+  }
 };
 
 }  // namespace latent

@@ -169,6 +169,19 @@ void KvBlockAllocator::release(int64_t seq) {
   tables_.erase(it);
 }
 
+void KvBlockAllocator::shrink(int64_t seq, int64_t n_tokens) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return;
+  std::vector<int32_t>& t = it->second;
+  int64_t keep = std::max<int64_t>(blocks_for(n_tokens), 0);
+  auto st = seq_state_.find(seq);
+  if (st != seq_state_.end()) keep = std::max(keep, st->second.hashed);  // never a registered block
+  while (static_cast<int64_t>(t.size()) > keep) {
+    drop(t.back());
+    t.pop_back();
+  }
+}
+
 int64_t KvBlockAllocator::blocks_of(int64_t seq) const {
   auto it = tables_.find(seq);
   return it == tables_.end() ? 0 : static_cast<int64_t>(it->second.size());

@@ -47,6 +47,9 @@ class KvBlockAllocator {
   int64_t extra_blocks(int64_t seq, int64_t n_tokens) const;
   // Drops `seq`'s references; blocks no longer referenced return to the free list (no-op for an unknown sequence).
   void release(int64_t seq);
+  // Drops the blocks of `seq` beyond those holding n_tokens (speculative decoding: the slots of rejected drafts
+  // and the draft layer's scratch slots). Only unregistered trailing blocks are dropped.
+  void shrink(int64_t seq, int64_t n_tokens);
   int64_t blocks_of(int64_t seq) const;
   const std::vector<int32_t>* block_table(int64_t seq) const;
 

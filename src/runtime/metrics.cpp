@@ -99,6 +99,17 @@ Metrics::Metrics()
   for (const char* r : {"client_disconnect", "timeout", "shutdown"}) requests_aborted.declare(r);
 }
 
+void Metrics::count_spec_verify(int64_t proposed, int64_t accepted) {
+  if (proposed <= 0) return;
+  spec_drafts.inc();
+  spec_draft_tokens.inc(static_cast<uint64_t>(proposed));
+  spec_accepted_tokens.inc(static_cast<uint64_t>(std::max<int64_t>(accepted, 0)));
+  for (int64_t j = 0; j < proposed; ++j) {
+    spec_proposed_at.inc(std::to_string(j + 1));
+    spec_accepted_at.inc(std::to_string(j + 1), j < accepted ? 1 : 0);
+  }
+}
+
 void Metrics::set_gauge_source(std::function<MetricsGauges()> f) {
   std::lock_guard lk(gauge_mu_);
   gauge_source_ = std::move(f);
@@ -156,7 +167,9 @@ std::string Metrics::render(const std::string& prefix, const std::string& model_
   counter("generation_tokens_total", "Tokens generated.", generation_tokens.value());
   counter("reasoning_tokens_total", "Tokens generated in the reasoning channel.", reasoning_tokens.value());
   counter("request_unknown_fields_total", "Unknown top-level request fields ignored.", unknown_fields.value());
-  counter("repetition_loops_total", "Sequences that ended in a repetition loop.", repetition_loops.value());
+  counter("repetition_loops_total",
+          "Sequences in which a repetition loop was detected (they keep generating unless --stop-on-loop ends them).",
+          repetition_loops.value());
   counter("preemptions_total", "Sequences preempted for KV cache space (recomputed).", preemptions.value());
   counter("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", prefix_cache_queries.value());
   counter("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", prefix_cache_hits.value());
@@ -170,6 +183,27 @@ std::string Metrics::render(const std::string& prefix, const std::string& model_
         static_cast<double>(g.prefix_requests));
   counter("spec_decode_num_draft_tokens_total", "Speculative draft tokens.", spec_draft_tokens.value());
   counter("spec_decode_num_accepted_tokens_total", "Accepted speculative tokens.", spec_accepted_tokens.value());
+  counter("spec_decode_num_drafts_total", "Verifies of speculative drafts (one per sequence and step with drafts).",
+          spec_drafts.value());
+  labeled("spec_decode_num_draft_tokens_per_pos_total", "position", "Draft tokens proposed at each draft position.",
+          spec_proposed_at);
+  labeled("spec_decode_num_accepted_tokens_per_pos_total", "position", "Draft tokens accepted at each draft position.",
+          spec_accepted_at);
+  {
+    head("spec_decode_acceptance_rate", "gauge", "Accepted / proposed draft tokens, per draft position (0..1).");
+    const auto prop = spec_proposed_at.snapshot(), acc = spec_accepted_at.snapshot();
+    for (const auto& [pos, n] : prop) {
+      const auto a = acc.find(pos);
+      const double r = n > 0 && a != acc.end() ? static_cast<double>(a->second) / static_cast<double>(n) : 0.0;
+      out += fmt::format("{}spec_decode_acceptance_rate{{{},position=\"{}\"}} {}\n", prefix, ml, escape_label(pos),
+                         fmt_double(r));
+    }
+  }
+  gauge("spec_decode_mean_acceptance_length",
+        "Tokens emitted per verify: 1 + accepted drafts / verifies (0 before the first verify).",
+        spec_drafts.value() > 0 ? 1.0 + static_cast<double>(spec_accepted_tokens.value()) /
+                                            static_cast<double>(spec_drafts.value())
+                                : 0.0);
   labeled("request_success_total", "finished_reason", "Finished requests by the finish reason of their first choice.",
           request_success);
   labeled("choice_success_total", "finished_reason", "Finished choices (sequences) by finish reason.", choice_success);

@@ -73,10 +73,14 @@ class Metrics {
   Counter generation_tokens;
   Counter reasoning_tokens;
   Counter unknown_fields;
-  Counter repetition_loops;          // sequences that fell into a repetition loop (runtime/repetition.h)
+  Counter repetition_loops;          // sequences in which a repetition loop was detected (runtime/repetition.h)
   Counter preemptions;               // sequences whose cache was dropped to make room (recomputed later)
   Counter prefix_cache_queries, prefix_cache_hits;  // prompt tokens looked up / found in the prefix cache
   Counter spec_draft_tokens, spec_accepted_tokens;
+  Counter spec_drafts;               // verifies of at least one draft token (a sequence in a step)
+  LabeledCounter spec_proposed_at, spec_accepted_at;  // position="1" .. "k": drafts proposed / accepted there
+  // One verify: `proposed` draft tokens of a sequence, the first `accepted` of them accepted.
+  void count_spec_verify(int64_t proposed, int64_t accepted);
   LabeledCounter request_success;    // finished_reason: once per request (the first choice's reason)
   LabeledCounter choice_success;     // finished_reason: once per choice (n > 1 requests count n)
   LabeledCounter requests_rejected;  // reason: overloaded, validation, auth, context_length, ...

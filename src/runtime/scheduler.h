@@ -56,6 +56,9 @@ class GenerationSink {
   // Choice `choice` (request choice_offset + j) sampled token s. stop_token: an EOS / stop id, which ends the choice
   // and is not text. Return true to end the choice now (a stop string matched): finish reason Stop.
   virtual bool on_token(int choice, const SampleResult& s, bool stop_token) = 0;
+  // Speculative decoding: one verify of `proposed` draft tokens of choice `choice`, `accepted` of them accepted
+  // (called after the accepted tokens' on_token calls of that step).
+  virtual void on_draft_tokens(int choice, int64_t proposed, int64_t accepted) {}
   virtual void on_finish(int choice, FinishReason reason) = 0;
   // The request ended abnormally (never after cancel()): no more calls follow.
   virtual void on_abort(AbortReason reason, const std::string& message) = 0;
@@ -121,12 +124,25 @@ struct SchedulerOptions {
   // Called once, on the scheduler thread, when a step failed and Engine::lost() says no later step can succeed
   // (the scheduler is dead from then on; the server shuts down and exits non-zero). Argument: the step's error.
   std::function<void(const std::string&)> on_engine_lost;
+  // Speculative decoding (needs Engine::draft_layers() > 0): every decoding sequence carries up to this many draft
+  // tokens, which the next step verifies in one batched step with its last token (k + 1 rows); the sampled tokens
+  // are emitted in order while they equal the drafts (the rest is discarded, its KV slots returned). Each row is
+  // sampled exactly as without speculation (same Sampler, same counter-based draw), so the output is the same
+  // token for token and the target distribution is kept exactly. 0 = off.
+  int64_t num_speculative_tokens = 0;
+  // No drafts in a step whose decoding sequences are more than this (0: no limit, < 0: never): above it a verify
+  // costs more than the drafts save (measured by the caller, e.g. ModelEngine::speculation_crossover).
+  int64_t speculative_max_batch = 0;
 };
 
 struct SchedulerStats {
   int64_t waiting = 0, running_requests = 0, running_seqs = 0, kv_used = 0, kv_total = 0;
   int64_t steps = 0, max_batch_seqs = 0;
   int64_t prefix_cached_blocks = 0, prefix_requests = 0, prefix_hit_tokens = 0, prefix_query_tokens = 0;
+  // Speculative decoding: verifies of at least one draft, draft tokens proposed / accepted, and per draft
+  // position (1 .. k) the drafts proposed / accepted there.
+  int64_t spec_verifies = 0, spec_proposed = 0, spec_accepted = 0;
+  std::vector<int64_t> spec_proposed_at, spec_accepted_at;
   bool dead = false, draining = false;
 };
 
@@ -144,7 +160,8 @@ class Scheduler {
   // Shutdown: refuse new requests, wait until idle (up to timeout), then abort the rest (Shutdown) and stop.
   void begin_drain();
   bool wait_idle(double timeout_s);
-  void abort_all(AbortReason reason, const std::string& message);
+  // Returns how many requests (waiting or running) it aborted.
+  int64_t abort_all(AbortReason reason, const std::string& message);
   void stop();
 
   SchedulerStats stats() const;
@@ -159,9 +176,23 @@ class Scheduler {
   friend class RequestHandle;
   struct Req;
   struct Seq;
+  struct Plan;
+  struct StepPlan;
+  struct DraftFork;
   void wake();
   void loop();
   bool step();  // one iteration; false when nothing was run
+  // The parts of a step: what runs (decodes with their drafts, prefill chunks, block reservations), the engine
+  // call, then the outcome (acceptance, emission, the draft step, commits and returned blocks).
+  bool plan_step(StepPlan& sp);
+  bool run_step(StepPlan& sp);
+  void apply_step(StepPlan& sp, Clock::time_point now);
+  // Speculative decoding: the draft step after the target step (the draft layer's slots of every sequence that
+  // ran, the next drafts); then forked siblings (their shared slots exist only after the first pass).
+  void draft_step(StepPlan& sp, const std::vector<int64_t>& valid);
+  void emit_verified(Seq& s, const EngineStepItem& it, int64_t row, Clock::time_point now, int64_t& accepted);
+  int64_t commit_bound(const Seq& s) const;
+  void count_drafts(Seq& s, int64_t proposed, int64_t accepted);
   void collect_new_and_cancelled();
   void expire(Clock::time_point now);
   void admit(Clock::time_point now);
@@ -199,6 +230,14 @@ class Scheduler {
   uint64_t next_order_ = 1;
   int consecutive_failures_ = 0;
   std::vector<float> logits_;
+  int64_t spec_k_ = 0;  // draft tokens per sequence (0: off)
+  bool sp_on_device_ = false;  // the step being applied was sampled on the engine's device
+  std::vector<DraftFork> forks_;  // siblings forked this step, drafted after the first draft pass
+  std::vector<EngineDraftItem> ditems_;
+  std::vector<int32_t> dbuf_;
+  mutable std::mutex spec_mu_;
+  std::vector<int64_t> spec_prop_at_, spec_acc_at_;
+  std::atomic<int64_t> st_spec_verifies_{0}, st_spec_proposed_{0}, st_spec_accepted_{0};
   std::vector<SampleRowParams> smp_rows_;
   std::vector<SampleEdit> smp_edits_;
   std::vector<uint32_t> smp_allow_;

@@ -20,6 +20,7 @@ std::string run_chat_once(LoadedModel& m, const ChatOnceOptions& opt, std::FILE*
   so.max_context = m.info.max_model_len;
   so.banned = &m.banned;
   so.device_sampling = !opt.host_sampling;
+  so.num_speculative_tokens = m.num_speculative_tokens;
   // One sequence: a pool that holds the whole context (+ one block of headroom).
   const int64_t blocks = (m.info.max_model_len + so.kv_block_tokens) / so.kv_block_tokens + 1;
   so.kv_total_blocks = m.engine->configure(blocks * so.kv_block_tokens * m.engine->kv_bytes_per_token(),

@@ -1,11 +1,13 @@
 // POST /v1/chat/completions request validation (spec api.md §5.1, §5.2, §5.4.1, §5.5.1).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <regex>
 #include <set>
 
 #include "server/json_fields.h"
 #include "server/request_common.h"
+#include "server/schema_check.h"
 
 namespace latent::server {
 
@@ -155,8 +157,17 @@ ojson parse_tools(const ojson& b) {
       invalid_value(path(fp, "name"), fmt::format("Tool name '{}' must match ^[A-Za-z0-9_-]{{1,64}}$.", *name));
     if (!names.insert(*name).second) invalid_value(path(fp, "name"), fmt::format("Tool name '{}' is not unique.", *name));
     opt_string(*f, "description", path(fp, "description"));
-    if (const ojson* params = get(*f, "parameters"); params && !params->is_object())
-      invalid_type(path(fp, "parameters"), "a JSON Schema object");
+    if (const ojson* params = get(*f, "parameters")) {
+      if (!params->is_object()) invalid_type(path(fp, "parameters"), "a JSON Schema object");
+      // Every tool's schema, whatever tool_choice is: a malformed one is refused even when no call is forced.
+      if (const std::string problem = json_schema_problem(*params); !problem.empty())
+        invalid_value(path(fp, "parameters"), fmt::format("Invalid schema for function '{}': {}.", *name, problem));
+      if (const ojson* pt = get(*params, "type");
+          pt && !(pt->is_string() ? *pt == "object" : std::find(pt->begin(), pt->end(), ojson("object")) != pt->end()))
+        invalid_value(path(fp, "parameters"),
+                      fmt::format("Invalid schema for function '{}': the parameters must describe a JSON object "
+                                  "(type 'object'), got type {}.", *name, pt->dump()));
+    }
     opt_bool(*f, "strict", path(fp, "strict"));
     ojson tool = ojson::object();
     tool["type"] = "function";

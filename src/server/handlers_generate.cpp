@@ -94,16 +94,18 @@ AccessInfo GenerationRun::access() const {
   AccessInfo a;
   a.prompt_tokens = job_.prompt_tokens;
   a.cached_tokens = job_.state->cached_tokens();  // prompt tokens served from the prefix cache
+  if (job_.state->spec_proposed() > 0) a.spec_accepted_tokens = job_.state->spec_accepted();
   const RequestState& st = *job_.state;
   if (auto t = st.first_token_time()) a.ttft_s = std::chrono::duration<double>(*t - t0_).count();
+  a.stream = stream_;
+  a.completion_tokens = st.generated_tokens();
+  // A JSON answer carries every token or, not written, none (the connection corrects it when the write fails).
+  a.sent_tokens = stream_ ? sent_tokens_ : done_ && st.all_finished() ? a.completion_tokens : 0;
   if (st.all_finished()) {
-    int64_t comp = 0;
     for (int i = 0; i < st.n_choices(); ++i) {
-      comp += st.output(i).completion_tokens();
       const std::string& why = st.output(i).finish_reason();
       if (a.finish_reason.find(why) == std::string::npos) a.finish_reason += (a.finish_reason.empty() ? "" : ",") + why;
     }
-    a.completion_tokens = comp;
   } else if (auto ab = st.abort_event()) {
     a.finish_reason = std::string("abort:") + abort_code(ab->abort);
   } else if (cancelled_) {
@@ -115,6 +117,7 @@ AccessInfo GenerationRun::access() const {
 void GenerationRun::convert(std::vector<StreamEvent>& ev, std::string& out) {
   for (auto& e : ev) {
     if (done_) break;
+    in_flight_tokens_ += e.tokens;
     switch (e.kind) {
       case StreamEvent::Kind::Delta:
         if (chat) {

@@ -13,6 +13,7 @@
 
 #include "core/log.h"
 #include "server/api_error.h"
+#include "server/host_memory.h"
 #include "server/http_server.h"
 #include "server/openai_format.h"
 
@@ -59,6 +60,9 @@ struct HttpContext {
   // Plain (non-streamed) responses whose write has not completed yet: shutdown waits for them too, so that their
   // access line is logged (a response written to the kernel but whose completion never ran lost its line).
   std::atomic<int> responses_writing{0};
+  // Requests with a body of kLargeBody or more whose buffers are not freed yet: when the last one is done, the
+  // allocator gives the freed memory back (server/host_memory.h).
+  LargeRequestTracker large_requests;
 
   // The service when ready; else ApiError 503 model_loading / draining / engine_dead.
   std::shared_ptr<Service> ready_service() const;
@@ -84,7 +88,11 @@ void handle_detokenize(HttpContext& ctx, HttpRequest& req, HttpResponse& res);
 
 // Per-request figures for the access log line.
 struct AccessInfo {
-  int64_t prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1;
+  // completion_tokens: generated (also for a request cancelled or aborted midway); sent_tokens: of those, the ones
+  // whose output reached the client (a stream: the events of completed writes; a JSON answer: all or none).
+  int64_t prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1, sent_tokens = -1;
+  bool stream = false;
+  int64_t spec_accepted_tokens = -1;  // speculative decoding: draft tokens accepted (-1: speculation off)
   double ttft_s = -1;
   std::string finish_reason;
 };
@@ -115,6 +123,8 @@ class GenerationRun {
   size_t backlog() const;
   // The client went away or is dropped: the request's sequences are freed within one engine step.
   void cancel();
+  // The connection finished writing the bytes of the last poll() (their tokens count as sent).
+  void written() { sent_tokens_ += in_flight_tokens_, in_flight_tokens_ = 0; }
   AccessInfo access() const;
 
   // Filled by the handler.
@@ -132,6 +142,7 @@ class GenerationRun {
   bool stream_;
   bool started_ = false, done_ = false, cancelled_ = false, counted_ = false;
   int finished_ = 0;
+  int64_t in_flight_tokens_ = 0, sent_tokens_ = 0;  // tokens of the events in the bytes being written / written
   std::vector<StreamEvent> pending_;
   std::vector<size_t> text_offset_;
   Clock::time_point t0_, last_write_;

@@ -8,7 +8,6 @@
 #include "server/http_server.h"
 
 #include <fmt/format.h>
-#include <malloc.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -184,10 +183,12 @@ Clock::duration seconds(double s) {
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-constexpr size_t kLargeBody = 1u << 20;        // after a request this large, return freed memory to the system
+constexpr size_t kLargeBody = 1u << 20;        // after requests this large, return freed memory to the system
 constexpr size_t kMaxBacklog = 1u << 16;       // queued stream events of a reader that does not read
 constexpr size_t kMaxLingerBytes = 64u << 20;  // discarded after an early answer (413, 401) before closing
 constexpr double kLingerSeconds = 2.0;
+// After a second signal: how long the aborted streams get to write their error event before the server stops.
+constexpr auto kForcedLinger = std::chrono::milliseconds(200);
 
 }  // namespace
 
@@ -202,6 +203,7 @@ struct HttpServer::Impl {
   HttpContext ctx;
   std::atomic<int64_t> connections{0};
   std::atomic<bool> stop_requested{false}, serving{false};
+  std::atomic<bool> drain_abort{false};  // abort_drain(): end shutdown()'s wait now
   std::mutex stop_mu;
   int port = -1;
   Clock::time_point last_accept_warning{};
@@ -219,7 +221,12 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(tcp::socket s, HttpServer::Impl& srv) : srv_(srv), ctx_(srv.ctx), sock_(std::move(s)), timer_(sock_.get_executor()) {
     srv_.connections.fetch_add(1);
   }
-  ~Session() { srv_.connections.fetch_sub(1); }
+  ~Session() {
+    srv_.connections.fetch_sub(1);
+    // A session dropped with the io context (the server stopped while its large body arrived) never ran
+    // uncount_large: keep the count exact.
+    if (large_counted_) ctx_.large_requests.end();
+  }
   void start() { read_request(); }
 
  private:
@@ -239,9 +246,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string wire_;
   std::string request_id_;
   std::vector<std::pair<std::string, std::string>> extra_headers_;
-  Clock::time_point t_start_;
+  Clock::time_point t_start_;       // the request's first byte was readable (its access line's duration)
+  Clock::time_point t_first_byte_;  // idem, set before the header is parsed
   bool keep_alive_ = true, http11_ = true, head_ = false, close_after_ = false, closed_ = false, timed_out_ = false;
-  bool large_ = false, chunked_ = false, head_sent_ = false, writing_ = false, disconnect_ = false;
+  bool large_ = false, large_counted_ = false, chunked_ = false, head_sent_ = false, writing_ = false,
+       disconnect_ = false;
   uint64_t watch_seq_ = 0;
   bool watching_ = false, in_request_ = false;
   Clock::time_point write_started_;
@@ -302,7 +311,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_header() {
-    arm(Clock::now() + seconds(ctx_.opt.read_timeout_s), TimerKind::Reading);
+    t_first_byte_ = Clock::now();
+    arm(t_first_byte_ + seconds(ctx_.opt.read_timeout_s), TimerKind::Reading);
     bhttp::async_read_header(sock_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_header(ec);
     });
@@ -310,10 +320,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void fail_read(beast::error_code ec) {
     if (closed_) return;
+    if (parser_ && parser_->get().body().size() >= kLargeBody) count_large();
+    uncount_large();
     if (timed_out_) {
       if (!in_request_) {
         in_request_ = true;
-        t_start_ = Clock::now();
+        t_start_ = t_first_byte_;
         request_id_ = random_hex(32);
       }
       send_error(res_, ApiError(408, "invalid_request_error", "request_timeout", std::nullopt,
@@ -326,7 +338,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return close_now();
     if (!in_request_) {
       in_request_ = true;
-      t_start_ = Clock::now();
+      t_start_ = t_first_byte_;
       request_id_ = random_hex(32);
     }
     if (ec == bhttp::error::body_limit) {
@@ -345,7 +357,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_header(beast::error_code ec) {
     if (ec) return fail_read(ec);
-    t_start_ = Clock::now();
+    t_start_ = t_first_byte_;
     in_request_ = true;
     const auto& msg = parser_->get();
     req_.method = std::string(msg.method_string());
@@ -364,6 +376,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (parser_->is_done()) return dispatch();
     parser_->body_limit(ctx_.opt.max_request_bytes);
     if (const auto cl = parser_->content_length()) large_ = *cl >= kLargeBody;
+    if (large_) count_large();
     if (iequals(req_.header("Expect"), "100-continue")) {
       wire_ = "HTTP/1.1 100 Continue\r\n\r\n";
       return asio::async_write(sock_, asio::buffer(wire_), [self = shared_from_this()](beast::error_code e, size_t) {
@@ -379,6 +392,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec) return self->fail_read(ec);
       self->req_.body = std::move(self->parser_->get().body());
       self->large_ = self->large_ || self->req_.body.size() >= kLargeBody;
+      if (self->large_) self->count_large();
       self->dispatch();
     });
   }
@@ -448,7 +462,27 @@ class Session : public std::enable_shared_from_this<Session> {
       send_error(res_, server_error(500, "internal_error", "Internal server error."));
     }
     std::string().swap(req_.body);
-    if (large_) malloc_trim(0);  // a large body and its JSON were freed: give the pages back
+    // A large body, its JSON and its tokens were freed: when no other large request is in flight, give the pages
+    // back (here, on a worker thread, for the routes that parse bodies).
+    if (large_counted_) {
+      large_counted_ = false;
+      if (ctx_.large_requests.end()) release_free_memory();
+    }
+  }
+
+  void count_large() {
+    if (large_counted_) return;
+    large_counted_ = true;
+    ctx_.large_requests.begin();
+  }
+  // A large request that ends without its handler (a body that failed to arrive, a closed connection): once its
+  // buffers are freed, the release runs on the worker pool.
+  void uncount_large() {
+    if (!large_counted_) return;
+    large_counted_ = false;
+    parser_.reset();
+    std::string().swap(req_.body);
+    if (ctx_.large_requests.end()) asio::post(srv_.workers, [] { release_free_memory(); });
   }
 
   void on_handled() {
@@ -558,6 +592,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_stream_written(beast::error_code ec) {
     writing_ = false;
+    if (!ec && gen_) gen_->written();
     if (closed_) return;
     if (ec) {
       disconnect_ = true;
@@ -624,15 +659,19 @@ class Session : public std::enable_shared_from_this<Session> {
     if (log::level() > lv) return;
     nlohmann::ordered_json f = nlohmann::ordered_json::object();
     f["id"] = request_id_;
-    f["method"] = req_.method;
-    f["path"] = req_.path;
+    // "-": not parsed (a client that never finished its headers).
+    f["method"] = req_.method.empty() ? "-" : req_.method;
+    f["path"] = req_.path.empty() ? "-" : req_.path;
     f["status"] = status;
     if (access_) {
       f["prompt_tokens"] = access_->prompt_tokens;
       f["cached_tokens"] = access_->cached_tokens;
       f["completion_tokens"] = access_->completion_tokens;
+      // A JSON answer whose write failed reached no one.
+      f["sent_tokens"] = !access_->stream && disconnect_ ? 0 : access_->sent_tokens;
       f["ttft_ms"] = access_->ttft_s < 0 ? -1.0 : std::round(access_->ttft_s * 1e4) / 10;
       f["finish_reason"] = access_->finish_reason;
+      if (access_->spec_accepted_tokens >= 0) f["spec_accepted_tokens"] = access_->spec_accepted_tokens;
     }
     f["duration_ms"] = std::round(ms_since(t_start_) * 10) / 10;
     f["disconnect"] = disconnect_;
@@ -672,6 +711,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     disarm();
+    uncount_large();
     if (gen_) {
       disconnect_ = true;
       gen_->cancel();
@@ -772,34 +812,54 @@ void HttpServer::serve() {
   m.serving.store(false);
 }
 
-void HttpServer::shutdown(double timeout_s) {
+int64_t HttpServer::shutdown(double timeout_s) {
+  Impl& m = *impl_;
   const auto t0 = Clock::now();
   std::shared_ptr<Service> svc;
   {
-    std::lock_guard lk(impl_->ctx.mu);
-    if (impl_->ctx.state == ServeState::Ready) svc = impl_->ctx.service;
-    impl_->ctx.state = ServeState::Draining;
+    std::lock_guard lk(m.ctx.mu);
+    if (m.ctx.state == ServeState::Ready) svc = m.ctx.service;
+    m.ctx.state = ServeState::Draining;
   }
+  int64_t aborted = 0;
   if (svc) {
     Scheduler& s = svc->scheduler();
     s.begin_drain();
-    log::info("draining: waiting up to {} s for running requests", timeout_s);
-    auto limit = t0 + seconds(timeout_s) + std::chrono::milliseconds(300);
-    if (!s.wait_idle(timeout_s)) {
-      log::warn("draining: aborting the requests still running");
-      s.abort_all(AbortReason::Shutdown, "The server is shutting down.");
+    const SchedulerStats st = s.stats();
+    log::info("draining: waiting up to {} s for {} running and {} waiting requests (a second signal ends the wait)",
+              timeout_s, st.running_requests, st.waiting);
+    const auto until = t0 + seconds(timeout_s);
+    bool idle = false;
+    while (!(idle = s.wait_idle(0)) && Clock::now() < until && !m.drain_abort.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto limit = until + std::chrono::milliseconds(300);
+    if (!idle) {
+      const bool forced = m.drain_abort.load();
+      aborted = s.abort_all(AbortReason::Shutdown, "The server is shutting down.");
+      if (forced)
+        log::warn("draining ended early by a second signal: {} request(s) aborted", aborted);
+      else
+        log::warn("draining: {} s passed; {} request(s) still running aborted", timeout_s, aborted);
       // abort_all returns once every request has its abort event (after the step that was running); the
       // streams still have to write that last event: give them up to 1 s from here, not from the timeout (under
       // a loaded machine the step alone could eat a fixed 300 ms and streams ended without their error event).
-      limit = std::max(limit, Clock::now() + std::chrono::milliseconds(1000));
+      limit = forced ? Clock::now() + kForcedLinger : std::max(limit, Clock::now() + std::chrono::milliseconds(1000));
     }
-    // Let the connections write their last bytes (bounded: a client that does not read cannot hold shutdown).
-    while ((impl_->ctx.active_generations.load() > 0 || impl_->ctx.responses_writing.load() > 0) &&
-           Clock::now() < limit)
+    // Let the connections write their last bytes (bounded: a client that does not read cannot hold shutdown; a
+    // second signal cuts it to kForcedLinger).
+    std::optional<Clock::time_point> forced_at;
+    while (m.ctx.active_generations.load() > 0 || m.ctx.responses_writing.load() > 0) {
+      const auto now = Clock::now();
+      if (!forced_at && m.drain_abort.load()) forced_at = now;
+      if (now >= limit || (forced_at && now >= *forced_at + kForcedLinger)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   stop();
+  return aborted;
 }
+
+void HttpServer::abort_drain() { impl_->drain_abort.store(true); }
 
 void HttpServer::stop() {
   Impl& m = *impl_;

@@ -51,8 +51,11 @@ class HttpServer {
   // Serves until stop() / shutdown() (blocking).
   void serve();
   // Graceful: refuse new requests (503 draining), let running ones finish for up to timeout_s, abort the rest
-  // (streams get an error event with code "draining"), then stop listening.
-  void shutdown(double timeout_s);
+  // (streams get an error event with code "draining"), then stop listening. Returns how many requests it aborted.
+  int64_t shutdown(double timeout_s);
+  // Ends a shutdown()'s wait at once (a second SIGTERM / SIGINT): the requests still running are aborted now and
+  // their streams get 200 ms to take their last event. Safe from any thread, also before shutdown() began.
+  void abort_drain();
   void stop();
   // Connections open now (tests, benchmarks).
   int64_t open_connections() const;

@@ -1,10 +1,13 @@
 #include "server/request_state.h"
 
+#include <utility>
+
 namespace latent::server {
 
 RequestState::RequestState(std::vector<OutputConfig> choices) {
   outputs_.reserve(choices.size());
   for (auto& c : choices) outputs_.emplace_back(std::move(c));
+  unreported_.assign(outputs_.size(), 0);
 }
 
 void RequestState::notify() {
@@ -34,6 +37,9 @@ bool RequestState::on_token(int choice, const SampleResult& s, bool stop_token) 
   ChoiceDelta d;
   // outputs_ is touched only by the scheduler thread until all choices finished.
   const bool stop = outputs_.at(static_cast<size_t>(choice)).push(s, stop_token, d);
+  generated_.fetch_add(1);
+  int64_t& unreported = unreported_[static_cast<size_t>(choice)];
+  ++unreported;
   bool news = false;
   {
     std::lock_guard lk(mu_);
@@ -43,6 +49,7 @@ bool RequestState::on_token(int choice, const SampleResult& s, bool stop_token) 
       e.kind = StreamEvent::Kind::Delta;
       e.choice = choice;
       e.delta = std::move(d);
+      e.tokens = std::exchange(unreported, 0);
       events_.push_back(std::move(e));
       cv_.notify_all();
       news = true;
@@ -73,6 +80,7 @@ void RequestState::on_prompt_logprobs(int first_choice, int n, std::vector<Sampl
 void RequestState::on_finish(int choice, FinishReason reason) {
   ChoiceDelta d;
   const std::string why = outputs_.at(static_cast<size_t>(choice)).finish(reason, d);
+  int64_t& unreported = unreported_.at(static_cast<size_t>(choice));
   {
     std::lock_guard lk(mu_);
     if (d.has_output() || !d.logprobs.empty()) {
@@ -80,12 +88,14 @@ void RequestState::on_finish(int choice, FinishReason reason) {
       e.kind = StreamEvent::Kind::Delta;
       e.choice = choice;
       e.delta = std::move(d);
+      e.tokens = std::exchange(unreported, 0);
       events_.push_back(std::move(e));
     }
     StreamEvent f;
     f.kind = StreamEvent::Kind::Finish;
     f.choice = choice;
     f.finish_reason = why;
+    f.tokens = std::exchange(unreported, 0);
     events_.push_back(std::move(f));
     ++finished_;
     cv_.notify_all();

@@ -24,6 +24,9 @@ struct StreamEvent {
   std::string finish_reason;
   AbortReason abort = AbortReason::EngineError;
   std::string message;
+  // Delta / Finish: the generated tokens of this choice that this event completes (those since its previous
+  // event), so the tokens a client was sent are the sum over the events written to it.
+  int64_t tokens = 0;
 };
 
 class RequestState : public GenerationSink {
@@ -32,6 +35,13 @@ class RequestState : public GenerationSink {
 
   void on_scheduled() override;
   void on_cached_prompt_tokens(int64_t tokens) override { cached_tokens_.fetch_add(tokens); }
+  void on_draft_tokens(int, int64_t proposed, int64_t accepted) override {
+    spec_proposed_.fetch_add(proposed);
+    spec_accepted_.fetch_add(accepted);
+  }
+  // Speculative decoding: draft tokens proposed / accepted for this request's choices.
+  int64_t spec_proposed() const { return spec_proposed_.load(); }
+  int64_t spec_accepted() const { return spec_accepted_.load(); }
   bool on_token(int choice, const SampleResult& s, bool stop_token) override;
   void on_prompt_logprobs(int first_choice, int n, std::vector<SampleResult> entries) override;
   void on_finish(int choice, FinishReason reason) override;
@@ -56,6 +66,9 @@ class RequestState : public GenerationSink {
   int n_choices() const { return static_cast<int>(outputs_.size()); }
   // Prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens).
   int64_t cached_tokens() const { return cached_tokens_.load(); }
+  // Tokens generated so far over all choices (stop tokens included, as usage.completion_tokens counts them); safe
+  // from any thread, also while the request runs or after it was cancelled or aborted.
+  int64_t generated_tokens() const { return generated_.load(); }
 
  private:
   mutable std::mutex mu_;
@@ -63,7 +76,9 @@ class RequestState : public GenerationSink {
   std::vector<ChoiceOutput> outputs_;
   std::deque<StreamEvent> events_;
   bool scheduled_ = false;
-  std::atomic<int64_t> cached_tokens_{0};
+  std::atomic<int64_t> cached_tokens_{0}, generated_{0};
+  std::vector<int64_t> unreported_;  // per choice: generated tokens not yet attached to an event (scheduler thread)
+  std::atomic<int64_t> spec_proposed_{0}, spec_accepted_{0};
   int finished_ = 0;
   std::optional<StreamEvent> abort_;
   std::function<void()> notify_;

@@ -117,6 +117,7 @@ Service::Service(ModelInfo info, ServiceOptions opt, const TextCodec& codec, Sch
     if (!keep_ids_.empty()) rt_.tool_start.push_back(keep_ids_.front());
   }
   reasoning_enabled_ = opt_.reasoning_parser != "none" && rt_.usable();
+  max_token_bytes_ = max_token_bytes(codec_);
 }
 
 ValidationContext Service::validation() const {
@@ -164,8 +165,25 @@ std::vector<int32_t> Service::chat_prompt_ids(const ChatRequest& r) const {
   return codec_.encode(render_chat(r), /*add_special_tokens=*/false);  // the template writes the specials (§5.3.2)
 }
 
-BudgetedIds encode_with_budget(const TextCodec& codec, std::string_view text, bool add_special, int64_t limit) {
+size_t max_token_bytes(const TextCodec& codec) {
+  if (!codec.byte_level()) return 0;
+  size_t m = 0;
+  for (int32_t id = 0; id < static_cast<int32_t>(codec.id_limit()); ++id) m = std::max(m, codec.token_bytes(id).size());
+  return m;
+}
+
+BudgetedIds encode_with_budget(const TextCodec& codec, std::string_view text, bool add_special, int64_t limit,
+                               size_t max_token_bytes) {
   BudgetedIds out;
+  if (max_token_bytes > 0) {
+    // Every token covers at most max_token_bytes of the (normalized) text: this many bytes cannot fit.
+    const double per = 4.0 * static_cast<double>(max_token_bytes);
+    if (static_cast<double>(text.size()) > per * static_cast<double>(std::max<int64_t>(limit, 0) + 8)) {
+      out.over = true;
+      out.at_least = static_cast<int64_t>(static_cast<double>(text.size()) / per);
+      return out;
+    }
+  }
   // No token covers more than a few hundred bytes; a short text cannot be over the limit by much: encode it whole.
   size_t cut = static_cast<size_t>(std::max<int64_t>(limit, 1)) * 8;
   while (cut < text.size()) {
@@ -178,23 +196,25 @@ BudgetedIds encode_with_budget(const TextCodec& codec, std::string_view text, bo
     if (static_cast<int64_t>(ids.size()) > limit + 8) {
       out.ids = std::move(ids);
       out.over = true;
+      out.at_least = static_cast<int64_t>(out.ids.size());
       return out;
     }
     cut *= 4;
   }
   out.ids = codec.encode(text, add_special);
+  out.at_least = static_cast<int64_t>(out.ids.size());
   return out;
 }
 
 std::vector<int32_t> Service::budgeted(std::string_view text, bool add_special, const std::string& param) const {
-  BudgetedIds b = encode_with_budget(codec_, text, add_special, info_.max_model_len);
+  BudgetedIds b = encode_with_budget(codec_, text, add_special, info_.max_model_len, max_token_bytes_);
   if (b.over) {
     metrics_.requests_rejected.inc("context_length");
     const char* what = param == "messages" ? "messages" : "prompt";
     bad_request("context_length_exceeded", param,
                 fmt::format("This model's maximum context length is {} tokens. However, your {} resulted in more "
                             "than {} tokens. Please reduce the length of the {}.",
-                            info_.max_model_len, what, b.ids.size(), what));
+                            info_.max_model_len, what, b.at_least, what));
   }
   return std::move(b.ids);
 }

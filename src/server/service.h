@@ -69,12 +69,20 @@ struct GenerationJob {
 };
 
 // Tokenization that stops as soon as the text is known to exceed `limit` tokens (a 31 MB prompt for a 4k context is
-// not tokenized whole): then `over` is set and `ids` holds the tokens of a prefix (more than limit of them).
+// not tokenized whole): then `over` is set, `at_least` is a count of tokens the text is known to exceed, and `ids`
+// holds the tokens of a prefix (more than limit of them), or nothing when the length alone decided.
+// max_token_bytes (byte-level vocabularies; 0 = unknown): no token covers more bytes, so a text of more than
+// 4 x max_token_bytes x (limit + 8) bytes is over without being tokenized (4: margin for a normalizer that
+// shortens the text, as NFC composition does by up to 3x).
 struct BudgetedIds {
   std::vector<int32_t> ids;
   bool over = false;
+  int64_t at_least = 0;
 };
-BudgetedIds encode_with_budget(const TextCodec& codec, std::string_view text, bool add_special, int64_t limit);
+BudgetedIds encode_with_budget(const TextCodec& codec, std::string_view text, bool add_special, int64_t limit,
+                               size_t max_token_bytes = 0);
+// The longest token of a byte-level vocabulary in bytes (specials included); 0 when the codec is not byte level.
+size_t max_token_bytes(const TextCodec& codec);
 
 class Service {
  public:
@@ -126,6 +134,7 @@ class Service {
   bool reasoning_enabled_ = false;
   ToolFormat tool_format_ = ToolFormat::None;
   std::vector<int32_t> keep_ids_;  // tool-call marker ids shown even when special
+  size_t max_token_bytes_ = 0;     // max_token_bytes(codec_): the length bound of encode_with_budget
   std::mutex structured_mu_;       // guards vocab_, grammars_, grammar_order_
   std::shared_ptr<const structured::TokenVocab> vocab_;
   std::map<std::string, std::shared_ptr<const structured::CompiledGrammar>> grammars_;

@@ -101,6 +101,10 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   ModelOptions mo;
   mo.bf16_activations = opt.bf16_activations;
   mo.graphs = opt.cuda_graphs;
+  mo.mtp_layers = opt.num_speculative_tokens > 0 ? 1 : 0;
+  if (mo.mtp_layers > 0 && opt.plan.mtp_layers < 1)
+    fail("speculative decoding: the precision plan was built without the MTP layer (PlanOptions::mtp_layers)");
+  m->num_speculative_tokens = opt.num_speculative_tokens;
   if (progress) mo.upload_progress = [&progress](uint64_t done, uint64_t total) { progress("weights onto the GPU", done, total); };
   if (opt.parallel.active()) {
     m->parallel = std::make_unique<ParallelModel>(cfg, *m->files.plan, opt.backend, opt.threads, opt.parallel, mo);
@@ -150,7 +154,10 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   meta["tensor_parallel_size"] = 1;
   meta["expert_parallel_size"] = 1;
   meta["data_parallel_size"] = 1;
-  meta["speculative"] = nullptr;
+  if (opt.num_speculative_tokens > 0)
+    meta["speculative"] = {{"method", "mtp"}, {"num_speculative_tokens", opt.num_speculative_tokens}};
+  else
+    meta["speculative"] = nullptr;
   meta["deterministic"] = opt.deterministic;
   meta["lossy"] = m->files.plan->lossy();
   meta["precision_plan"] = nlohmann::ordered_json::parse(summary.dump());

@@ -192,6 +192,11 @@ struct MergeScratch {
   std::vector<Cand> heap;
   std::vector<TokenId> ids;
   std::string mapped;
+  // After a huge word, a thread keeps at most ~1 MiB per buffer (its memory goes back to the allocator).
+  template <class V>
+  static void shrink(V& v) {
+    if (v.capacity() * sizeof(v[0]) > (size_t{1} << 20)) V().swap(v);
+  }
 };
 
 MergeScratch& merge_scratch() {
@@ -241,6 +246,8 @@ void BpeModel::merge_word(std::vector<TokenId>& ids, std::vector<TokenId>& out) 
     consider(c.pos);
   }
   for (int i = 0; i >= 0; i = syms[static_cast<size_t>(i)].next) out.push_back(syms[static_cast<size_t>(i)].id);
+  MergeScratch::shrink(syms);
+  MergeScratch::shrink(heap);
 }
 
 void BpeModel::tokenize_raw_bytes(std::string_view word, std::vector<TokenId>& out) const {
@@ -248,6 +255,7 @@ void BpeModel::tokenize_raw_bytes(std::string_view word, std::vector<TokenId>& o
   ids.clear();
   for (char c : word) ids.push_back(byte_ids_[static_cast<uint8_t>(c)]);
   merge_word(ids, out);
+  MergeScratch::shrink(ids);
 }
 
 // The general path: one initial symbol per character (with prefix / suffix), then byte fallback or unk.

@@ -319,6 +319,16 @@ struct EncodeScratch {
   std::vector<std::string_view> pieces;
   PreTokScratch pre;
   std::string norm;
+  // A thread keeps at most ~1 MiB per buffer between calls: one huge text must not pin its memory for good (a
+  // server's worker threads tokenize whatever arrives).
+  template <class V>
+  static void shrink(V& v) {
+    if (v.capacity() * sizeof(v[0]) > (size_t{1} << 20)) V().swap(v);
+  }
+  void release_large() {
+    shrink(segs1), shrink(segs2), shrink(pieces), shrink(pre.a), shrink(pre.b), shrink(pre.matches), shrink(pre.parts);
+    shrink(norm);
+  }
 };
 
 }  // namespace
@@ -404,6 +414,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
     }
   }
   if (opts.add_special_tokens) ids.insert(ids.end(), m.suffix.begin(), m.suffix.end());
+  s.release_large();
   return ids;
 }
 

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "runtime/scheduler.h"
 #include "fake_paged_store.h"
+#include "truncated_softmax.h"
 
 namespace latent {
 namespace {
@@ -29,7 +30,92 @@ class FakeEngine : public Engine {
   void copy_block(int32_t src, int32_t dst, int64_t n_tokens) override {
     std::lock_guard lk(mu);
     store.copy_block(src, dst, n_tokens);
+    if (drafts > 0) mtp.copy_block(src, dst, n_tokens);  // (throws when the draft slots are not there yet)
     ++forks;
+  }
+  // Speculative decoding: a draft layer whose slots hold token ids in a store of their own (a slot read before it
+  // was written throws), fed from the last step's rows (checked: slot q must read the row of position q - 1 of a
+  // sequence with the same tokens up to there: its own, or the parent of a forked choice). Its proposals are the greedy continuation; every draft_wrong-th (by a hash of the history) is
+  // wrong, or all of them are draft_fixed.
+  int64_t drafts = 0;
+  int64_t draft_wrong = 0;
+  int32_t draft_fixed = -1;
+  testing::FakePagedStore mtp;
+  std::vector<std::pair<int64_t, uint64_t>> rows;  // the last step's flat rows: (position, hash of tokens 0..it)
+  static uint64_t prefix_hash(const std::vector<int32_t>& h, int64_t n) {
+    uint64_t x = 88172645463325252ull;
+    for (int64_t i = 0; i < n; ++i) x = (x ^ static_cast<uint64_t>(h[static_cast<size_t>(i)] + 3)) * 1099511628211ull;
+    return x;
+  }
+  int64_t draft_calls = 0, max_verify_len = 0;
+  int64_t draft_layers() const override { return drafts > 0 ? 1 : 0; }
+  std::unordered_map<int64_t, std::pair<SeqId, int64_t>> mtp_writer;  // slot -> (sequence, draft call)
+  std::string diag(const EngineDraftItem& d, const std::vector<int32_t>& h, int64_t q) {
+    std::string o;
+    for (int64_t p = 0; p < q; ++p) {
+      const int64_t sl = static_cast<int64_t>(d.blocks[static_cast<size_t>(p / store.block_tokens)]) *
+                             store.block_tokens + p % store.block_tokens;
+      auto f = store.slot_token.find(sl);
+      if (f == store.slot_token.end() || f->second != h[static_cast<size_t>(p)]) {
+        auto w = mtp_writer.find(sl);
+        o += " | pos " + std::to_string(p) + " slot " + std::to_string(sl) + " mtp " +
+             std::to_string(h[static_cast<size_t>(p)]) + " target " +
+             (f == store.slot_token.end() ? std::string("none") : std::to_string(f->second)) + " written by seq " +
+             (w == mtp_writer.end() ? std::string("?") : std::to_string(w->second.first) + " call " +
+                                                         std::to_string(w->second.second));
+        break;
+      }
+    }
+    return o;
+  }
+  void draft(std::span<const EngineDraftItem> items, int32_t* out) override {
+    std::lock_guard lk(mu);
+    ++draft_calls;
+    int64_t at = 0;
+    for (const auto& d : items) {
+      const int64_t n = static_cast<int64_t>(d.tokens.size());
+      EngineStepItem w;
+      w.blocks = d.blocks;
+      w.start = d.start;
+      w.tokens = d.tokens;
+      std::vector<int32_t> h = mtp.apply(w);
+      for (int64_t i = 0; i < n; ++i)
+        mtp_writer[mtp.slot(w, d.start + i)] = {d.seq, draft_calls};
+      for (int64_t i = d.zero_first ? 1 : 0; i < n; ++i) {
+        const int64_t q = d.start + i;
+        const auto want = std::make_pair(q - 1, prefix_hash(h, q));
+        if (d.hidden_row + i < 0 || d.hidden_row + i >= static_cast<int64_t>(rows.size()) ||
+            rows[static_cast<size_t>(d.hidden_row + i)] != want)
+          throw std::runtime_error("fake draft: slot " + std::to_string(q) + " of sequence " +
+                                   std::to_string(d.seq) + " reads row " + std::to_string(d.hidden_row + i) +
+                                   " of " + std::to_string(rows.size()) + ", want position " + std::to_string(q - 1) +
+                                   (d.hidden_row + i >= 0 && d.hidden_row + i < static_cast<int64_t>(rows.size())
+                                        ? " got " + std::to_string(rows[static_cast<size_t>(d.hidden_row + i)].first)
+                                        : std::string()) +
+                                   " start " + std::to_string(d.start) + " n " + std::to_string(n) +
+                                   (d.zero_first ? " zero_first" : "") + diag(d, h, q));
+      }
+      std::vector<int32_t> props;
+      for (int32_t j = 0; j < d.n_draft; ++j) {
+        uint64_t x = 1469598103934665603ull;
+        for (int32_t t : h) x = (x ^ static_cast<uint64_t>(t + 7)) * 1099511628211ull;
+        int32_t t = next_of(h, x);
+        if (draft_fixed >= 0)
+          t = draft_fixed;
+        else if (draft_wrong > 0 && (x >> 7) % static_cast<uint64_t>(draft_wrong) == 0)
+          t = static_cast<int32_t>(2 + (t - 2 + 1) % (kV - 2));
+        props.push_back(t);
+        h.push_back(t);
+        out[at++] = t;
+      }
+      if (d.n_draft > 1) {  // the scratch slots of the recursion
+        EngineStepItem sc;
+        sc.blocks = d.blocks;
+        sc.start = d.start + n;
+        sc.tokens = std::span<const int32_t>(props.data(), static_cast<size_t>(d.n_draft - 1));
+        mtp.apply(sc);
+      }
+    }
   }
   void step(std::span<const EngineStepItem> items, float* logits) override {
     if (delay.count()) std::this_thread::sleep_for(delay);
@@ -41,8 +127,15 @@ class FakeEngine : public Engine {
     }
     std::vector<std::pair<SeqId, int64_t>> log;
     int64_t row = 0;
+    rows.clear();
     for (const auto& it : items) {
+      if (it.decode && it.all_logits)
+        max_verify_len = std::max<int64_t>(max_verify_len, static_cast<int64_t>(it.tokens.size()));
       const std::vector<int32_t> h = store.apply(it);
+      for (size_t i = 0; i < it.tokens.size(); ++i) {
+        const int64_t pos = it.start + static_cast<int64_t>(i);
+        rows.emplace_back(pos, prefix_hash(h, pos + 1));
+      }
       tokens_processed += static_cast<int64_t>(it.tokens.size());
       log.emplace_back(it.seq, static_cast<int64_t>(it.tokens.size()));
       if (it.all_logits) {  // one row per token, each from the history up to that token
@@ -914,6 +1007,294 @@ TEST(Scheduler, MaxTokensZeroComputesOnlyThePrompt) {
   EXPECT_EQ(s.stats().kv_used, 0);
   GenerationRequest bad = make_req(prompt_of(4, 1), -1, sink);
   EXPECT_THROW(s.submit(std::move(bad)), SchedulerRejected);
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// Speculative decoding (SchedulerOptions::num_speculative_tokens) with the fake draft layer.
+// ---------------------------------------------------------------------------------------------------------------
+struct SpecOut {
+  std::vector<std::vector<std::vector<int32_t>>> toks;
+  std::vector<std::map<int, FinishReason>> reasons;
+  std::vector<std::vector<SampleResult>> prompt_lp;
+  SchedulerStats st;
+};
+
+// A mixed batch: greedy and seeded sampling with every parameter, n > 1, stop ids and a stop string inside runs,
+// max_tokens of every size, a repeated prompt (prefix cache), prompt logprobs and logprobs, a constraint.
+std::vector<GenerationRequest> spec_requests(std::vector<std::shared_ptr<CollectSink>>& sinks,
+                                             std::vector<std::vector<int32_t>>* seen = nullptr,
+                                             bool device_rows = false) {
+  std::vector<GenerationRequest> v;
+  sinks.clear();
+  for (int k = 0; k < 12; ++k) {
+    if (device_rows && (k == 3 || k == 8 || k == 9)) continue;  // rows that need the host: n > 1, logprobs
+    const int n = k == 3 ? 3 : k == 8 ? 2 : 1;
+    auto sink = std::make_shared<CollectSink>(n, k == 4 ? 9 : -1);
+    auto g = make_req(prompt_of(k == 10 ? 5 + 2 : 5 + 3 * k, k == 10 ? 2 : k), 7 + (k * 5) % 23, sink, n);
+    g.stop_ids = {1, static_cast<int32_t>(2 + k % 3)};
+    if (k % 2 == 1) {
+      g.sampling.temperature = 0.7f + 0.4f * static_cast<float>(k % 3);
+      g.sampling.seed = 40 + k;
+    }
+    if (k == 5) g.sampling.top_k = 4;
+    if (k == 7) {
+      g.sampling.top_p = 0.7f;
+      g.sampling.repetition_penalty = 1.3f;
+      g.sampling.frequency_penalty = 0.5f;
+      g.sampling.presence_penalty = 0.2f;
+    }
+    if (k == 9) {
+      g.sampling.min_p = 0.05f;
+      g.sampling.logprobs = true;
+      g.sampling.top_logprobs = 3;
+      g.prompt_logprobs = 2;
+    }
+    if (k == 6) g.constraint = [](int) { return std::make_unique<EvenConstraint>(); };
+    if (k == 11 && seen) {
+      seen->assign(1, {});
+      g.constraint = [seen](int) {
+        return std::make_unique<ScriptConstraint>(std::vector<int32_t>{6, 8, 10, 12, 14, 16, 20}, &(*seen)[0]);
+      };
+    }
+    v.push_back(std::move(g));
+    sinks.push_back(sink);
+  }
+  return v;
+}
+
+SpecOut run_spec(FakeEngine& e, SchedulerOptions o, std::vector<std::vector<int32_t>>* seen = nullptr,
+                 bool device_rows = false) {
+  e.store.block_tokens = o.kv_block_tokens;
+  e.mtp.block_tokens = o.kv_block_tokens;
+  Scheduler s(e, o);
+  s.start();
+  std::vector<std::shared_ptr<CollectSink>> sinks;
+  for (auto& g : spec_requests(sinks, seen, device_rows)) s.submit(std::move(g));
+  SpecOut out;
+  for (auto& sk : sinks) {
+    EXPECT_TRUE(sk->wait(sk->toks.size(), 20000ms));
+    std::lock_guard lk(sk->mu);
+    EXPECT_FALSE(sk->aborted.has_value()) << sk->abort_msg;
+    out.toks.push_back(sk->toks);
+    out.reasons.push_back(sk->reasons);
+    out.prompt_lp.push_back(sk->prompt_lp);
+  }
+  for (int i = 0; i < 200 && s.stats().running_requests > 0; ++i) std::this_thread::sleep_for(5ms);
+  out.st = s.stats();
+  return out;
+}
+
+// Greedy and seeded sampling give the same tokens, finish reasons and prompt logprobs with speculation as
+// without, token for token, at k = 1, 2, 3, with drafts that are right, wrong now and then, or always wrong; with
+// small blocks, chunked prefill, n > 1 forks, the prefix cache and a KV budget that forces preemption.
+TEST(Speculative, OutputEqualsPlainDecoding) {
+  SchedulerOptions base;
+  base.kv_block_tokens = 4;
+  base.prefill_chunk = 8;
+  base.max_batch_tokens = 40;
+  FakeEngine plain_e;
+  std::vector<std::vector<int32_t>> seen_plain;
+  const SpecOut plain = run_spec(plain_e, base, &seen_plain);
+  for (int64_t k = 1; k <= 3; ++k)
+    for (int64_t wrong : {0, 3, 1}) {
+      for (int64_t blocks : {1024, 40}) {
+        SchedulerOptions o = base;
+        o.num_speculative_tokens = k;
+        o.kv_total_blocks = blocks;
+        FakeEngine e;
+        e.drafts = 1;
+        e.draft_wrong = wrong;
+        std::vector<std::vector<int32_t>> seen;
+        const SpecOut spec = run_spec(e, o, &seen);
+        const std::string what = "k " + std::to_string(k) + " wrong " + std::to_string(wrong) + " blocks " +
+                                 std::to_string(blocks);
+        EXPECT_EQ(spec.toks, plain.toks) << what;
+        EXPECT_EQ(spec.reasons, plain.reasons) << what;
+        EXPECT_EQ(seen, seen_plain) << what;  // the constraint advanced over exactly the emitted tokens
+        ASSERT_EQ(spec.prompt_lp.size(), plain.prompt_lp.size());
+        for (size_t r = 0; r < plain.prompt_lp.size(); ++r) {
+          ASSERT_EQ(spec.prompt_lp[r].size(), plain.prompt_lp[r].size());
+          for (size_t i = 0; i < plain.prompt_lp[r].size(); ++i)
+            EXPECT_EQ(spec.prompt_lp[r][i].logprob, plain.prompt_lp[r][i].logprob);
+        }
+        EXPECT_GT(spec.st.spec_proposed, 0) << what;
+        if (wrong == 1) {
+          EXPECT_EQ(spec.st.spec_accepted, 0) << what;
+        }
+        if (wrong == 0) {
+          EXPECT_GT(spec.st.spec_accepted, spec.st.spec_proposed / 2) << what;
+        }
+        if (wrong == 0 && blocks == 1024) {
+          EXPECT_LT(spec.st.steps, plain.st.steps) << what;
+        }
+        EXPECT_EQ(e.max_verify_len, k + 1) << what;
+        EXPECT_EQ(spec.st.kv_used, 0) << what;
+        ASSERT_EQ(spec.st.spec_proposed_at.size(), static_cast<size_t>(k));
+        int64_t sum = 0;
+        for (int64_t a : spec.st.spec_accepted_at) sum += a;
+        EXPECT_EQ(sum, spec.st.spec_accepted);
+      }
+    }
+}
+
+// The per-position counters: position j counts the verifies that proposed a j-th draft; with right drafts
+// nearly every one is accepted, and fewer steps are needed.
+TEST(Speculative, MetricsAndFewerSteps) {
+  SchedulerOptions o;
+  o.num_speculative_tokens = 3;
+  FakeEngine plain_e, e;
+  e.drafts = 1;
+  Metrics m;
+  auto run = [&](FakeEngine& eng, SchedulerOptions so, Metrics* met) {
+    Scheduler s(eng, so, met);
+    s.start();
+    auto sink = std::make_shared<CollectSink>(1);
+    auto g = make_req(prompt_of(10, 1), 60, sink);
+    g.stop_ids = {};
+    s.submit(std::move(g));
+    EXPECT_TRUE(sink->wait(1));
+    for (int i = 0; i < 100 && s.stats().running_requests > 0; ++i) std::this_thread::sleep_for(5ms);
+    return std::make_pair(sink->toks[0], s.stats());
+  };
+  SchedulerOptions po;
+  const auto [pt, pst] = run(plain_e, po, nullptr);
+  const auto [st, sst] = run(e, o, &m);
+  EXPECT_EQ(st, pt);
+  // 60 tokens: the first from the prompt, then verifies of 3 drafts emit 4 each.
+  EXPECT_LE(sst.steps, 1 + (59 + 3) / 4 + 1);
+  EXPECT_EQ(sst.spec_accepted, sst.spec_proposed);
+  EXPECT_EQ(m.spec_draft_tokens.value(), static_cast<uint64_t>(sst.spec_proposed));
+  EXPECT_EQ(m.spec_accepted_tokens.value(), static_cast<uint64_t>(sst.spec_accepted));
+  EXPECT_EQ(m.spec_drafts.value(), static_cast<uint64_t>(sst.spec_verifies));
+  const std::string text = m.render("latent:", "x");
+  EXPECT_NE(text.find("latent:spec_decode_acceptance_rate{model_name=\"x\",position=\"1\"} 1.0"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("latent:spec_decode_mean_acceptance_length"), std::string::npos);
+  EXPECT_NE(text.find("latent:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"x\",position=\"3\"}"),
+            std::string::npos);
+}
+
+// Rejection sampling keeps the target distribution: a row that does not depend on the history, sampled at
+// temperature 1.3 with top_k, 20000 tokens with 3 drafts per step that are always the same id: the histogram of
+// the emitted tokens against the exact truncated softmax (chi-square), and the acceptance of the first draft
+// position against its probability.
+TEST(Speculative, RejectionSamplingKeepsTheTargetDistribution) {
+  class ConstEngine : public FakeEngine {
+   public:
+    void step(std::span<const EngineStepItem> items, float* logits) override {
+      std::lock_guard lk(mu);
+      int64_t row = 0;
+      for (const auto& it : items) {
+        const int64_t n = it.all_logits ? static_cast<int64_t>(it.tokens.size()) : it.want_logits ? 1 : 0;
+        for (int64_t r = 0; r < n; ++r, ++row)
+          for (int64_t v = 0; v < kV; ++v) logits[row * kV + v] = v < 8 ? 0.4f * static_cast<float>(v % 5) : -30.0f;
+      }
+    }
+    void draft(std::span<const EngineDraftItem> items, int32_t* out) override {
+      int64_t at = 0;
+      for (const auto& d : items)
+        for (int32_t j = 0; j < d.n_draft; ++j) out[at++] = draft_fixed;
+    }
+  };
+  const int64_t N = 20000;
+  for (int32_t fixed : {4, 2}) {  // the most likely id, and a middle one
+    ConstEngine e;
+    e.drafts = 1;
+    e.draft_fixed = fixed;
+    SchedulerOptions o;
+    o.num_speculative_tokens = 3;
+    o.max_context = N + 64;
+    o.kv_total_blocks = (N + 64) / 64 + 8;
+    Scheduler s(e, o);
+    s.start();
+    auto sink = std::make_shared<CollectSink>(1);
+    auto g = make_req({3, 4, 5}, N, sink);
+    g.stop_ids = {};
+    g.sampling.temperature = 1.3f;
+    g.sampling.top_k = 7;
+    g.sampling.seed = 2024 + fixed;
+    s.submit(std::move(g));
+    ASSERT_TRUE(sink->wait(1, 60000ms));
+    for (int i = 0; i < 100 && s.stats().running_requests > 0; ++i) std::this_thread::sleep_for(5ms);
+    const auto& toks = sink->toks[0];
+    ASSERT_EQ(static_cast<int64_t>(toks.size()), N);
+    std::vector<float> row(FakeEngine::kV);
+    for (int64_t v = 0; v < FakeEngine::kV; ++v) row[v] = v < 8 ? 0.4f * static_cast<float>(v % 5) : -30.0f;
+    SampleRowParams p;
+    p.temperature = 1.3f;
+    p.top_k = 7;
+    const std::vector<double> q = truncated_softmax(row, p);
+    std::vector<double> count(FakeEngine::kV, 0.0);
+    for (int32_t t : toks) count[static_cast<size_t>(t)] += 1;
+    double chi2 = 0;
+    int dof = -1;
+    for (int64_t v = 0; v < FakeEngine::kV; ++v) {
+      if (q[v] <= 0) {
+        EXPECT_EQ(count[v], 0) << "id " << v << " has probability 0";
+        continue;
+      }
+      const double ex = q[v] * N;
+      chi2 += (count[v] - ex) * (count[v] - ex) / ex;
+      ++dof;
+    }
+    // 6 degrees of freedom: P(chi2 > 22.46) = 0.001.
+    EXPECT_EQ(dof, 6);
+    EXPECT_LT(chi2, 22.46) << "draft " << fixed;
+    const SchedulerStats st = s.stats();
+    ASSERT_GE(st.spec_proposed_at.size(), 1u);
+    const double rate1 = static_cast<double>(st.spec_accepted_at[0]) / static_cast<double>(st.spec_proposed_at[0]);
+    const double sd = std::sqrt(q[fixed] * (1 - q[fixed]) / static_cast<double>(st.spec_proposed_at[0]));
+    EXPECT_NEAR(rate1, q[fixed], 4 * sd) << "draft " << fixed;
+  }
+}
+
+// Device sampling with drafts: the verify rows are sampled where the logits are (only ids back), each with the
+// penalties of the drafts before it and its own draw counter; the same tokens as the host path and as plain
+// decoding. A constrained request's verify rows go to the host (the matcher state after a draft is host-only).
+TEST(Speculative, DeviceSamplingEqualsHost) {
+  SchedulerOptions o;
+  o.kv_block_tokens = 8;
+  o.num_speculative_tokens = 2;
+  DeviceSamplingEngine dev;
+  dev.drafts = 1;
+  dev.draft_wrong = 3;
+  FakeEngine host;
+  host.drafts = 1;
+  host.draft_wrong = 3;
+  SchedulerOptions ho = o;
+  ho.device_sampling = false;
+  FakeEngine plain;
+  SchedulerOptions po;
+  po.kv_block_tokens = 8;
+  const SpecOut a = run_spec(dev, o, nullptr, true), b = run_spec(host, ho, nullptr, true),
+                c = run_spec(plain, po, nullptr, true);
+  EXPECT_EQ(a.toks, b.toks);
+  EXPECT_EQ(a.toks, c.toks);
+  std::lock_guard lk(dev.mu);
+  EXPECT_GT(dev.sampled_rows, dev.sampled_steps);  // verify steps sampled several rows per sequence there
+}
+
+// Above speculative_max_batch decoding sequences no drafts are verified (the output is the same).
+TEST(Speculative, NoDraftsAboveTheBatchLimit) {
+  SchedulerOptions o;
+  o.num_speculative_tokens = 2;
+  o.speculative_max_batch = 1;
+  FakeEngine e;
+  e.drafts = 1;
+  FakeEngine plain;
+  const SpecOut a = run_spec(e, o), b = run_spec(plain, {});
+  EXPECT_EQ(a.toks, b.toks);
+  // Drafts are verified only while one sequence decodes (the end of the run).
+  EXPECT_GT(a.st.spec_proposed, 0);
+  EXPECT_LT(a.st.spec_verifies, 60);
+}
+
+TEST(Speculative, NeedsADraftLayer) {
+  FakeEngine e;
+  SchedulerOptions o;
+  o.num_speculative_tokens = 2;
+  EXPECT_THROW(Scheduler(e, o), std::invalid_argument);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // stream / non-stream equality, tool calls, reasoning, context limits, queue limit, disconnects, shutdown.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 
 #include "server_fixture.h"
@@ -460,10 +461,50 @@ TEST(HttpServer, ShutdownDrains) {
   });
   // Shut down once the request runs (a fixed sleep raced a loaded machine: the request arrived after the drain).
   for (int i = 0; i < 500 && metric(f, "num_requests_running") < 1; ++i) std::this_thread::sleep_for(10ms);
-  std::thread s([&] { f.http->shutdown(5.0); });
+  int64_t aborted = -1;
+  std::thread s([&] { aborted = f.http->shutdown(5.0); });
   t.join();
   s.join();
+  EXPECT_EQ(aborted, 0);                     // it finished in time
   EXPECT_FALSE(f.client().Get("/health"));  // no longer listening
+}
+
+// A second signal during the drain (HttpServer::abort_drain): the wait ends at once, the running and queued requests
+// are aborted and counted, the running stream gets its draining event, and its access line counts its tokens.
+TEST(HttpServer, AbortDrainEndsTheWaitAtOnce) {
+  SchedulerOptions so;
+  so.max_num_seqs = 1;
+  ServerFixture f({}, so);
+  f.engine.delay_ms = 5;  // 200 tokens: ~1 s per request, 3 requests in a row
+  RawConn a(f.port, "/v1/chat/completions", chat_body("long", R"("max_tokens":200,"stream":true)").dump());
+  EXPECT_NE(a.read_some().find("200"), std::string::npos);
+  RawConn b(f.port, "/v1/chat/completions", chat_body("long", R"("max_tokens":200)").dump());
+  RawConn c(f.port, "/v1/chat/completions", chat_body("long", R"("max_tokens":200)").dump());
+  for (int i = 0; i < 500 && metric(f, "num_requests_waiting") < 2; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(metric(f, "num_requests_waiting"), 2);
+  ::testing::internal::CaptureStderr();
+  std::atomic<bool> returned{false};
+  int64_t aborted = -1;
+  std::thread s([&] {
+    aborted = f.http->shutdown(600.0);
+    returned = true;
+  });
+  for (int i = 0; i < 20; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(returned.load());  // draining: it would wait up to 600 s
+  f.http->abort_drain();
+  s.join();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(aborted, 3);
+  EXPECT_NE(log.find("draining ended early by a second signal: 3 request(s) aborted"), std::string::npos) << log;
+  // The server stopped its io threads; the socket stays open until it is destroyed: read what was written.
+  timeval tv{1, 0};
+  setsockopt(a.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string rest, chunk;
+  while (rest.find("[DONE]") == std::string::npos && !(chunk = a.read_some()).empty()) rest += chunk;
+  EXPECT_NE(rest.find("\"code\":\"draining\""), std::string::npos) << rest;
+  const size_t at = log.find("finish_reason=abort:draining");
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_EQ(log.find("completion_tokens=-1"), std::string::npos) << log;
 }
 
 // The old front end tied one thread to each connection: with its pool busy on streams, /health hung.
@@ -615,12 +656,43 @@ TEST(HttpServer, LoopWarningOncePerRequestAndNotForIgnoreEos) {
   size_t n = 0;
   for (size_t p = log1.find("repetition loop"); p != std::string::npos; p = log1.find("repetition loop", p + 1)) ++n;
   EXPECT_EQ(n, 1u) << log1;
+  // Without --stop-on-loop a detection is news, not a problem: info, and it says the choice goes on.
+  EXPECT_NE(log1.find("[latent info] sequence "), std::string::npos) << log1;
+  EXPECT_NE(log1.find("repetition loop detected (period 2, "), std::string::npos) << log1;
+  EXPECT_NE(log1.find("it keeps generating (--stop-on-loop would end it)"), std::string::npos) << log1;
+  EXPECT_EQ(log1.find("[latent warn]"), std::string::npos) << log1;
+  EXPECT_EQ(ojson::parse(r->body)["choices"][0]["finish_reason"], "length");  // it ran to max_tokens
   ::testing::internal::CaptureStderr();
   r = post(f, "/v1/chat/completions", chat_body("[[loop]]", R"("max_tokens":100,"n":2,"ignore_eos":true)"));
   const std::string log2 = ::testing::internal::GetCapturedStderr();
   ASSERT_EQ(r->status, 200);
   EXPECT_EQ(log2.find("repetition loop"), std::string::npos) << log2;
   EXPECT_GE(metric(f, "repetition_loops_total"), 3);  // every looping sequence is still counted
+  EXPECT_NE(f.client().Get("/metrics")->body.find(
+                "# HELP latent:repetition_loops_total Sequences in which a repetition loop was detected (they keep "
+                "generating unless --stop-on-loop ends them)."),
+            std::string::npos);
+}
+
+// With --stop-on-loop the detection ends the choice: that cuts output, so it is a warning that says so.
+TEST(HttpServer, StopOnLoopEndsTheChoiceAndWarns) {
+  SchedulerOptions so;
+  so.stop_on_loop = true;
+  ServerFixture f({}, so);
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "ab";
+  f.engine.set_script("loop", script(text));
+  ::testing::internal::CaptureStderr();
+  auto r = post(f, "/v1/chat/completions", chat_body("[[loop]]", R"("max_tokens":100,"temperature":0)"));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto j = ojson::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_LT(j["usage"]["completion_tokens"].get<int>(), 100);  // stopped early
+  EXPECT_NE(log.find("[latent warn] sequence "), std::string::npos) << log;
+  EXPECT_NE(log.find("repetition loop detected (period 2, "), std::string::npos) << log;
+  EXPECT_NE(log.find("stopped (--stop-on-loop), finish_reason length"), std::string::npos) << log;
+  EXPECT_EQ(metric(f, "repetition_loops_total"), 1);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "fake_model.h"
 #include "server/request_schema.h"
+#include "server/schema_check.h"
 #include "server/service.h"
 
 namespace latent::server {
@@ -177,6 +178,18 @@ std::vector<Row> cases() {
   bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{"name":")" + std::string(65, 'a') + R"("}}])"), "invalid_value", "tools[0].function.name");
   bad(Ep::Chat, chat(R"("tools":[)" + tool + "," + tool + "]"), "invalid_value", "tools[1].function.name");
   bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{"name":"f","parameters":"x"}}])"), "invalid_type", "tools[0].function.parameters");
+  // A malformed `parameters` schema is refused whatever tool_choice is (absent, auto, none, required, named).
+  for (const char* choice : {"", R"("tool_choice":"auto",)", R"("tool_choice":"none",)", R"("tool_choice":"required",)",
+                             R"("tool_choice":{"type":"function","function":{"name":"f"}},)"}) {
+    for (const char* p : {R"({"type":"objekt","properties":5})", R"({"type":"object","properties":5})",
+                          R"({"type":"object","properties":{"x":{"type":"strin"}}})",
+                          R"({"type":"object","required":"x"})",
+                          R"({"type":"object","properties":{"x":{"$ref":"#/$defs/missing"}}})", R"({"type":"string"})"})
+      bad(Ep::Chat,
+          chat(std::string(choice) + R"("tools":[)" + tool +
+               R"(,{"type":"function","function":{"name":"f","parameters":)" + p + "}}]"),
+          "invalid_value", "tools[1].function.parameters");
+  }
   bad(Ep::Chat, chat(R"("tool_choice":"auto")"), "invalid_value", "tool_choice");
   bad(Ep::Chat, chat(R"("tool_choice":"sometimes","tools":[)" + tool + "]"), "invalid_value", "tool_choice");
   bad(Ep::Chat, chat(R"("tool_choice":{"type":"function","function":{"name":"other"}},"tools":[)" + tool + "]"), "invalid_value", "tool_choice.function.name");
@@ -458,6 +471,109 @@ TEST(RequestSchema, BudgetedEncodingStopsEarly) {
   auto exact = encode_with_budget(codec, text.substr(0, 600), false, 1000);
   EXPECT_FALSE(exact.over);
   EXPECT_EQ(exact.ids, codec.encode(text.substr(0, 600), false));
+  // A text without whitespace cannot be cut safely; its length alone (no token covers more than the longest token's
+  // bytes) decides, without tokenizing it.
+  const size_t tmax = max_token_bytes(codec);
+  ASSERT_GT(tmax, 1u);
+  const std::string solid(4 * tmax * 109 + 1, 'x');
+  auto len = encode_with_budget(codec, solid, false, 100, tmax);
+  EXPECT_TRUE(len.over);
+  EXPECT_TRUE(len.ids.empty());
+  EXPECT_GT(len.at_least, 100);
+  EXPECT_FALSE(encode_with_budget(codec, solid, false, 100).ids.empty());  // without the bound: tokenized
+  // Never a false refusal: the longest token repeated up to the limit still fits, and is tokenized in full.
+  std::string longest;
+  for (int32_t id = 0; id < codec.id_limit(); ++id)
+    if (codec.token_bytes(id).size() == tmax) longest = codec.token_bytes(id);
+  std::string full;
+  for (int i = 0; i < 100; ++i) full += longest;
+  auto fits = encode_with_budget(codec, full, false, 100, tmax);
+  EXPECT_FALSE(fits.over);
+  EXPECT_EQ(fits.ids, codec.encode(full, false));
+}
+
+}  // namespace
+}  // namespace latent::server
+
+namespace latent::server {
+namespace {
+
+// json_schema_problem: the shape of every draft keyword, recursively, with the location of the first problem; valid
+// keywords that constrained decoding does not implement (minimum, format) and unknown keywords pass.
+TEST(SchemaCheck, MalformedSchemasNameTheLocationAndTheProblem) {
+  struct Bad {
+    const char* schema;
+    const char* needle;
+  };
+  const Bad bad[] = {
+      {R"({"type":"objekt"})", "at #: 'objekt' is not a JSON Schema type"},
+      {R"({"type":["string","string"]})", "'type' lists 'string' twice"},
+      {R"({"type":[]})", "'type' must not be an empty array"},
+      {R"({"type":5})", "'type' must be a type name"},
+      {R"({"properties":5})", "at #: 'properties' must be an object whose values are schemas (got a number)"},
+      {R"({"properties":{"a/b":{"type":"x"}}})", "at #/properties/a~1b: 'x' is not a JSON Schema type"},
+      {R"({"properties":{"a":3}})", "at #/properties/a: a schema must be an object or a boolean (got a number)"},
+      {R"({"items":{"items":{"type":"nope"}}})", "at #/items/items: 'nope'"},
+      {R"({"items":[{"type":"string"},{"minItems":-1}]})", "at #/items/1: 'minItems' must be a non-negative integer"},
+      {R"({"required":"x"})", "'required' must be an array of strings (got a string)"},
+      {R"({"required":["x",1]})", "'required' must be an array of strings (item 1 is a number)"},
+      {R"({"required":["x","x"]})", "'required' lists 'x' twice"},
+      {R"({"anyOf":[]})", "'anyOf' must be a non-empty array of schemas"},
+      {R"({"oneOf":[{"type":"string"},{"enum":3}]})", "at #/oneOf/1: 'enum' must be an array"},
+      {R"({"allOf":{}})", "'allOf' must be a non-empty array of schemas"},
+      {R"({"maxLength":1.5})", "'maxLength' must be a non-negative integer"},
+      {R"({"minimum":"0"})", "'minimum' must be a number (got a string)"},
+      {R"({"multipleOf":0})", "'multipleOf' must be a number greater than 0"},
+      {R"({"uniqueItems":"yes"})", "'uniqueItems' must be a boolean"},
+      {R"({"pattern":7})", "'pattern' must be a string"},
+      {R"({"additionalProperties":"no"})", "at #/additionalProperties: a schema must be an object or a boolean"},
+      {R"({"$ref":"#/definitions/a"})", "'$ref' '#/definitions/a' does not resolve"},
+      {R"({"$defs":{"a":{"type":"object"}},"$ref":"#/$defs/b"})", "does not resolve"},
+      {R"({"$ref":5})", "'$ref' must be a string"},
+      {R"({"dependentRequired":{"a":"b"}})", "'a' must be an array of strings"},
+      {R"({"dependencies":{"a":5}})", "at #/dependencies/a: a schema must be an object or a boolean"},
+      {R"({"not":[]})", "at #/not: a schema must be an object or a boolean (got an array)"},
+      {"[]", "at #: a schema must be an object or a boolean (got an array)"},
+  };
+  for (const Bad& b : bad) {
+    const std::string p = json_schema_problem(ojson::parse(b.schema));
+    EXPECT_NE(p.find(b.needle), std::string::npos) << b.schema << " -> '" << p << "'";
+  }
+}
+
+TEST(SchemaCheck, WellFormedSchemasPass) {
+  for (const char* s : {
+           "{}", "true", "false", R"({"type":"object"})", R"({"type":["string","null"]})",
+           R"({"type":"object","properties":{"x":{"type":"integer","minimum":0,"maximum":3,"exclusiveMaximum":true}},
+               "required":["x"],"additionalProperties":false})",
+           R"({"type":"object","properties":{"d":{"type":"string","format":"date-time","pattern":"^\\d+$"}}})",
+           R"({"$defs":{"n":{"type":"number","multipleOf":0.5}},"type":"object",
+               "properties":{"n":{"$ref":"#/$defs/n"}}})",
+           R"({"definitions":{"a~b":{"type":"string"}},"properties":{"x":{"$ref":"#/definitions/a~0b"}}})",
+           R"({"properties":{"r":{"$ref":"#"}}})", R"({"properties":{"r":{"$ref":"https://example.com/s.json"}}})",
+           R"({"items":[{"type":"string"}],"additionalItems":false,"minItems":2.0})",
+           R"({"prefixItems":[{"const":1}],"items":false,"contains":{"type":"number"},"minContains":1})",
+           R"({"if":{"required":["a"]},"then":{"required":["b"]},"else":true,"not":{"type":"null"}})",
+           R"({"dependencies":{"a":["b"],"c":{"required":["d"]}},"dependentRequired":{"e":["f"]}})",
+           R"({"x-custom":{"anything":[1,2]},"enum":[],"const":null,"default":5,"examples":[1],"deprecated":true})",
+       })
+    EXPECT_EQ(json_schema_problem(ojson::parse(s)), "") << s;
+}
+
+TEST(SchemaCheck, ToolErrorNamesTheToolAndTheSchemaError) {
+  const ojson b = parse_json_body(R"({"messages":[{"role":"user","content":"hi"}],
+    "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"objekt","properties":5}}}]})");
+  try {
+    parse_chat_request(b, ctx());
+    FAIL() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.code, "invalid_value");
+    EXPECT_EQ(e.param, "tools[0].function.parameters");
+    EXPECT_NE(e.message.find("Invalid schema for function 'get_weather': at #: 'objekt' is not a JSON Schema type"),
+              std::string::npos)
+        << e.message;
+  }
 }
 
 }  // namespace

@@ -4,13 +4,8 @@
 // intrinsics carries the target attribute, so each includer gets its own copy compiled for its own ISA and
 // nothing compiled with wide instructions can be shared with (or picked by the linker for) baseline code.
 //
-// Layouts of prepared x (see cpu_kernels.h), 256-bit:
-//   BF16: groups of 16 columns: xp[j] = x[2j], xp[8+j] = x[2j+1] (j < 8) — a dword of two bf16 gives the even
-//         element by a left shift and the odd one by a mask, no shuffle.
-//   MXFP4: per 32-element block: xp[8v + 4h + i] = x[4i + h + {0,2,16,18}[v]] — the order the nibble split
-//         (lane 0 low nibbles, lane 1 high nibbles), two pshufb table look-ups (bytes 2 and 3 of the fp32 value)
-//         and the byte/word unpacks produce.
-//   others: natural.
+// The matmul tiles and the prepared-x layouts are width-generic (mm_body.h, included at the end with vec_body.h);
+// this file holds the 256-bit helpers, row ops, decoders and attention tiles, and V8, the 256-bit vector traits.
 #pragma once
 #ifndef LATENT_CPU_TARGET
 #error "define LATENT_CPU_TARGET before including avx2_body.h"
@@ -189,24 +184,29 @@ LT void v2_rms_norm_row(const float* x, const float* w, int64_t D, float eps, fl
   }
 }
 
+LT void v2_silu_mul8(const float* g8, const float* u8, float* o8, bool bf16) {
+  const __m256 g = _mm256_loadu_ps(g8);
+  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+  if (bf16) s = bf16r8(s);
+  __m256 v = _mm256_mul_ps(s, _mm256_loadu_ps(u8));
+  if (bf16) v = bf16r8(v);
+  _mm256_storeu_ps(o8, v);
+}
+
+// Every element through the same vector arithmetic (the tail padded into a full vector), so that a value does not
+// depend on where a call's range starts or ends (thread splits, the row-wise fused epilogue).
 LT void v2_silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16) {
-  const __m256 one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-    __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
-    if (bf16) s = bf16r8(s);
-    __m256 v = _mm256_mul_ps(s, _mm256_loadu_ps(up + i));
-    if (bf16) v = bf16r8(v);
-    _mm256_storeu_ps(out + i, v);
-  }
-  for (; i < n; ++i) {
-    const float g = gate[i];
-    float s = g / (1.0f + std::exp(-g));
-    if (bf16) s = bf16r_s(s);
-    const float v = s * up[i];
-    out[i] = bf16 ? bf16r_s(v) : v;
+  for (; i + 8 <= n; i += 8) v2_silu_mul8(gate + i, up + i, out + i, bf16);
+  if (i < n) {
+    alignas(32) float g8[8] = {}, u8[8] = {}, o8[8];
+    for (int64_t j = i; j < n; ++j) {
+      g8[j - i] = gate[j];
+      u8[j - i] = up[j];
+    }
+    v2_silu_mul8(g8, u8, o8, bf16);
+    for (int64_t j = i; j < n; ++j) out[j] = o8[j - i];
   }
 }
 
@@ -336,36 +336,6 @@ LTI void fp8_decode16(__m128i v, bool fnuz, __m256& lo, __m256& hi, __m128i& nan
   nan = _mm_or_si128(nan, m);
 }
 
-// Natural-order decoders for the generic kernel: 16 elements at a time (times a per-format multiplier) and one
-// element (exact).
-struct DecF32 {
-  static constexpr int kBytes = 4;
-  LTI static void load16(const uint8_t* p, bool, __m256& lo, __m256& hi, __m128i&) {
-    lo = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-    hi = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 32));
-  }
-  static float one(const uint8_t* p, bool) { return load_f32u(p, 0); }
-};
-struct DecF16 {
-  static constexpr int kBytes = 2;
-  LTI static void load16(const uint8_t* p, bool, __m256& lo, __m256& hi, __m128i&) {
-    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-  }
-  static float one(const uint8_t* p, bool) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return f16_to_f32(h);
-  }
-};
-struct DecFp8 {
-  static constexpr int kBytes = 1;
-  LTI static void load16(const uint8_t* p, bool fnuz, __m256& lo, __m256& hi, __m128i& nan) {
-    fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), fnuz, lo, hi, nan);
-  }
-  static float one(const uint8_t* p, bool fnuz) { return fnuz ? kE4M3FnuzToF32[*p] : kE4M3FnToF32[*p]; }
-};
-
 inline bool is_fp8(WeightFormat f) {
   return f == WeightFormat::FP8_E4M3_BLOCK || f == WeightFormat::FP8_E4M3_TENSOR ||
          f == WeightFormat::FP8_E4M3_CHANNEL;
@@ -395,303 +365,13 @@ inline RowScales row_scales(const QuantWeight& w, int64_t r) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Prepared-x permutations (256-bit layouts)
-// ---------------------------------------------------------------------------------------------------------------
-inline void perm_bf16_16(const float* x, float* xp) {
-  for (int j = 0; j < 8; ++j) {
-    xp[j] = x[2 * j];
-    xp[8 + j] = x[2 * j + 1];
-  }
-}
-inline void perm_mx_32(const float* x, float* xp) {
-  for (int v = 0; v < 4; ++v)
-    for (int h = 0; h < 2; ++h)
-      for (int i = 0; i < 4; ++i) xp[8 * v + 4 * h + i] = x[4 * i + h + kMxOff[v]];
-}
-
-[[maybe_unused]] bool v2_permutes(WeightFormat f) { return f == WeightFormat::BF16 || f == WeightFormat::MXFP4; }
-
-[[maybe_unused]] void v2_prep_x(WeightFormat f, const float* x, int64_t M, int64_t K, float* xp) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xm = x + m * K;
-    float* o = xp + m * K;
-    int64_t k = 0;
-    if (f == WeightFormat::BF16) {
-      for (; k + 16 <= K; k += 16) perm_bf16_16(xm + k, o + k);
-    } else if (f == WeightFormat::MXFP4) {
-      for (; k + 32 <= K; k += 32) perm_mx_32(xm + k, o + k);
-    }
-    for (; k < K; ++k) o[k] = xm[k];
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Matmul kernels (256-bit): register tiles of MT activation rows x NT weight rows.
-//
-// Batch invariance (the engine promises a sequence's logits do not depend on what else is in the step): every
-// output y[m, r] is computed by exactly the same sequence of fp32 operations whatever the tile shape, M, the row
-// range a thread got, or the position of row m in the batch:
-//   * one accumulator chain per (m, r) pair — the instruction-level parallelism comes from the MT x NT pairs of a
-//     tile, never from splitting one dot product over several accumulators, so a 1 x 1 tail tile does what a
-//     4 x 2 tile does for each of its pairs;
-//   * the order over k is fixed per format (16-column groups, 32-element blocks, scale blocks), the horizontal
-//     sum is hsum8, the columns past the last full group are added after it with explicit scalar FMAs;
-//   * K is never split across threads.
-// Tiles differ only in which pair's operation is issued when (loop order, registers), which does not change any
-// rounding. The batch-invariance test of the op harness checks this bit for bit.
+// Matmul helpers (the tiles themselves are width-generic: mm_body.h)
 // ---------------------------------------------------------------------------------------------------------------
 LTI float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 
 // A prefetch hint for an address that may lie past the end of the weight (the next tile of the last one): an
 // integer address, so no out-of-range pointer is ever formed; prefetches never fault.
 LTI void prefetch_at(uintptr_t a) { _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T0); }
-
-// BF16: per 16-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc) (prepared x order).
-struct V2Bf16 {
-  static constexpr int kMaxMt = 3;  // tiles of up to 3 activation rows (x NT weight rows)
-  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
-  // acc[m][n] = fma(half, x[m·K + 0..8), acc[m][n]) for one half (even: d << 16, odd: d & hm) of the 16-column
-  // group at k, x (already offset to the half) loaded once into registers for the NT rows.
-  template <int MT, int NT, bool kOdd>
-  LTI static void mm_half(const uint8_t* base, int64_t K, const float* x, int64_t k, __m256i hm,
-                          __m256 (&acc)[MT][NT]) {
-    __m256 xv[MT];
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) xv[m] = _mm256_loadu_ps(x + m * K);
-#pragma GCC unroll 8
-    for (int n = 0; n < NT; ++n) {
-      const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + n * 2 * K + 2 * k));
-      const __m256 h =
-          _mm256_castsi256_ps(kOdd ? _mm256_and_si256(d, hm) : _mm256_slli_epi32(d, 16));
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) acc[m][n] = _mm256_fmadd_ps(h, xv[m], acc[m][n]);
-    }
-  }
-  template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
-    const int64_t K = w.cols, K16 = K & ~int64_t(15);
-    const __m256i hm = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
-    __m256 acc[MT][NT];
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K16; k += 16) {
-      if constexpr (MT >= 3) {
-        // Prefill tiles (3 x 3): the MT activation vectors of a half group held in registers and reused by the NT
-        // weight rows (MT·NT FMAs for MT + NT loads; the weight dword is loaded again for the odd half rather than
-        // kept, 9 + 3 + 1 + 1 of the 16 ymm registers). Every pair still does its even FMA before its odd one in
-        // each group, so the bits are those of the other tiles. Measured ~75-80 % of the FMA peak at M >= 64 on
-        // Zen 3 (was ~55-60 % with x as memory operands: one load per FMA).
-        mm_half<MT, NT, false>(base, K, x + k, k, hm, acc);
-        mm_half<MT, NT, true>(base, K, x + k + 8, k, hm, acc);
-        continue;
-      }
-      // Decode tiles: weight rows outer, each weight vector decoded once, activations read from L1 (x as FMA memory
-      // operands; measured faster at M = 1 than keeping the weights in registers with the activation rows outer).
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + n * 2 * K + 2 * k));
-        const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
-        const __m256 o = _mm256_castsi256_ps(_mm256_and_si256(d, hm));
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          acc[m][n] = _mm256_fmadd_ps(e, _mm256_loadu_ps(x + m * K + k), acc[m][n]);
-          acc[m][n] = _mm256_fmadd_ps(o, _mm256_loadu_ps(x + m * K + k + 8), acc[m][n]);
-        }
-      }
-    }
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) {
-      const int m = i / NT, n = i % NT;
-      const uint8_t* row = base + n * 2 * K;
-      float s = hsum8(acc[m][n]);
-      for (int64_t c = K16; c < K; ++c) {
-        uint16_t h;
-        std::memcpy(&h, row + 2 * c, 2);
-        s = fma1(bf16_to_f32(h), x[m * K + c], s);
-      }
-      y[m * ldy + n] = s;
-    }
-  }
-};
-
-// MXFP4: per 32-element block b, t = f0·x0 (+fma f1·x1, f2·x2, f3·x3); acc = fma(t, scale_b, acc).
-struct V2Mxfp4 {
-  static constexpr int kMaxMt = 3;
-  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
-  template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
-    const int64_t K = w.cols, nb = K / 32;
-    const Mx2Const c = mx2_const();
-    const float* e8 = kE8M0ToF32.data();
-    const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (K / 2);
-    const uint8_t* sc = static_cast<const uint8_t*>(w.scale) + r * nb;
-    // Software prefetch of the next tile's rows (codes and scales), spread over this tile's blocks: an expert row is
-    // only K/2 bytes (8 cache lines at K = 1024), too short for the hardware stream prefetcher to ramp up on, and the
-    // tile reads 2·NT short streams at once. Measured 4-5 -> 7.8 GB/s for DRAM-resident 256 x 1024 weights, M = 1.
-    const uintptr_t pq = reinterpret_cast<uintptr_t>(q) + static_cast<uintptr_t>(NT * (K / 2));
-    const uintptr_t ps = reinterpret_cast<uintptr_t>(sc) + static_cast<uintptr_t>(NT * nb);
-    __m256 acc[MT][NT];
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-#pragma GCC unroll 8
-      for (int j = 0; j < NT * 16; j += 64) prefetch_at(pq + static_cast<uintptr_t>(b * NT * 16 + j));
-      if (b * 64 < NT * nb) prefetch_at(ps + static_cast<uintptr_t>(b * 64));
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        __m256 f0, f1, f2, f3;
-        mx2_decode(q + n * (K / 2) + b * 16, c, f0, f1, f2, f3);
-        const __m256 s = _mm256_broadcast_ss(e8 + sc[n * nb + b]);
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          const float* xb = x + m * K + b * 32;
-          __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
-          t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
-          t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
-          t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
-          acc[m][n] = _mm256_fmadd_ps(t, s, acc[m][n]);
-        }
-      }
-    }
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = hsum8(acc[i / NT][i % NT]);
-  }
-};
-
-// F32 / F16 / FP8 (block, tensor, channel): natural order. Per scale block j: a = Σ fma over 16-column groups
-// (low 8 then high 8), tot = fma(a, scale_j·mult, tot); the block's columns past its last 16-group go to a scalar
-// chain (fma(w·scale_j, x, tail)); y = hsum8(tot) + tail. A row holding a NaN fp8 code takes the exact scalar
-// kernel (per row, so the choice does not depend on the tile).
-template <class Dec>
-struct V2Nat {
-  static constexpr int kMaxMt = 3;
-  static constexpr int nt(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 2; }
-  template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
-    const int64_t K = w.cols;
-    const bool fnuz = w.fnuz;
-    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * K * Dec::kBytes;
-    RowScales rs[NT];
-#pragma GCC unroll 8
-    for (int n = 0; n < NT; ++n) rs[n] = row_scales(w, r + n);
-    const int64_t bc = rs[0].bc;
-    __m256 tot[MT][NT];
-    float tail[MT][NT];
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) {
-      tot[i / NT][i % NT] = _mm256_setzero_ps();
-      tail[i / NT][i % NT] = 0.0f;
-    }
-    __m128i nan = _mm_setzero_si128();
-    for (int64_t c0 = 0, j = 0; c0 < K; c0 += bc, ++j) {
-      const int64_t c1 = c0 + bc < K ? c0 + bc : K;
-      __m256 a[MT][NT];
-#pragma GCC unroll 32
-      for (int i = 0; i < MT * NT; ++i) a[i / NT][i % NT] = _mm256_setzero_ps();
-      int64_t c = c0;
-      for (; c + 16 <= c1; c += 16) {
-#pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) {
-          __m256 lo, hi;
-          Dec::load16(base + (n * K + c) * Dec::kBytes, fnuz, lo, hi, nan);
-#pragma GCC unroll 8
-          for (int m = 0; m < MT; ++m) {
-            a[m][n] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + m * K + c), a[m][n]);
-            a[m][n] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + m * K + c + 8), a[m][n]);
-          }
-        }
-      }
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        const float s = rs[n].at(j);
-        const __m256 sv = _mm256_set1_ps(s * rs[n].mult);
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) tot[m][n] = _mm256_fmadd_ps(a[m][n], sv, tot[m][n]);
-        for (int64_t cc = c; cc < c1; ++cc) {
-          const float wv = Dec::one(base + (n * K + cc) * Dec::kBytes, fnuz) * s;
-#pragma GCC unroll 8
-          for (int m = 0; m < MT; ++m) tail[m][n] = fma1(wv, x[m * K + cc], tail[m][n]);
-        }
-      }
-    }
-    if (!_mm_testz_si128(nan, nan)) {  // a NaN code in one of the rows: redo row by row
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        if constexpr (NT > 1)
-          tile<MT, 1>(w, x, r + n, y + n, ldy);
-        else
-          kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y, ldy);
-      }
-      return;
-    }
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = hsum8(tot[i / NT][i % NT]) + tail[i / NT][i % NT];
-  }
-};
-
-// Rows [rs, re) for MT activation rows: full NT tiles, then 1-row tiles.
-template <class F, int MT>
-LT void v2_mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re, float* y, int64_t ldy) {
-  constexpr int NT = F::nt(MT);
-  int64_t r = rs;
-  for (; r + NT <= re; r += NT) F::template tile<MT, NT>(w, x, r, y + (r - rs), ldy);
-  for (; r < re; ++r) F::template tile<MT, 1>(w, x, r, y + (r - rs), ldy);
-}
-
-// Weight rows per panel when M needs several activation tiles: ~48 KiB, so the panel stays in L1/L2 while every tile
-// of a chunk streams it (a multiple of 24, so that panels split into whole NT tiles for every NT used).
-inline int64_t tile_rows(const QuantWeight& w) {
-  const int64_t rb = w.row_bytes() > 0 ? (48 * 1024) / w.row_bytes() : 1;
-  return rb < 24 ? 24 : rb / 24 * 24;
-}
-
-template <class F, int MT>
-LT void v2_mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
-                    int64_t ldy) {
-  const int64_t K = w.cols;
-  for (; m0 + MT <= m1; m0 += MT) v2_mm_rows<F, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
-  const float* x = xp + m0 * K;
-  float* ym = y + m0 * ldy;
-  switch (m1 - m0) {  // fewer than MT rows left
-    case 1: v2_mm_rows<F, 1>(w, x, rs, re, ym, ldy); break;
-    case 2: if constexpr (MT > 2) v2_mm_rows<F, 2>(w, x, rs, re, ym, ldy); break;
-    case 3: if constexpr (MT > 3) v2_mm_rows<F, 3>(w, x, rs, re, ym, ldy); break;
-    case 4: if constexpr (MT > 4) v2_mm_rows<F, 4>(w, x, rs, re, ym, ldy); break;
-    default: break;
-  }
-}
-
-template <class F>
-LT void v2_mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  // M <= kMt: one pass over the rows. Larger M: chunks of kChunkM activation rows (kept in L2) against panels of
-  // weight rows (kept in L1/L2 while every kMt-row tile of the chunk streams them); a weight row is read from
-  // memory once per chunk.
-  constexpr int kMt = F::kMaxMt;
-  constexpr int64_t kChunkM = 8 * kMt;
-  const int64_t panel = M <= kMt ? r1 - r0 : tile_rows(w);
-  for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
-    const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
-    for (int64_t rs = r0; rs < r1; rs += panel) {
-      const int64_t re = rs + panel < r1 ? rs + panel : r1;
-      v2_mm_tiles<F, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy);
-    }
-  }
-}
-
-LT void v2_matmul_rows(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y,
-                       int64_t ldy) {
-  if (M <= 0 || r1 <= r0) return;
-  switch (w.format) {
-    case WeightFormat::BF16: return v2_mm_fmt<V2Bf16>(w, xp, M, r0, r1, y, ldy);
-    case WeightFormat::MXFP4: return v2_mm_fmt<V2Mxfp4>(w, xp, M, r0, r1, y, ldy);
-    case WeightFormat::F32: return v2_mm_fmt<V2Nat<DecF32>>(w, xp, M, r0, r1, y, ldy);
-    case WeightFormat::F16: return v2_mm_fmt<V2Nat<DecF16>>(w, xp, M, r0, r1, y, ldy);
-    case WeightFormat::FP8_E4M3_BLOCK:
-    case WeightFormat::FP8_E4M3_TENSOR:
-    case WeightFormat::FP8_E4M3_CHANNEL: return v2_mm_fmt<V2Nat<DecFp8>>(w, xp, M, r0, r1, y, ldy);
-  }
-}
 
 LT void v2_dequant_row(const QuantWeight& w, int64_t r, float* out) {
   const int64_t K = w.cols;
@@ -712,7 +392,11 @@ LT void v2_dequant_row(const QuantWeight& w, int64_t r, float* out) {
     case WeightFormat::F16:
       for (; c + 8 <= K; c += 8)
         _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c))));
-      for (; c < K; ++c) out[c] = DecF16::one(row + 2 * c, false);
+      for (; c < K; ++c) {
+        uint16_t h;
+        std::memcpy(&h, row + 2 * c, 2);
+        out[c] = f16_to_f32(h);
+      }
       return;
     case WeightFormat::FP8_E4M3_BLOCK:
     case WeightFormat::FP8_E4M3_TENSOR:
@@ -727,7 +411,7 @@ LT void v2_dequant_row(const QuantWeight& w, int64_t r, float* out) {
         for (; c + 16 <= c1; c += 16) {
           __m256 lo, hi;
           __m128i nan = _mm_setzero_si128();
-          DecFp8::load16(row + c, w.fnuz, lo, hi, nan);
+          fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c)), w.fnuz, lo, hi, nan);
           _mm256_storeu_ps(out + c, _mm256_mul_ps(lo, sv));
           _mm256_storeu_ps(out + c + 8, _mm256_mul_ps(hi, sv));
           if (!_mm_testz_si128(nan, nan))
@@ -930,5 +614,98 @@ LT void v2_attn_pack_kt(const float* const* rows, int64_t d, float* kt) {
     for (int64_t j = 0; j < kAttnKeyTile; ++j) kt[x * kAttnKeyTile + j] = rows[j][x];
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// 256-bit vector traits of the width-generic kernels (vec_body.h).
+// ---------------------------------------------------------------------------------------------------------------
+struct V8 {
+  using F = __m256;
+  static constexpr int W = 8;
+  LTI static __m256i part_mask(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  LTI static F zero() { return _mm256_setzero_ps(); }
+  LTI static F set1(float v) { return _mm256_set1_ps(v); }
+  LTI static F bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  LTI static F load(const float* p) { return _mm256_loadu_ps(p); }
+  LTI static F load(const uint16_t* p) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+  LTI static F load_part(const float* p, int64_t n) { return _mm256_maskload_ps(p, part_mask(n)); }
+  LTI static F load_part(const uint16_t* p, int64_t n) {
+    alignas(16) uint16_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(t, p, static_cast<size_t>(n) * 2);
+    return load(t);
+  }
+  LTI static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  LTI static void store_part(float* p, F v, int64_t n) { _mm256_maskstore_ps(p, part_mask(n), v); }
+  LTI static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  LTI static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  LTI static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  LTI static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  LTI static float hsum(F v) { return hsum8(v); }
+
+  // ---- matmul tiles (mm_body.h) ----
+  static constexpr int kMt = 3;  // 16 ymm registers: tiles of up to 3 activation rows
+  static constexpr int nt_bf16(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
+  static constexpr int nt_mx(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
+  static constexpr int nt_nat(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 2; }
+  static constexpr int64_t kChunkM = 8 * kMt;
+  // bf16 prefill tile (3 x 3): the activation vectors held in registers (measured ~75-80 % of the FMA peak at
+  // M >= 64 on Zen 3, ~55-60 % with x as memory operands).
+  static constexpr int kBf16HoldX = 3, kBf16HoldW = 99;
+  using I = __m256i;
+  LTI static I loadi(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  LTI static F bf16_lo(I d) { return _mm256_castsi256_ps(_mm256_slli_epi32(d, 16)); }
+  LTI static F bf16_hi(I d) {
+    return _mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  static constexpr int kMxBlocks = 1;
+  using MxC = Mx2Const;
+  LTI static MxC mx_const() { return mx2_const(); }
+  LTI static void mx_decode(const uint8_t* q, const MxC& c, F& f0, F& f1, F& f2, F& f3) {
+    mx2_decode(q, c, f0, f1, f2, f3);
+  }
+  LTI static F mx_scale(const float* e8, const uint8_t* sc) { return _mm256_broadcast_ss(e8 + sc[0]); }
+  using Nan = __m128i;  // fp8 NaN codes seen (bytes 0xFF)
+  LTI static Nan nan_none() { return _mm_setzero_si128(); }
+  LTI static bool nan_any(Nan n) { return !_mm_testz_si128(n, n); }
+  // 2W natural-order elements at p (F32, F16 or FP8: value / 256 or / 128 for fnuz, see fp8_decode16).
+  template <int kFmt>
+  LTI static void nat_load2(const uint8_t* p, bool fnuz, F& lo, F& hi, Nan& nan) {
+    if constexpr (kFmt == 0) {
+      lo = _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+      hi = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 32));
+    } else if constexpr (kFmt == 1) {
+      lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    } else {
+      fp8_decode16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), fnuz, lo, hi, nan);
+    }
+  }
+  // The first n < W (or = W) of them, the rest zero.
+  template <int kFmt>
+  LTI static F nat_load_part(const uint8_t* p, int64_t n, bool fnuz, Nan& nan) {
+    constexpr int kB = kFmt == 0 ? 4 : kFmt == 1 ? 2 : 1;
+    alignas(32) uint8_t t[64] = {};
+    std::memcpy(t, p, static_cast<size_t>(n * kB));
+    F lo, hi;
+    nat_load2<kFmt>(t, fnuz, lo, hi, nan);
+    return lo;
+  }
+
+  // r[k] = ((v[k]_0 + v[k]_1) + (v[k]_2 + v[k]_3)) + ((v[k]_4 + v[k]_5) + (v[k]_6 + v[k]_7)) for every k.
+  LTI static F reduce(const F* v) {
+    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  }
+};
+
 }  // namespace
 }  // namespace latent::cpu
+
+#include "kernels/cpu/mm_body.h"
+#include "kernels/cpu/vec_body.h"

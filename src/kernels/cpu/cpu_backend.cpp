@@ -14,7 +14,11 @@
 
 #include "core/log.h"
 #include "core/threads.h"
+#include "kernels/cpu/aligned.h"
+#include "kernels/cpu/cpu_attention.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/ref/host_tensor.h"
+#include "kernels/ref/host_typed.h"
 #include "kernels/ref/ref_backend.h"
 #include "quant/float_formats.h"
 
@@ -80,12 +84,12 @@ const cpu::Kernels& kernels_for(CpuIsa isa) {
 float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 // Per-thread scratch (ops may run concurrently on different threads; each pool thread has its own).
-std::vector<float>& scratch(int slot) {
-  thread_local std::vector<float> bufs[4];
+cpu::AlignedVec<float>& scratch(int slot) {
+  thread_local cpu::AlignedVec<float> bufs[4];
   return bufs[slot];
 }
 float* scratch_ptr(int slot, int64_t n) {
-  std::vector<float>& v = scratch(slot);
+  cpu::AlignedVec<float>& v = scratch(slot);
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
   return v.data();
 }
@@ -96,14 +100,14 @@ int64_t row_grain(const QuantWeight& w, int64_t M) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / per_row);
 }
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public HostTyped<CpuBackend> {
  public:
   CpuBackend(int threads, CpuIsa isa) : pool_(threads), isa_(resolve_isa(isa)), k_(kernels_for(isa_)) {}
   const char* name() const override { return "cpu"; }
   int num_threads() const override { return pool_.size(); }
 
   // ---------------- linear ----------------
-  void matmul(const QuantWeight& w, const float* x, int64_t M, float* y) override {
+  void matmul_f32(const QuantWeight& w, const float* x, int64_t M, float* y) {
     const int64_t N = w.rows, K = w.cols;
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
@@ -120,8 +124,8 @@ class CpuBackend final : public Backend {
                        [&](int64_t r0, int64_t r1) { k_.matmul_rows(w, xp, M, r0, r1, y + r0, N); });
   }
 
-  void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
-                      float* y) override {
+  void grouped_matmul_f32(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
+                          float* y) {
     struct Item {
       const QuantWeight* w;
       const float* xp;
@@ -190,7 +194,7 @@ class CpuBackend final : public Backend {
     pool_.parallel_for(parts, 1, [&](int64_t p0, int64_t p1) { run_flat(flat_at(p0), flat_at(p1)); });
   }
 
-  void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) override {
+  void embedding_f32(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) {
     const int64_t D = table.cols;
     pool_.parallel_for(M, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, D)), [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) k_.dequant_row(table, ids[m], out + m * D);
@@ -198,22 +202,22 @@ class CpuBackend final : public Backend {
   }
 
   // ---------------- norms / elementwise ----------------
-  void rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16) override {
+  void rms_norm_f32(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16) {
     pool_.parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, D)), [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) k_.rms_norm_row(x + m * D, w, D, eps, y + m * D, bf16);
     });
   }
 
-  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
-                  bool bf16) override {
+  void layer_norm_f32(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
+                      bool bf16) {
     // Small (the indexer's k_norm): the ref formula row by row (double statistics), split over rows.
     pool_.parallel_for(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, D)), [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) ref::layer_norm_row(x + m * D, w, b, D, eps, y + m * D, bf16);
     });
   }
 
-  void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
-            const int64_t* pos, const RopeParams& p, bool bf16) override {
+  void rope_f32(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+                const int64_t* pos, const RopeParams& p, bool bf16) {
     const int64_t half = p.dim / 2;
     if (half <= 0) return;
     const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, n_heads * p.dim));
@@ -250,24 +254,20 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16) override {
+  void silu_mul_f32(const float* gate, const float* up, int64_t n, float* out, bool bf16) {
     pool_.parallel_for(n, 16384, [&](int64_t i0, int64_t i1) {
       k_.silu_mul(gate + i0, up + i0, i1 - i0, out + i0, bf16);
     });
   }
 
-  void add(float* y, const float* x, int64_t n, bool bf16) override {
+  void add_f32(float* y, const float* x, int64_t n, bool bf16) {
     pool_.parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) { k_.add(y + i0, x + i0, i1 - i0, bf16); });
   }
 
-  void round_bf16(float* x, int64_t n) override {
-    pool_.parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) { k_.round_bf16(x + i0, i1 - i0); });
-  }
-
   // ---------------- MLA attention ----------------
-  void mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S,
-                           int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
-                           bool bf16) override {
+  void mla_attention_naive_f32(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S,
+                               int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
+                               bool bf16) {
     // Flash-style (flash_core): blocks of kQueryBlock queries of one head against tiles of keys packed once per
     // block. Head-major items: the static split gives each thread whole heads (equal work under the causal mask).
     const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
@@ -303,100 +303,80 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void mla_attention_absorbed(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
-                              const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
-                              const KeySelection& sel, float scale, float* o, bool bf16) override {
-    const int64_t dc = d.latent, dr = d.rope;
+  void mla_attention_absorbed_f32(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
+                                  const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
+                                  const KeySelection& sel, float scale, float* o, bool bf16) {
     const int32_t q_begin[2] = {0, static_cast<int32_t>(S)};
     const int32_t ctx[1] = {static_cast<int32_t>(T)};
-    auto pack = [&](int64_t, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf,
-                    const float* zeros, bool want_v, int64_t& ldv) -> const float* {
-      const float* ct[kKT];
-      const float* kp[kKT];
-      for (int64_t j = 0; j < kKT; ++j) {
-        const int64_t t = j < nk ? (klist ? klist[j0 + j] : j0 + j) : -1;
-        ct[j] = t < 0 ? zeros : c + t * dc;
-        kp[j] = t < 0 ? zeros : k_pe + t * dr;
-      }
-      k_.attn_pack_kt(ct, dc, kt);
-      k_.attn_pack_kt(kp, dr, kt + dc * kKT);
-      if (!want_v) return nullptr;
-      if (!klist) {
-        ldv = dc;
-        return ct[0];
-      }
-      for (int64_t j = 0; j < nk; ++j) std::memcpy(vbuf + j * dc, ct[j], sizeof(float) * static_cast<size_t>(dc));
-      ldv = dc;
-      return vbuf;
-    };
-    absorbed_flash(d, q, kv_b, 1, q_begin, ctx, q_pos, sel, scale, o, bf16, pack);
+    cpu::AbsorbedCall a = absorbed_call(d, q, kv_b, q_pos, sel, scale, o, bf16);
+    a.c = c;
+    a.k_pe = k_pe;
+    a.n_seqs = 1;
+    a.q_begin = q_begin;
+    a.ctx_len = ctx;
+    cpu::absorbed_attention(k_, pool_, a);
   }
 
-  // The paged form straight over the pool (no gather of the context): the key tiles are packed from the pool
-  // rows the block table names (c = columns 0..dc, k_pe = dc..dc+dr; bf16 pools widened while packing).
-  void mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b, const KvPool& pool,
+  // The paged form straight over the pool (no gather): key rows read in place through the block table (c =
+  // columns 0..dc, k_pe = dc..dc+dr; fp32 or bf16 pools), all decode tokens of the step in one call.
+  void mla_attention_absorbed_paged(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b, const KvPool& pool,
                                     const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
-                                    float* o, bool bf16) override {
-    const int64_t dc = d.latent, dq2 = d.latent + d.rope, bt = pool.block_tokens, width = pool.width;
-    const bool pool_bf16 = pool.dtype == DType::BF16;
-    auto pack = [&](int64_t s, const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf,
-                    const float* zeros, bool want_v, int64_t& ldv) -> const float* {
-      const int32_t* blocks = seqs.block_table + s * seqs.max_blocks;
-      const float* pr[kKT];
-      bool strided = !pool_bf16;  // rows width apart in the pool (one block, consecutive keys)
-      for (int64_t j = 0; j < kKT; ++j) {
-        if (j >= nk) {
-          pr[j] = zeros;
-          continue;
-        }
-        const int64_t t = klist ? klist[j0 + j] : j0 + j;
-        const int64_t row = static_cast<int64_t>(blocks[t / bt]) * bt + t % bt;
-        if (pool_bf16) {  // widened into vbuf [kKT, dq2]
-          const uint16_t* src = static_cast<const uint16_t*>(pool.data) + row * width;
-          float* dst = vbuf + j * dq2;
-          for (int64_t x = 0; x < dq2; ++x) dst[x] = bf16_to_f32(src[x]);
-          pr[j] = dst;
-        } else {
-          pr[j] = static_cast<const float*>(pool.data) + row * width;
-          if (j > 0 && pr[j] != pr[j - 1] + width) strided = false;
-        }
-      }
-      k_.attn_pack_kt(pr, dq2, kt);
-      if (!want_v) return nullptr;
-      if (pool_bf16) {
-        ldv = dq2;
-        return vbuf;
-      }
-      if (strided) {
-        ldv = width;
-        return pr[0];
-      }
-      for (int64_t j = 0; j < nk; ++j) std::memcpy(vbuf + j * dc, pr[j], sizeof(float) * static_cast<size_t>(dc));
-      ldv = dc;
-      return vbuf;
-    };
-    absorbed_flash(d, q, kv_b, seqs.n_seqs, seqs.q_begin, seqs.ctx_len, pos, sel, scale, o, bf16, pack);
+                                    const Tensor& o) override {
+    // (o loaded first: only the rows of the run's tokens are written, the others must come back unchanged)
+    const float* qf = host::f32_in(q, tl(0));
+    float* of = host::f32_out(o, tl(3), true);
+    mla_attention_absorbed_paged_f32(d, qf, kv_b, pool, seqs, pos, sel, scale, of, o.bf16());
+    host::store_out(o, of);
+  }
+  void mla_attention_absorbed_paged_f32(const MlaDims& d, const float* q, const QuantWeight& kv_b,
+                                        const KvPool& pool, const StepSeqs& seqs, const int64_t* pos,
+                                        const KeySelection& sel, float scale, float* o, bool bf16) {
+    cpu::AbsorbedCall a = absorbed_call(d, q, kv_b, pos, sel, scale, o, bf16);
+    a.pool = pool.data;
+    a.pool_bf16 = pool.dtype == DType::BF16;
+    a.block_tokens = pool.block_tokens;
+    a.width = pool.width;
+    a.block_table = seqs.block_table;
+    a.max_blocks = seqs.max_blocks;
+    a.n_seqs = seqs.n_seqs;
+    a.q_begin = seqs.q_begin;
+    a.ctx_len = seqs.ctx_len;
+    cpu::absorbed_attention(k_, pool_, a);
   }
 
   // ---------------- DSA indexer ----------------
-  void indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
-                      int64_t head_dim, float scale, const int64_t* q_pos, float* scores) override {
+  void indexer_scores_f32(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
+                          int64_t head_dim, float scale, const int64_t* q_pos, float* scores) {
+    // Per (query, tile of kIdxTile keys): the fp32 dots of all heads against the tile as one small GEMM (dot_rows:
+    // one fixed chain per (head, key)), then per key the ReLU'd, weighted sum over heads in double, heads in order.
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, n_heads * head_dim));
-    pool_.parallel_for(S * T, grain, [&](int64_t i0, int64_t i1) {
+    constexpr int64_t kIdxTile = 64;
+    const int64_t tiles = (T + kIdxTile - 1) / kIdxTile;
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n_heads * head_dim * kIdxTile / 64));
+    pool_.parallel_for(S * tiles, grain, [&](int64_t i0, int64_t i1) {
+      float* dots = scratch_ptr(1, n_heads * kIdxTile);
+      const float* rows[kIdxTile];
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t s = i / T, t = i % T;
-        if (t > q_pos[s]) {
-          scores[i] = kNegInf;
-          continue;
+        const int64_t s = i / tiles, t0 = (i % tiles) * kIdxTile, t1 = std::min(T, t0 + kIdxTile);
+        float* out = scores + s * T;
+        const int64_t last = std::min<int64_t>(t1, std::max<int64_t>(t0, q_pos[s] + 1));  // keys t < last scored
+        for (int64_t t = last; t < t1; ++t) out[t] = kNegInf;
+        if (last <= t0) continue;
+        const int64_t nk = last - t0;
+        for (int64_t j = 0; j < nk; ++j) rows[j] = k + (t0 + j) * head_dim;
+        k_.dot_rows_f32(q + s * n_heads * head_dim, head_dim, n_heads, rows, rows, head_dim, 0, nk, dots, kIdxTile);
+        const float* ws = w + s * n_heads;
+        double total[kIdxTile];
+        for (int64_t j = 0; j < nk; ++j) total[j] = 0.0;
+        for (int64_t h = 0; h < n_heads; ++h) {  // heads in order per key, keys across vector lanes
+          const double wh = ws[h];
+          const float* dh = dots + h * kIdxTile;
+          for (int64_t j = 0; j < nk; ++j) {
+            const double dot = static_cast<double>(dh[j]) * scale;
+            total[j] += wh * (dot > 0.0 ? dot : 0.0);  // (a ReLU'd or NaN dot adds ±0: the sum is unchanged)
+          }
         }
-        const float* kt = k + t * head_dim;
-        double total = 0.0;
-        for (int64_t j = 0; j < n_heads; ++j) {
-          const double dot = static_cast<double>(k_.dot(q + (s * n_heads + j) * head_dim, kt, head_dim)) * scale;
-          if (dot > 0.0) total += static_cast<double>(w[s * n_heads + j]) * dot;
-        }
-        scores[i] = static_cast<float>(total);
+        for (int64_t j = 0; j < nk; ++j) out[t0 + j] = static_cast<float>(total[j]);
       }
     });
   }
@@ -460,8 +440,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
-                            float* y, bool bf16) override {
+  void scatter_add_weighted_f32(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
+                                float* y, bool bf16) {
     // Columns are independent; within a column the n additions stay in order (bf16 rounding is order-sensitive).
     const int64_t grain = std::max<int64_t>(256, (int64_t{1} << 16) / std::max<int64_t>(1, n));
     pool_.parallel_for(D, grain, [&](int64_t d0, int64_t d1) {
@@ -516,7 +496,7 @@ class CpuBackend final : public Backend {
 
   // Per-thread state of one flash block (grow-only: no allocation once sized).
   struct FlashScratch {
-    std::vector<float> kt, vt, sc, acc, mx, sum, zeros;
+    cpu::AlignedVec<float> kt, vt, sc, acc, mx, sum, zeros;
     std::vector<int32_t> keys, qkeys, tmp;
     std::vector<int64_t> qoff, cursor, last;
     std::vector<uint32_t> mask;
@@ -525,8 +505,8 @@ class CpuBackend final : public Backend {
     thread_local FlashScratch fs;
     return fs;
   }
-  template <class T>
-  static T* sized(std::vector<T>& v, int64_t n) {
+  template <class V>
+  static auto* sized(V& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
     return v.data();
   }
@@ -651,102 +631,31 @@ class CpuBackend final : public Backend {
     return acc;
   }
 
-  // The weight-absorbed attention of the sequences' rows q_begin[0]..q_begin[n_seqs) (indices of q, o, pos and
-  // sel), in three parallel phases so that kv_b is streamed once per call and each key tile serves many rows:
-  //   1. per head: q_cat[h, m] = [W_UK[h]ᵀ·q_nope[m, h] ; q_rope[m, h]] (W_UK rows decoded once per head);
-  //   2. per (sequence, group of heads, block of tokens): flash_core of those rows over the latent keys
-  //      (key = [c ; k_pe], value = c) → o_lat[h, m];
-  //   3. per head: o[m, h, :] = W_UV[h]·o_lat[h, m] (kv_b rows in their stored format).
-  // pack(s, klist, j0, nk, kt, vt): flash_core's pack for sequence s.
-  template <class Pack>
-  void absorbed_flash(const MlaDims& d, const float* q, const QuantWeight& kv_b, int64_t n_seqs,
-                      const int32_t* q_begin, const int32_t* ctx_len, const int64_t* pos, const KeySelection& sel,
-                      float scale, float* o, bool bf16, const Pack& pack) {
-    const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = d.qk(), dkv = dn + dv;
-    const int64_t dq2 = dc + dr;
-    if (n_seqs <= 0 || H <= 0) return;
-    const int64_t m0 = q_begin[0], N = q_begin[n_seqs] - m0;
-    if (N <= 0) return;
-    float* qcat = sized(abs_q_, H * N * dq2);  // [H, N, dc + dr]
-    float* olat = sized(abs_o_, H * N * std::max<int64_t>(dc, 1));  // [H, N, dc]
-    // Phase 1.
-    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
-      float* wrow = scratch_ptr(0, std::max<int64_t>(dc, 1));
-      for (int64_t h = h0; h < h1; ++h) {
-        float* qh = qcat + h * N * dq2;
-        for (int64_t m = 0; m < N; ++m) {
-          std::fill(qh + m * dq2, qh + m * dq2 + dc, 0.0f);
-          std::memcpy(qh + m * dq2 + dc, q + ((m0 + m) * H + h) * dqk + dn, sizeof(float) * static_cast<size_t>(dr));
-        }
-        for (int64_t j = 0; j < dn; ++j) {
-          k_.dequant_row(kv_b, h * dkv + j, wrow);
-          for (int64_t m = 0; m < N; ++m) k_.axpy(q[((m0 + m) * H + h) * dqk + j], wrow, qh + m * dq2, dc);
-        }
-        if (bf16)
-          for (int64_t m = 0; m < N; ++m) k_.round_bf16(qh + m * dq2, dc);
-      }
-    });
-    // Phase 2: rows per item up to kAbsorbedRows (tokens first, then heads), halving the head groups while there
-    // are fewer items than threads.
-    int64_t nb_max = 1;
-    for (int64_t s = 0; s < n_seqs; ++s) nb_max = std::max<int64_t>(nb_max, q_begin[s + 1] - q_begin[s]);
-    nb_max = std::min(nb_max, kAbsorbedRows);
-    int64_t G = std::clamp<int64_t>(kAbsorbedRows / nb_max, 1, H);
-    auto build = [&](int64_t g) {
-      abs_items_.clear();
-      for (int64_t s = 0; s < n_seqs; ++s) {
-        const int64_t n = q_begin[s + 1] - q_begin[s];
-        if (n <= 0) continue;
-        const int64_t nb = std::min(n, kAbsorbedRows);
-        for (int64_t h = 0; h < H; h += g)
-          for (int64_t r = 0; r < n; r += nb)
-            abs_items_.push_back({s, h, std::min(H, h + g), r, std::min(n, r + nb)});
-      }
-    };
-    build(G);
-    while (G > 1 && static_cast<int64_t>(abs_items_.size()) < pool_.size()) build(G = (G + 1) / 2);
-    pool_.parallel_for(static_cast<int64_t>(abs_items_.size()), 1, [&](int64_t i0, int64_t i1) {
-      for (int64_t it = i0; it < i1; ++it) {
-        const AbsItem& a = abs_items_[static_cast<size_t>(it)];
-        const int64_t nbk = a.r1 - a.r0, rows = (a.h1 - a.h0) * nbk, b = q_begin[a.s] - m0 + a.r0;
-        float* qblk = scratch_ptr(1, rows * dq2);
-        for (int64_t g = 0; g < a.h1 - a.h0; ++g)
-          std::memcpy(qblk + g * nbk * dq2, qcat + ((a.h0 + g) * N + b) * dq2,
-                      sizeof(float) * static_cast<size_t>(nbk * dq2));
-        auto pack_s = [&](const int32_t* klist, int64_t j0, int64_t nk, float* kt, float* vbuf, const float* zeros,
-                          bool want_v, int64_t& ldv) { return pack(a.s, klist, j0, nk, kt, vbuf, zeros, want_v, ldv); };
-        const float* res = flash_core(qblk, dq2, rows, dq2, dc, m0 + b, nbk, ctx_len[a.s], pos, sel, scale, bf16,
-                                      pack_s);
-        for (int64_t g = 0; g < a.h1 - a.h0; ++g)
-          std::memcpy(olat + ((a.h0 + g) * N + b) * dc, res + g * nbk * dc,
-                      sizeof(float) * static_cast<size_t>(nbk * dc));
-      }
-    });
-    // Phase 3.
-    const bool perm = k_.permutes(kv_b.format);
-    pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
-      float* xp = perm ? scratch_ptr(2, N * dc) : nullptr;
-      for (int64_t h = h0; h < h1; ++h) {
-        const float* ol = olat + h * N * dc;
-        if (perm) k_.prep_x(kv_b.format, ol, N, dc, xp);
-        k_.matmul_rows(kv_b, perm ? xp : ol, N, h * dkv + dn, h * dkv + dn + dv, o + (m0 * H + h) * dv, H * dv);
-        if (bf16)
-          for (int64_t m = 0; m < N; ++m) k_.round_bf16(o + ((m0 + m) * H + h) * dv, dv);
-      }
-    });
+  static cpu::AbsorbedCall absorbed_call(const MlaDims& d, const float* q, const QuantWeight& kv_b,
+                                         const int64_t* pos, const KeySelection& sel, float scale, float* o,
+                                         bool bf16) {
+    cpu::AbsorbedCall a;
+    a.heads = d.n_heads;
+    a.nope = d.nope;
+    a.rope = d.rope;
+    a.v = d.v;
+    a.latent = d.latent;
+    a.q = q;
+    a.kv_b = &kv_b;
+    a.pos = pos;
+    a.sel = sel.sel;
+    a.sel_count = sel.count;
+    a.sel_stride = sel.stride;
+    a.scale = scale;
+    a.o = o;
+    a.bf16 = bf16;
+    return a;
   }
 
   RefBackend& ref() {
     std::call_once(ref_once_, [&] { ref_ = std::make_unique<RefBackend>(pool_.size()); });
     return *ref_;
   }
-
-  struct AbsItem {
-    int64_t s, h0, h1, r0, r1;
-  };
-  static constexpr int64_t kAbsorbedRows = 64;
-  std::vector<float> abs_q_, abs_o_;  // absorbed_flash phases (grow-only)
-  std::vector<AbsItem> abs_items_;
 
   ThreadPool pool_;
   CpuIsa isa_;

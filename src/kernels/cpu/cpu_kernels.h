@@ -63,6 +63,21 @@ struct Kernels {
                             float* sum, float* acc, int64_t dv);
   // kt[x·kAttnKeyTile + j] = rows[j][x] for x < d, j < kAttnKeyTile (a key tile transposed; every pointer valid).
   void (*attn_pack_kt)(const float* const* rows, int64_t d, float* kt);
+
+  // ---- small GEMMs over rows given by pointers (decode attention, the DSA indexer; vec_body.h) ----
+  // s[i·lds + j] = Σ_{x<n1} a[i·lda + x]·b1[j][x] + Σ_{x<n2} a[i·lda + n1 + x]·b2[j][x]   (i < na, j < nb):
+  // each key in two parts (the latent c then k_pe), fp32 or bf16 rows. One fixed chain per (i, j) whatever the
+  // tile it falls in (batch invariant).
+  void (*dot_rows_f32)(const float* a, int64_t lda, int64_t na, const float* const* b1, const float* const* b2,
+                       int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds);
+  void (*dot_rows_bf16)(const float* a, int64_t lda, int64_t na, const uint16_t* const* b1,
+                        const uint16_t* const* b2, int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds);
+  // c[i·ldc + x] = (accumulate ? c[i·ldc + x] : 0) + Σ_{j<nb} a[i·lda + j]·b[j][x]   (i < na, x < n): one fma
+  // per term in j order per (i, x).
+  void (*axpy_rows_f32)(const float* a, int64_t lda, int64_t na, const float* const* b, int64_t nb, int64_t n,
+                        float* c, int64_t ldc, bool accumulate);
+  void (*axpy_rows_bf16)(const float* a, int64_t lda, int64_t na, const uint16_t* const* b, int64_t nb, int64_t n,
+                         float* c, int64_t ldc, bool accumulate);
 };
 
 inline constexpr int kSoftmaxOnline = 0, kSoftmaxStats = 1, kSoftmaxFinal = 2;

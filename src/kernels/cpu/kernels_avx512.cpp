@@ -1,12 +1,6 @@
-// AVX-512 (F + BW + VL) kernels of the CPU backend: 512-bit matmul kernels; the small row ops reuse the 256-bit
-// code of avx2_body.h compiled for this target.
-//
-// Layouts of prepared x, 512-bit:
-//   BF16: groups of 32 columns: xp[j] = x[2j], xp[16+j] = x[2j+1] (j < 16); the rest natural.
-//   MXFP4: pairs of blocks (64 columns): xp[16v + 4q + i] = x[32(q&1) + 4i + (q>>1) + {0,2,16,18}[v]] (128-bit
-//          lane q of the decoded vectors: q&1 = which block, q>>1 = low/high nibble); a last odd block uses the
-//          256-bit layout of avx2_body.h.
-//   others: natural (tails by masked loads).
+// AVX-512 (F + BW + VL) kernels of the CPU backend: V16, the 512-bit vector traits with which this translation unit
+// instantiates the width-generic matmul tiles (mm_body.h) and small GEMMs (vec_body.h); the small row ops reuse the
+// 256-bit code of avx2_body.h compiled for this target.
 #if defined(__x86_64__) || defined(__i386__)
 #define LATENT_CPU_TARGET "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
 // GCC 12's avx512fintrin.h builds "undefined" vectors as `__m512 __Y = __Y;`, which -Wuninitialized flags at
@@ -22,35 +16,6 @@ namespace {
 LTI float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 inline __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }  // n in [0, 16]
-
-inline void perm_bf16_32(const float* x, float* xp) {
-  for (int j = 0; j < 16; ++j) {
-    xp[j] = x[2 * j];
-    xp[16 + j] = x[2 * j + 1];
-  }
-}
-inline void perm_mx_64(const float* x, float* xp) {
-  for (int v = 0; v < 4; ++v)
-    for (int q = 0; q < 4; ++q)
-      for (int i = 0; i < 4; ++i) xp[16 * v + 4 * q + i] = x[32 * (q & 1) + 4 * i + (q >> 1) + kMxOff[v]];
-}
-
-bool v5_permutes(WeightFormat f) { return f == WeightFormat::BF16 || f == WeightFormat::MXFP4; }
-
-void v5_prep_x(WeightFormat f, const float* x, int64_t M, int64_t K, float* xp) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xm = x + m * K;
-    float* o = xp + m * K;
-    int64_t k = 0;
-    if (f == WeightFormat::BF16) {
-      for (; k + 32 <= K; k += 32) perm_bf16_32(xm + k, o + k);
-    } else if (f == WeightFormat::MXFP4) {
-      for (; k + 64 <= K; k += 64) perm_mx_64(xm + k, o + k);
-      for (; k + 32 <= K; k += 32) perm_mx_32(xm + k, o + k);
-    }
-    for (; k < K; ++k) o[k] = xm[k];
-  }
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // MXFP4
@@ -79,279 +44,6 @@ LTI void mx5_decode(const uint8_t* q, const Mx5Const& c, __m512& f0, __m512& f1,
   f3 = _mm512_castsi512_ps(_mm512_and_si512(wb, c.hm));
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// Matmul kernels (512-bit): the register tiles of avx2_body.h (MT activation rows x NT weight rows, one
-// accumulator chain per (m, r) pair, fixed order over k per format) with 512-bit vectors, so batch invariance holds
-// the same way (see the comment there).
-// ---------------------------------------------------------------------------------------------------------------
-
-// BF16: per 32-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc); the columns past the last
-// group in natural order by masked 16-column steps.
-struct V5Bf16 {
-  static constexpr int kMaxMt = 5;
-  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
-  template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
-    const int64_t K = w.cols, K32 = K & ~int64_t(31);
-    const __m512i hm = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
-    __m512 acc[MT][NT];
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K32; k += 32) {
-      if constexpr (MT >= 4) {  // activation rows outer, the decoded weight vectors in registers
-        __m512 e[NT], o[NT];
-#pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) {
-          const __m512i d = _mm512_loadu_si512(base + n * 2 * K + 2 * k);
-          e[n] = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
-          o[n] = _mm512_castsi512_ps(_mm512_and_si512(d, hm));
-        }
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          const __m512 xl = _mm512_loadu_ps(x + m * K + k), xh = _mm512_loadu_ps(x + m * K + k + 16);
-#pragma GCC unroll 8
-          for (int n = 0; n < NT; ++n) {
-            acc[m][n] = _mm512_fmadd_ps(e[n], xl, acc[m][n]);
-            acc[m][n] = _mm512_fmadd_ps(o[n], xh, acc[m][n]);
-          }
-        }
-      } else {
-#pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) {
-          const __m512i d = _mm512_loadu_si512(base + n * 2 * K + 2 * k);
-          const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
-          const __m512 o = _mm512_castsi512_ps(_mm512_and_si512(d, hm));
-#pragma GCC unroll 8
-          for (int m = 0; m < MT; ++m) {
-            acc[m][n] = _mm512_fmadd_ps(e, _mm512_loadu_ps(x + m * K + k), acc[m][n]);
-            acc[m][n] = _mm512_fmadd_ps(o, _mm512_loadu_ps(x + m * K + k + 16), acc[m][n]);
-          }
-        }
-      }
-    }
-    for (int64_t k = K32; k < K; k += 16) {  // natural-order tail (< 32 columns): masked loads
-      const __mmask16 mk = tail_mask(K - k < 16 ? K - k : 16);
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, base + n * 2 * K + 2 * k));
-        const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) acc[m][n] = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(mk, x + m * K + k), acc[m][n]);
-      }
-    }
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = hsum16(acc[i / NT][i % NT]);
-  }
-};
-
-// MXFP4: per pair of blocks (64 elements) t = f0·x0 (+fma f1..f3), acc = fma(t, scales, acc); a last odd block
-// by the 256-bit decode: odd = hsum8(t·scale); y = hsum16(acc) + odd.
-struct V5Mxfp4 {
-  static constexpr int kMaxMt = 5;
-  static constexpr int nt(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
-  template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
-    const int64_t K = w.cols, nb = K / 32;
-    const Mx5Const c = mx5_const();
-    const float* e8 = kE8M0ToF32.data();
-    const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (K / 2);
-    const uint8_t* sc = static_cast<const uint8_t*>(w.scale) + r * nb;
-    __m512 acc[MT][NT];
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        __m512 f0, f1, f2, f3;
-        mx5_decode(q + n * (K / 2) + b * 16, c, f0, f1, f2, f3);
-        const uint8_t* sn = sc + n * nb + b;
-        const __m512 s = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(e8[sn[0]]), _mm512_set1_ps(e8[sn[1]]));
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          const float* xb = x + m * K + b * 32;
-          __m512 t = _mm512_mul_ps(f0, _mm512_loadu_ps(xb));
-          t = _mm512_fmadd_ps(f1, _mm512_loadu_ps(xb + 16), t);
-          t = _mm512_fmadd_ps(f2, _mm512_loadu_ps(xb + 32), t);
-          t = _mm512_fmadd_ps(f3, _mm512_loadu_ps(xb + 48), t);
-          acc[m][n] = _mm512_fmadd_ps(t, s, acc[m][n]);
-        }
-      }
-    }
-    float odd[MT][NT];
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) odd[i / NT][i % NT] = 0.0f;
-    if (b < nb) {  // last odd block: 256-bit decode and layout
-      const Mx2Const c2 = mx2_const();
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        __m256 f0, f1, f2, f3;
-        mx2_decode(q + n * (K / 2) + b * 16, c2, f0, f1, f2, f3);
-        const __m256 s = _mm256_set1_ps(e8[sc[n * nb + b]]);
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) {
-          const float* xb = x + m * K + b * 32;
-          __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
-          t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
-          t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
-          t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
-          odd[m][n] = hsum8(_mm256_mul_ps(t, s));
-        }
-      }
-    }
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i)
-      y[(i / NT) * ldy + (i % NT)] = hsum16(acc[i / NT][i % NT]) + odd[i / NT][i % NT];
-  }
-};
-
-// F32 / F16 / FP8: natural order. Per scale block j: a = Σ fma over 32-column steps (low 16 then high 16), then
-// masked 16-column steps; tot = fma(a, scale_j·mult, tot); y = hsum16(tot). NaN fp8 code in a row: exact scalar
-// kernel for that row.
-struct Dec5F32 {
-  static constexpr int kBytes = 4;
-  LTI static __m512 load(const uint8_t* p, __mmask16 mk, bool, __mmask16&) { return _mm512_maskz_loadu_ps(mk, p); }
-};
-struct Dec5F16 {
-  static constexpr int kBytes = 2;
-  LTI static __m512 load(const uint8_t* p, __mmask16 mk, bool, __mmask16&) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, p));
-  }
-};
-struct Dec5Fp8 {
-  static constexpr int kBytes = 1;
-  LTI static __m512 load(const uint8_t* p, __mmask16 mk, bool fnuz, __mmask16& nan) {
-    const __m128i v = _mm_maskz_loadu_epi8(mk, p);
-    const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(v), 8);
-    const __m256i h = _mm256_and_si256(_mm256_srai_epi16(t, 1), _mm256_set1_epi16(static_cast<short>(0xBF80)));
-    nan |= fnuz ? _mm_cmpeq_epi8_mask(v, _mm_set1_epi8(static_cast<char>(0x80)))
-                : _mm_cmpeq_epi8_mask(_mm_and_si128(v, _mm_set1_epi8(0x7F)), _mm_set1_epi8(0x7F));
-    return _mm512_cvtph_ps(h);
-  }
-};
-
-template <class Dec>
-struct V5Nat {
-  static constexpr int kMaxMt = 5;
-  static constexpr int nt(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 3; }
-  template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
-    const int64_t K = w.cols;
-    const bool fnuz = w.fnuz;
-    const __mmask16 full = 0xFFFF;
-    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * K * Dec::kBytes;
-    RowScales rs[NT];
-#pragma GCC unroll 8
-    for (int n = 0; n < NT; ++n) rs[n] = row_scales(w, r + n);
-    const int64_t bc = rs[0].bc;
-    __m512 tot[MT][NT];
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) tot[i / NT][i % NT] = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (int64_t c0 = 0, j = 0; c0 < K; c0 += bc, ++j) {
-      const int64_t c1 = c0 + bc < K ? c0 + bc : K;
-      __m512 a[MT][NT];
-#pragma GCC unroll 32
-      for (int i = 0; i < MT * NT; ++i) a[i / NT][i % NT] = _mm512_setzero_ps();
-      int64_t c = c0;
-      for (; c + 32 <= c1; c += 32) {
-#pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) {
-          const __m512 lo = Dec::load(base + (n * K + c) * Dec::kBytes, full, fnuz, nan);
-          const __m512 hi = Dec::load(base + (n * K + c + 16) * Dec::kBytes, full, fnuz, nan);
-#pragma GCC unroll 8
-          for (int m = 0; m < MT; ++m) {
-            a[m][n] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + m * K + c), a[m][n]);
-            a[m][n] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + m * K + c + 16), a[m][n]);
-          }
-        }
-      }
-      for (; c < c1; c += 16) {
-        const __mmask16 mk = tail_mask(c1 - c < 16 ? c1 - c : 16);
-#pragma GCC unroll 8
-        for (int n = 0; n < NT; ++n) {
-          const __m512 f = Dec::load(base + (n * K + c) * Dec::kBytes, mk, fnuz, nan);
-#pragma GCC unroll 8
-          for (int m = 0; m < MT; ++m) a[m][n] = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(mk, x + m * K + c), a[m][n]);
-        }
-      }
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        const __m512 sv = _mm512_set1_ps(rs[n].at(j) * rs[n].mult);
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) tot[m][n] = _mm512_fmadd_ps(a[m][n], sv, tot[m][n]);
-      }
-    }
-    if (nan) {  // a NaN code in one of the rows: redo row by row
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        if constexpr (NT > 1)
-          tile<MT, 1>(w, x, r + n, y + n, ldy);
-        else
-          kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y, ldy);
-      }
-      return;
-    }
-#pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = hsum16(tot[i / NT][i % NT]);
-  }
-};
-
-template <class F, int MT>
-LT void v5_mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re, float* y, int64_t ldy) {
-  constexpr int NT = F::nt(MT);
-  int64_t r = rs;
-  for (; r + NT <= re; r += NT) F::template tile<MT, NT>(w, x, r, y + (r - rs), ldy);
-  for (; r < re; ++r) F::template tile<MT, 1>(w, x, r, y + (r - rs), ldy);
-}
-
-template <class F, int MT>
-LT void v5_mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
-                    int64_t ldy) {
-  const int64_t K = w.cols;
-  for (; m0 + MT <= m1; m0 += MT) v5_mm_rows<F, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
-  const float* x = xp + m0 * K;
-  float* ym = y + m0 * ldy;
-  switch (m1 - m0) {  // fewer than MT rows left
-    case 1: v5_mm_rows<F, 1>(w, x, rs, re, ym, ldy); break;
-    case 2: if constexpr (MT > 2) v5_mm_rows<F, 2>(w, x, rs, re, ym, ldy); break;
-    case 3: if constexpr (MT > 3) v5_mm_rows<F, 3>(w, x, rs, re, ym, ldy); break;
-    case 4: if constexpr (MT > 4) v5_mm_rows<F, 4>(w, x, rs, re, ym, ldy); break;
-    default: break;
-  }
-}
-
-// The loop structure of v2_mm_fmt (M <= kMaxMt one pass; larger M in chunks of activation rows against panels of
-// weight rows); 32 vector registers allow tiles of up to 5 activation rows.
-template <class F>
-LT void v5_mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  constexpr int kMt = F::kMaxMt;
-  constexpr int64_t kChunkM = 4 * kMt;
-  const int64_t panel = M <= kMt ? r1 - r0 : tile_rows(w);
-  for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
-    const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
-    for (int64_t rs = r0; rs < r1; rs += panel) {
-      const int64_t re = rs + panel < r1 ? rs + panel : r1;
-      v5_mm_tiles<F, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy);
-    }
-  }
-}
-
-LT void v5_matmul_rows(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y,
-                       int64_t ldy) {
-  if (M <= 0 || r1 <= r0) return;
-  switch (w.format) {
-    case WeightFormat::BF16: return v5_mm_fmt<V5Bf16>(w, xp, M, r0, r1, y, ldy);
-    case WeightFormat::MXFP4: return v5_mm_fmt<V5Mxfp4>(w, xp, M, r0, r1, y, ldy);
-    case WeightFormat::F32: return v5_mm_fmt<V5Nat<Dec5F32>>(w, xp, M, r0, r1, y, ldy);
-    case WeightFormat::F16: return v5_mm_fmt<V5Nat<Dec5F16>>(w, xp, M, r0, r1, y, ldy);
-    case WeightFormat::FP8_E4M3_BLOCK:
-    case WeightFormat::FP8_E4M3_TENSOR:
-    case WeightFormat::FP8_E4M3_CHANNEL: return v5_mm_fmt<V5Nat<Dec5Fp8>>(w, xp, M, r0, r1, y, ldy);
-  }
-}
-
 LT float v5_dot(const float* a, const float* b, int64_t n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = s0;
   int64_t i = 0;
@@ -375,11 +67,101 @@ LT void v5_axpy(float a, const float* x, float* y, int64_t n) {
   }
 }
 
+// 512-bit vector traits of the width-generic kernels (vec_body.h).
+struct V16 {
+  using F = __m512;
+  static constexpr int W = 16;
+  LTI static F zero() { return _mm512_setzero_ps(); }
+  LTI static F set1(float v) { return _mm512_set1_ps(v); }
+  LTI static F bcast(const float* p) { return _mm512_set1_ps(*p); }
+  LTI static F load(const float* p) { return _mm512_loadu_ps(p); }
+  LTI static F load(const uint16_t* p) {
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+  LTI static F load_part(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+  LTI static F load_part(const uint16_t* p, int64_t n) {
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(tail_mask(n), p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+  LTI static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  LTI static void store_part(float* p, F v, int64_t n) { _mm512_mask_storeu_ps(p, tail_mask(n), v); }
+  LTI static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  LTI static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  LTI static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  LTI static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  LTI static float hsum(F v) { return hsum16(v); }
+
+  // ---- matmul tiles (mm_body.h) ----
+  static constexpr int kMt = 5;  // 32 zmm registers: tiles of up to 5 activation rows
+  static constexpr int nt_bf16(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
+  static constexpr int nt_mx(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
+  static constexpr int nt_nat(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 3; }
+  static constexpr int64_t kChunkM = 4 * kMt;
+  // bf16 prefill tiles (4-5 x 4): the decoded weights of a group held in registers, activation rows outer.
+  static constexpr int kBf16HoldX = 99, kBf16HoldW = 4;
+  using I = __m512i;
+  LTI static I loadi(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  LTI static F bf16_lo(I d) { return _mm512_castsi512_ps(_mm512_slli_epi32(d, 16)); }
+  LTI static F bf16_hi(I d) {
+    return _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  static constexpr int kMxBlocks = 2;
+  using MxC = Mx5Const;
+  LTI static MxC mx_const() { return mx5_const(); }
+  LTI static void mx_decode(const uint8_t* q, const MxC& c, F& f0, F& f1, F& f2, F& f3) {
+    mx5_decode(q, c, f0, f1, f2, f3);
+  }
+  // Lanes 4-7 and 12-15 of the decoded vectors hold the second block.
+  LTI static F mx_scale(const float* e8, const uint8_t* sc) {
+    return _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(e8[sc[0]]), _mm512_set1_ps(e8[sc[1]]));
+  }
+  using Nan = __mmask32;  // fp8 NaN codes seen
+  LTI static Nan nan_none() { return 0; }
+  LTI static bool nan_any(Nan n) { return n != 0; }
+  // n <= 16 natural-order elements at p (F32, F16 or FP8 / 256, / 128 for fnuz), the rest zero.
+  template <int kFmt>
+  LTI static F nat_load_part(const uint8_t* p, int64_t n, bool fnuz, Nan& nan) {
+    const __mmask16 mk = tail_mask(n);
+    if constexpr (kFmt == 0) {
+      return _mm512_maskz_loadu_ps(mk, p);
+    } else if constexpr (kFmt == 1) {
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, p));
+    } else {
+      const __m128i v = _mm_maskz_loadu_epi8(mk, p);
+      const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(v), 8);
+      const __m256i h = _mm256_and_si256(_mm256_srai_epi16(t, 1), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+      nan |= fnuz ? _mm_cmpeq_epi8_mask(v, _mm_set1_epi8(static_cast<char>(0x80)))
+                  : _mm_cmpeq_epi8_mask(_mm_and_si128(v, _mm_set1_epi8(0x7F)), _mm_set1_epi8(0x7F));
+      return _mm512_cvtph_ps(h);
+    }
+  }
+  template <int kFmt>
+  LTI static void nat_load2(const uint8_t* p, bool fnuz, F& lo, F& hi, Nan& nan) {
+    constexpr int kB = kFmt == 0 ? 4 : kFmt == 1 ? 2 : 1;
+    lo = nat_load_part<kFmt>(p, 16, fnuz, nan);
+    hi = nat_load_part<kFmt>(p + 16 * kB, 16, fnuz, nan);
+  }
+
+  // r[k]: the two 256-bit halves of v[k] added lane by lane, then V8's tree (the same order for every k).
+  LTI static F reduce(const F* v) {
+    __m256 h[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k)
+      h[k] = _mm256_add_ps(_mm512_castps512_ps256(v[k]),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v[k]), 1)));
+    const __m256 lo = V8::reduce(h), hi = V8::reduce(h + 8);
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+  }
+};
+
 const Kernels kAvx512 = {
-    "avx512",        v5_permutes,     v5_prep_x,      v5_matmul_rows,  v2_dequant_row, v5_dot,
+    "avx512",        vec_permutes,    vec_prep_x<V16>, vec_matmul_rows<V16>, v2_dequant_row, v5_dot,
     v5_axpy,         v2_scaled_add,   v2_exp_sub_sum, v2_rms_norm_row, v2_silu_mul,    v2_add,
     v2_round_bf16,   v2_rope_interleaved, v2_rope_half,
     v2_attn_qk_tile, v2_attn_pv_tile, v2_attn_softmax_tile, v2_attn_pack_kt,
+    vec_dot_rows<V16, float, 6, 4>, vec_dot_rows<V16, uint16_t, 6, 4>,
+    vec_axpy_rows<V16, float, 4, 4>, vec_axpy_rows<V16, uint16_t, 4, 4>,
 };
 
 }  // namespace

@@ -247,10 +247,44 @@ void attn_softmax_tile(float* s, int64_t nq, const uint32_t* mask, float scale, 
   }
 }
 
+inline float elem(const float* p, int64_t x) { return p[x]; }
+inline float elem(const uint16_t* p, int64_t x) {  // bf16 rows may be unaligned (checkpoint weights)
+  uint16_t h;
+  std::memcpy(&h, reinterpret_cast<const uint8_t*>(p) + 2 * x, 2);
+  return bf16_to_f32(h);
+}
+
+template <class B>
+void dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
+              int64_t n2, int64_t nb, float* s, int64_t lds) {
+  for (int64_t i = 0; i < na; ++i)
+    for (int64_t j = 0; j < nb; ++j) {
+      const float* ai = a + i * lda;
+      float acc = 0.0f;
+      for (int64_t x = 0; x < n1; ++x) acc += ai[x] * elem(b1[j], x);
+      for (int64_t x = 0; x < n2; ++x) acc += ai[n1 + x] * elem(b2[j], x);
+      s[i * lds + j] = acc;
+    }
+}
+
+template <class B>
+void axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t n, float* c,
+               int64_t ldc, bool accumulate) {
+  for (int64_t i = 0; i < na; ++i) {
+    float* ci = c + i * ldc;
+    if (!accumulate) std::fill(ci, ci + n, 0.0f);
+    for (int64_t j = 0; j < nb; ++j) {
+      const float aij = a[i * lda + j];
+      for (int64_t x = 0; x < n; ++x) ci[x] += aij * elem(b[j], x);
+    }
+  }
+}
+
 const Kernels kScalar = {
     "scalar",     permutes,     prep_x, matmul_rows, dequant_row,      dot,      axpy,      scaled_add,
     exp_sub_sum, rms_norm_row, silu_mul, add,        round_bf16,       rope_interleaved, rope_half,
     attn_qk_tile, attn_pv_tile, attn_softmax_tile, attn_pack_kt,
+    dot_rows<float>, dot_rows<uint16_t>, axpy_rows<float>, axpy_rows<uint16_t>,
 };
 
 }  // namespace

@@ -70,9 +70,10 @@ __device__ __forceinline__ void online_add(float& m, float& l, float v) {
 }
 
 // ---- naive form: block per (s, h), 128 threads ----
-__global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, const float* q, const float* kvb,
-                                                         const float* k_pe, int64_t T, const int64_t* q_pos,
-                                                         KeySelection sel, float scale, float* o, bool bf16) {
+__global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, TView q, TView kvb, TView k_pe, int64_t T,
+                                                         const int64_t* q_pos, KeySelection sel, float scale,
+                                                         TView o) {
+  const bool bf16 = o.bf16 != 0;
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = dn + dr, dkv = dn + dv;
   const int64_t s = blockIdx.x / H, h = blockIdx.x % H;
@@ -81,14 +82,12 @@ __global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, const float* 
   __shared__ float p_sh[kTile];
   __shared__ int64_t t_sh[kTile];
   __shared__ float shm[32], shl[32];
-  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q[(s * H + h) * dqk + i];
+  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = tget(q, s, h * dqk + i);
   const int64_t last = build_allowed(bits, s, T, q_pos, sel);
   auto score = [&](int64_t t) {
-    const float* kn = kvb + (t * H + h) * dkv;
-    const float* kp = k_pe + t * dr;
     float dot = 0.0f;
-    for (int64_t x = 0; x < dn; ++x) dot = fmaf(qs[x], kn[x], dot);
-    for (int64_t x = 0; x < dr; ++x) dot = fmaf(qs[dn + x], kp[x], dot);
+    for (int64_t x = 0; x < dn; ++x) dot = fmaf(qs[x], tget(kvb, t, h * dkv + x), dot);
+    for (int64_t x = 0; x < dr; ++x) dot = fmaf(qs[dn + x], tget(k_pe, t, x), dot);
     return scaled(dot, scale, bf16);
   };
   float m = __uint_as_float(0xFF800000u), l = 0.0f;
@@ -115,11 +114,11 @@ __global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, const float* 
     for (int64_t j = 0; j < nt; ++j) {
       const float pj = p_sh[j];
       if (pj == 0.0f) continue;
-      const float* v = kvb + (t_sh[j] * H + h) * dkv + dn;
+      const int64_t tj = t_sh[j];
 #pragma unroll
       for (int i = 0; i < kMaxPerThread; ++i) {
         const int64_t x = threadIdx.x + i * blockDim.x;
-        if (x < dv) acc[i] = fmaf(pj, v[x], acc[i]);
+        if (x < dv) acc[i] = fmaf(pj, tget(kvb, tj, h * dkv + dn + x), acc[i]);
       }
     }
     __syncthreads();
@@ -127,7 +126,7 @@ __global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, const float* 
 #pragma unroll
   for (int i = 0; i < kMaxPerThread; ++i) {
     const int64_t x = threadIdx.x + i * blockDim.x;
-    if (x < dv) o[(s * H + h) * dv + x] = bf16 ? bf16r(acc[i]) : acc[i];
+    if (x < dv) tset(o, s, h * dv + x, acc[i]);
   }
 }
 
@@ -205,9 +204,10 @@ constexpr int kMaxChunksPerThread = 2;
 // of the keys; the softmax statistics and the o_lat partials are combined over distributed shared memory in rank
 // order (deterministic), and the ranks split the W_UV projection.
 template <class Keys>
-__device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& kv_b, const Keys& keys, int64_t h,
-                             int64_t last, const uint32_t* bits, float* qs, float* qlat, float* olat, float* part,
-                             float* sc, bool vec, float scale, float* o_row, bool bf16, int rank, int n_ranks) {
+__device__ void absorbed_one(const MlaDims& d, const TView& q, int64_t qi, const WDesc& kv_b, const Keys& keys,
+                             int64_t h, int64_t last, const uint32_t* bits, float* qs, float* qlat, float* olat,
+                             float* part, float* sc, bool vec, float scale, const TView& o, bool bf16, int rank,
+                             int n_ranks) {
   __shared__ float stat_sh[2];
   const int64_t per = (last + n_ranks) / n_ranks;  // ceil((last + 1) / n_ranks)
   const int64_t lo_t = rank * per, hi_t = lo_t + per - 1 < last ? lo_t + per - 1 : last;
@@ -218,7 +218,7 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
   __shared__ float shm[32], shl[32];
   const int64_t dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = dn + dr, dkv = dn + dv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = q_row[i];
+  for (int64_t i = threadIdx.x; i < dqk; i += blockDim.x) qs[i] = tget(q, qi, h * dqk + i);
   __syncthreads();
   // q_lat = W_UK[h]ᵀ · q_nope: the ranks of a cluster compute one slice each (8 weight loads in flight per thread,
   // bf16 weights read directly), then gather the other slices over distributed shared memory.
@@ -425,7 +425,7 @@ __device__ void absorbed_one(const MlaDims& d, const float* q_row, const WDesc& 
         if (x0 + 32 * u < dc) a = fmaf(fin[x0 + 32 * u], wv[u], a);
     }
     a = warp_sum(a);
-    if (lane == 0) o_row[j] = bf16 ? bf16r(a) : a;
+    if (lane == 0) tset(o, qi, h * dv + j, a);
   }
   __syncthreads();
 }
@@ -445,11 +445,12 @@ __host__ __device__ inline AbsLayout abs_layout(const MlaDims& d, int64_t max_ke
 }
 constexpr size_t kAbsSmemCap = 200 * 1024;  // opt-in dynamic shared memory per block (H200: up to 227 KB)
 
-__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, const float* q, WDesc kv_b,
-                                                                    const float* c, const float* k_pe, int64_t T,
+__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, TView q, WDesc kv_b, const float* c,
+                                                                    const float* k_pe, int64_t T,
                                                                     const int64_t* q_pos, KeySelection sel,
-                                                                    float scale, float* o, bool bf16, bool vec,
+                                                                    float scale, TView o, bool vec,
                                                                     bool cache_scores, int n_ranks) {
+  const bool bf16 = o.bf16 != 0;
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
   const int64_t item = blockIdx.x / n_ranks;
@@ -463,18 +464,18 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, co
   float* sc = cache_scores ? part + L.groups * dc : nullptr;
   const int64_t last = build_allowed(bits, s, T, q_pos, sel);
   const ContiguousKeys keys{c, k_pe, dc, d.rope};
-  absorbed_one(d, q + (s * H + h) * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
-               o + (s * H + h) * d.v, bf16, static_cast<int>(cooperative_groups::this_cluster().block_rank()),
-               n_ranks);
+  absorbed_one(d, q, s, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale, o, bf16,
+               static_cast<int>(cooperative_groups::this_cluster().block_rank()), n_ranks);
 }
 
 // Persistent grid over (token, head) work items of the whole step; bitmap and score cache sized by max_ctx.
 template <class Elem>
-__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims d, const float* q, WDesc kv_b,
+__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims d, TView q, WDesc kv_b,
                                                                          KvPool pool, StepSeqs seqs,
                                                                          const int64_t* pos, KeySelection sel,
-                                                                         float scale, float* o, bool bf16, bool vec,
+                                                                         float scale, TView o, bool vec,
                                                                          bool cache_scores, int n_ranks) {
+  const bool bf16 = o.bf16 != 0;
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
   const AbsLayout L = abs_layout(d, seqs.max_ctx, vec, KeyVec<Elem>::kN);
@@ -484,9 +485,10 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
   float* olat = qlat + dc;
   float* part = olat + dc;
   float* sc = cache_scores ? part + L.groups * dc : nullptr;
-  const int64_t N = seqs.q_begin[seqs.n_seqs];
+  // The run's tokens only (q_begin[0] may be past 0: the step's other rows belong to other sequences).
+  const int64_t N0 = seqs.q_begin[0], N = seqs.q_begin[seqs.n_seqs];
   const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
-  for (int64_t item = blockIdx.x / n_ranks; item < N * H; item += gridDim.x / n_ranks) {
+  for (int64_t item = N0 * H + blockIdx.x / n_ranks; item < N * H; item += gridDim.x / n_ranks) {
     const int64_t i = item / H, h = item % H;
     // Sequence of token i: the last s with q_begin[s] <= i (binary search).
     int64_t lo = 0, hi = seqs.n_seqs - 1;
@@ -509,8 +511,8 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
     __syncthreads();
     const PagedKeys<Elem> keys{static_cast<const Elem*>(pool.data), pool.width, pool.block_tokens,
                                seqs.block_table + s * seqs.max_blocks, dc};
-    absorbed_one(d, q + i * H * dqk + h * dqk, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale,
-                 o + i * H * d.v + h * d.v, bf16, rank, n_ranks);
+    absorbed_one(d, q, i, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale, o, bf16, rank,
+                 n_ranks);
   }
 }
 
@@ -538,18 +540,17 @@ struct ClusterLaunch {
 };
 }  // namespace
 
-void launch_mla_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S, int64_t T,
-                      const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16,
-                      cudaStream_t st) {
+void launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t S, int64_t T, const int64_t* q_pos,
+                      const KeySelection& sel, float scale, TView o, cudaStream_t st) {
   if (S <= 0 || d.n_heads <= 0) return;
   const size_t smem = static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk()) * 4;
   mla_naive_kernel<<<static_cast<unsigned>(S * d.n_heads), 128, smem, st>>>(d, q, kvb, k_pe, T, q_pos, sel, scale,
-                                                                             o, bf16);
+                                                                             o);
 }
 
-void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, const float* c, const float* k_pe,
-                         int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
-                         bool bf16, cudaStream_t st) {
+void launch_mla_absorbed(const MlaDims& d, TView q, const WDesc& kv_b, const float* c, const float* k_pe, int64_t S,
+                         int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, TView o,
+                         cudaStream_t st) {
   if (S <= 0 || d.n_heads <= 0) return;
   constexpr int kN = KeyVec<float>::kN;
   const bool vec = d.latent % kN == 0 && d.rope % kN == 0 && (reinterpret_cast<uintptr_t>(c) & 15) == 0 &&
@@ -564,13 +565,11 @@ void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, co
   // Few (query, head) items: clusters split each one's keys over kAbsCluster SMs; many: one block each.
   const int ranks = S * d.n_heads >= 256 ? 1 : kAbsCluster;
   const ClusterLaunch cl(static_cast<unsigned>(S * d.n_heads * ranks), ranks, smem, st);
-  cudaLaunchKernelEx(&cl.cfg, mla_absorbed_kernel, d, q, kv_b, c, k_pe, T, q_pos, sel, scale, o, bf16, vec, cache,
-                     ranks);
+  cudaLaunchKernelEx(&cl.cfg, mla_absorbed_kernel, d, q, kv_b, c, k_pe, T, q_pos, sel, scale, o, vec, cache, ranks);
 }
 
-void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv_b, const KvPool& pool,
-                               const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
-                               float* o, bool bf16, cudaStream_t st) {
+void launch_mla_absorbed_paged(const MlaDims& d, TView q, const WDesc& kv_b, const KvPool& pool, const StepSeqs& seqs,
+                               const int64_t* pos, const KeySelection& sel, float scale, TView o, cudaStream_t st) {
   if (seqs.n_seqs <= 0 || d.n_heads <= 0) return;
   const bool b16 = pool.dtype == DType::BF16;
   const int64_t kN = b16 ? KeyVec<uint16_t>::kN : KeyVec<float>::kN;
@@ -598,11 +597,11 @@ void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv
   const int ranks = decode_graph_bucket(seqs.n_seqs) * d.n_heads >= 256 ? 1 : kAbsCluster;
   const ClusterLaunch cl(static_cast<unsigned>(sms * 4 / kAbsCluster * kAbsCluster), ranks, smem, st);
   if (b16) {
-    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<uint16_t>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
-                       vec, cache, ranks);
+    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<uint16_t>, d, q, kv_b, pool, seqs, pos, sel, scale, o, vec,
+                       cache, ranks);
   } else {
-    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<float>, d, q, kv_b, pool, seqs, pos, sel, scale, o, bf16,
-                       vec, cache, ranks);
+    cudaLaunchKernelEx(&cl.cfg, mla_absorbed_paged_kernel<float>, d, q, kv_b, pool, seqs, pos, sel, scale, o, vec,
+                       cache, ranks);
   }
 }
 

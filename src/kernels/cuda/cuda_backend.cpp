@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_lt.h"
+#include "kernels/cuda/cuda_mla_decode.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace latent {
@@ -54,6 +55,11 @@ void check(cudaError_t e, const char* what) {
 }
 
 class CudaBackend final : public Backend {
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+
  public:
   CudaBackend() {
     int n = 0;
@@ -72,7 +78,7 @@ class CudaBackend final : public Backend {
     for (void* p : owned_) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
     if (group_scratch_) cudaFree(group_scratch_);
-    for (Scratch* s : {&lt_x_, &lt_w_})
+    for (Scratch* s : {&lt_x_, &lt_w_, &tmp_[0], &tmp_[1], &tmp_[2], &tmp_[3], &tmp_[4]})
       if (s->p) cudaFree(s->p);
     for (void* p : lt_retired_) cudaFree(p);
     lt_.reset();
@@ -184,132 +190,165 @@ class CudaBackend final : public Backend {
   }
 
   // ---------------- linear ----------------
-  void matmul(const QuantWeight& w, const float* x, int64_t M, float* y) override {
-    cuda::launch_matmul(cuda::make_wdesc(w), x, M, y, stream_);
-    check_launch("matmul");
-  }
-  // bf16 mode above the skinny sizes: x (bf16 values) and W as bf16 operands, one cuBLASLt GEMM with fp32
-  // accumulation into y. BF16 weights are used in place when their rows are 16-byte aligned (K % 8 == 0); FP8 and
-  // MXFP4 weights (and unaligned BF16) are dequantized whole into a reusable bf16 scratch first. Everything else
-  // (F32/F16 weights, M ≤ 16, a shape cuBLASLt has no algorithm for, or a graph capture that would need more
-  // scratch than any eager step had) takes matmul().
-  void matmul_bf16(const QuantWeight& w, const float* x, int64_t M, float* y) override {
-    if (!lt_eligible(w, M)) return matmul_tc_or_exact(w, x, M, y);
-    const int64_t N = w.rows, K = w.cols, Kp = lt_kp(K);
-    const bool direct = lt_direct(w);
-    void* xb = lt_scratch(lt_x_, static_cast<size_t>(M * Kp) * 2, "bf16 matmul activations");
-    void* ws = direct ? nullptr : lt_scratch(lt_w_, static_cast<size_t>(N * Kp) * 2, "bf16 matmul weights");
-    const void* wb = direct ? w.data : ws;
-    if (!xb || !wb || !lt_->supported(wb, xb, M, N, Kp, y)) return matmul_tc_or_exact(w, x, M, y);
-    cuda::launch_to_bf16(x, M, K, Kp, xb, stream_);
-    check_launch("matmul_bf16 (activations to bf16)");
-    if (!direct) {
-      cuda::launch_dequant_bf16(cuda::make_wdesc(w), Kp, ws, stream_);
-      check_launch("matmul_bf16 (weights to bf16)");
+  // y = x·Wᵀ + epilogue. fp32 x (the exactness mode): the exact kernels (skinny ≤ 16 rows, tiled above). bf16 x:
+  // the bf16 path — cuBLASLt bf16 GEMMs above the skinny sizes for weights whose values are bf16 (BF16, MXFP4), the
+  // own tensor-core kernel for FP8 (raw codes, block scales on fp32 partial sums), the skinny kernels at M ≤ 16.
+  // The accumulators are fp32; the epilogue (bias, SwiGLU gate, gate, residual, rounding to y's dtype) runs after.
+  void matmul(const QuantWeight& w, const Tensor& x, const Tensor& y, const Epilogue& ep = {}) override {
+    const int64_t M = x.rows, N = w.rows;
+    if (M <= 0 || N <= 0) return;
+    // Decode sizes: the skinny kernels read x in its dtype and apply the epilogue at the store (SwiGLU: the gate
+    // rows first, rounded into a scratch of y's dtype, then the up rows with that gate).
+    if (M <= cuda::kSmallMaxRows && !(ep.glu && ep.gate)) {
+      cuda::LinEpi e;
+      e.bias = ep.bias;
+      if (ep.gate) e.gate = cuda::tview(*ep.gate);
+      if (ep.residual) e.residual = cuda::tview(*ep.residual);
+      if (ep.glu) {
+        const Tensor g(tmp_bytes(kTmpGlu, static_cast<size_t>(M * N) * y.elem_size(), "SwiGLU gate rows"), y.dtype, M,
+                       N);
+        cuda::launch_matmul_small(cuda::make_wdesc(*ep.glu[0]), cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{},
+                                  stream_);
+        check_launch("matmul (SwiGLU gate)");
+        e.gate = cuda::tview(g);
+      }
+      cuda::launch_matmul_small(cuda::make_wdesc(w), cuda::tview(x), M, cuda::tview(y), e, stream_);
+      check_launch("matmul");
+      return;
     }
-    lt_->gemm(wb, xb, M, N, Kp, y, stream_);
-    check_launch("matmul_bf16 (cublasLtMatmul)");
-    ++lt_calls_;
+    const float* xf = f32_rows(x, kTmpX, "matmul activations (fp32)");
+    const bool direct = ep.empty() && y.dtype == DType::F32 && y.contiguous();
+    float* acc = direct ? y.f32() : tmp_f32(kTmpAcc, M * N, "matmul accumulators");
+    linear_f32(w, xf, M, acc, x.bf16());
+    if (direct) return;
+    float* gacc = nullptr;
+    if (ep.glu) {
+      gacc = tmp_f32(kTmpGacc, M * N, "matmul gate accumulators");
+      linear_f32(*ep.glu[0], xf, M, gacc, x.bf16());
+    }
+    epilogue(acc, gacc, ep, M, N, y, nullptr, nullptr);
   }
-  void reserve_matmul_bf16(const QuantWeight* const* w, size_t n, int64_t max_rows) override {
-    int64_t kmax = 0, wmax = 0;
+  void reserve_matmul(const QuantWeight* const* w, size_t n, int64_t max_rows, DType x_dtype) override {
+    int64_t kmax = 0, nmax = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (!w[i] || !w[i]->data || !lt_eligible(*w[i], cuda_lt_min_rows())) continue;
-      kmax = std::max(kmax, lt_kp(w[i]->cols));
-      if (!lt_direct(*w[i])) wmax = std::max(wmax, w[i]->rows * lt_kp(w[i]->cols));
+      if (!w[i] || !w[i]->data) continue;
+      kmax = std::max(kmax, w[i]->cols);
+      nmax = std::max(nmax, w[i]->rows);
     }
-    if (kmax > 0 && max_rows >= cuda_lt_min_rows())
-      lt_scratch(lt_x_, static_cast<size_t>(max_rows * kmax) * 2, "bf16 matmul activations");
-    if (wmax > 0) lt_scratch(lt_w_, static_cast<size_t>(wmax) * 2, "bf16 matmul weights");
-  }
-  int64_t lt_calls() const { return lt_calls_; }
-  int64_t tc_calls() const { return tc_calls_; }
-  bool tc_dispatch = true;  // cuda_set_tc_dispatch (cuda_backend.h)
-  // bf16 mode without cuBLASLt (FP8 weights; BF16 / MXFP4 when cuBLASLt cannot take the shape): the own
-  // tensor-core kernel from cuda_lt_min_rows() rows for the formats it multiplies exactly, else the exact kernels.
-  void matmul_tc_or_exact(const QuantWeight& w, const float* x, int64_t M, float* y) {
-    const cuda::WDesc d = cuda::make_wdesc(w);
-    if (!tc_dispatch || M < cuda_lt_min_rows() || !cuda::tc_format(d)) return matmul(w, x, M, y);
-    cuda::launch_matmul_tc(d, x, M, y, stream_);
-    check_launch("matmul_bf16 (tensor-core kernel)");
-    ++tc_calls_;
+    if (max_rows <= 0 || kmax <= 0) return;
+    tmp_f32(kTmpX, max_rows * kmax, "matmul activations (fp32)");
+    tmp_f32(kTmpAcc, max_rows * nmax, "matmul accumulators");
+    tmp_f32(kTmpGacc, max_rows * nmax, "matmul gate accumulators");
+    if (x_dtype == DType::BF16) reserve_lt(w, n, max_rows);
   }
 
-  void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
-                      float* y) override {
-    if (n_groups <= 0) return;
-    int64_t rows = 0, cols = 0;
-    const cuda::WDesc* table = group_table(w, n_groups, rows, cols);
-    if (!table) return;  // every group empty
-    void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
-    cuda::launch_grouped_matmul(table, n_groups, rows, cols, offsets, x, y, scratch, stream_);
-    check_launch("grouped_matmul");
+  void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const Tensor& x,
+                      const Tensor& y, const Epilogue& ep = {}) override {
+    if (n_groups <= 0 || x.rows <= 0) return;
+    const int64_t R = x.rows, N = y.cols;
+    // Every group at most 16 rows (few rows in all, or moe_experts over at most 16 tokens: a group is one expert's
+    // tokens): the skinny grouped kernels, x in its dtype, the epilogue at the store.
+    if ((R <= cuda::kSmallMaxRows || small_groups_) && !(ep.glu && ep.gate)) {
+      int64_t rows = 0, cols = 0;
+      const cuda::WDesc* table = group_table(w, n_groups, rows, cols);
+      if (!table) return;
+      void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
+      cuda::LinEpi e;
+      e.bias = ep.bias;
+      if (ep.gate) e.gate = cuda::tview(*ep.gate);
+      if (ep.residual) e.residual = cuda::tview(*ep.residual);
+      if (ep.glu) {
+        int64_t gr = 0, gc = 0;
+        const cuda::WDesc* gtable = group_table(ep.glu, n_groups, gr, gc);
+        const Tensor g(tmp_bytes(kTmpGlu, static_cast<size_t>(R * N) * y.elem_size(), "SwiGLU gate rows"), y.dtype, R,
+                       N);
+        cuda::launch_grouped_small(gtable, n_groups, gr, gc, offsets, cuda::tview(x), cuda::tview(g), cuda::LinEpi{},
+                                   scratch, stream_);
+        check_launch("grouped_matmul (SwiGLU gate)");
+        e.gate = cuda::tview(g);
+      }
+      cuda::launch_grouped_small(table, n_groups, rows, cols, offsets, cuda::tview(x), cuda::tview(y), e, scratch,
+                                 stream_);
+      check_launch("grouped_matmul");
+      return;
+    }
+    const float* xf = f32_rows(x, kTmpX, "grouped matmul activations (fp32)");
+    const bool direct = ep.empty() && y.dtype == DType::F32 && y.contiguous();
+    float* acc = direct ? y.f32() : tmp_f32(kTmpAcc, R * N, "grouped matmul accumulators");
+    if (!grouped_f32(w, n_groups, offsets, xf, acc, x.bf16())) return;  // every group empty
+    if (direct) return;
+    float* gacc = nullptr;
+    if (ep.glu) {
+      gacc = tmp_f32(kTmpGacc, R * N, "grouped matmul gate accumulators");
+      grouped_f32(ep.glu, n_groups, offsets, xf, gacc, x.bf16());
+    }
+    // Only the groups' rows [offsets[0], offsets[n_groups]) are written.
+    epilogue(acc, gacc, ep, R, N, y, offsets, offsets + n_groups);
   }
-  // The groups of more than 16 rows on the tensor-core kernel when every weight's values or codes are bf16 values
-  // (the expert prefill); the others, and tables with another format, as grouped_matmul.
-  void grouped_matmul_bf16(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
-                           float* y) override {
-    if (n_groups <= 0) return;
-    int64_t rows = 0, cols = 0;
-    bool tc = tc_dispatch;
-    const cuda::WDesc* table = group_table(w, n_groups, rows, cols, &tc);
-    if (!table) return;
-    void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
-    cuda::launch_grouped_matmul(table, n_groups, rows, cols, offsets, x, y, scratch, stream_, tc);
-    check_launch(tc ? "grouped_matmul_bf16 (tensor-core kernel)" : "grouped_matmul_bf16");
-    if (tc) ++tc_calls_;
-  }
-  void embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) override {
-    cuda::launch_embedding(cuda::make_wdesc(table), ids, M, out, stream_);
+  void embedding(const QuantWeight& table, const int32_t* ids, const Tensor& out) override {
+    cuda::launch_embedding(cuda::make_wdesc(table), ids, out.rows, cuda::tview(out), stream_);
     check_launch("embedding");
   }
 
   // ---------------- norms / elementwise ----------------
-  void rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16) override {
-    cuda::launch_rms_norm(x, w, M, D, eps, y, bf16, stream_);
+  void rms_norm(const Tensor& x, const float* w, float eps, const Tensor& y) override {
+    cuda::launch_rms_norm(cuda::tview(x), w, x.rows, x.cols, eps, cuda::tview(y), stream_);
     check_launch("rms_norm");
   }
-  void layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
-                  bool bf16) override {
-    cuda::launch_layer_norm(x, w, b, M, D, eps, y, bf16, stream_);
+  void add_rms_norm(const Tensor& h, const Tensor& delta, const float* w, float eps, const Tensor& y) override {
+    cuda::launch_add_rms_norm(cuda::tview(h), cuda::tview(delta), w, h.rows, h.cols, eps, cuda::tview(y), stream_);
+    check_launch("add_rms_norm");
+  }
+  void layer_norm(const Tensor& x, const float* w, const float* b, float eps, const Tensor& y) override {
+    cuda::launch_layer_norm(cuda::tview(x), w, b, x.rows, x.cols, eps, cuda::tview(y), stream_);
     check_launch("layer_norm");
   }
-  void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
-            const int64_t* pos, const RopeParams& p, bool bf16) override {
-    cuda::launch_rope(x, n_tokens, n_heads, token_stride, head_stride, pos, p, bf16, stream_);
+  void rope(const Tensor& x, int64_t n_heads, int64_t head_stride, const int64_t* pos, const RopeParams& p) override {
+    cuda::launch_rope(cuda::tview(x), x.rows, n_heads, head_stride, pos, p, stream_);
     check_launch("rope");
   }
-  void silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16) override {
-    cuda::launch_silu_mul(gate, up, n, out, bf16, stream_);
+  void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+    cuda::launch_silu_mul(cuda::tview(gate), cuda::tview(up), out.rows, out.cols, cuda::tview(out), stream_);
     check_launch("silu_mul");
   }
-  void add(float* y, const float* x, int64_t n, bool bf16) override {
-    cuda::launch_add(y, x, n, bf16, stream_);
+  void add(const Tensor& y, const Tensor& x) override {
+    cuda::launch_add(cuda::tview(y), cuda::tview(x), y.rows, y.cols, stream_);
     check_launch("add");
   }
-  void round_bf16(float* x, int64_t n) override {
-    cuda::launch_round_bf16(x, n, stream_);
-    check_launch("round_bf16");
+  void convert(const Tensor& src, const Tensor& dst) override {
+    cuda::launch_convert(cuda::tview(src), cuda::tview(dst), dst.rows, dst.cols, stream_);
+    check_launch("convert");
   }
 
   // ---------------- attention ----------------
-  void mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S, int64_t T,
-                           const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16) override {
-    cuda::launch_mla_naive(d, q, kvb, k_pe, S, T, q_pos, sel, scale, o, bf16, stream_);
+  void mla_attention_naive(const MlaDims& d, const Tensor& q, const Tensor& kvb, const Tensor& k_pe, int64_t T,
+                           const int64_t* q_pos, const KeySelection& sel, float scale, const Tensor& o) override {
+    cuda::launch_mla_naive(d, cuda::tview(q), cuda::tview(kvb), cuda::tview(k_pe), q.rows, T, q_pos, sel, scale,
+                           cuda::tview(o), stream_);
     check_launch("mla_attention_naive");
   }
-  void mla_attention_absorbed(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
-                              const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel,
-                              float scale, float* o, bool bf16) override {
-    cuda::launch_mla_absorbed(d, q, cuda::make_wdesc(kv_b), c, k_pe, S, T, q_pos, sel, scale, o, bf16, stream_);
+  void mla_attention_absorbed(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b, const Tensor& c,
+                              const Tensor& k_pe, int64_t T, const int64_t* q_pos, const KeySelection& sel,
+                              float scale, const Tensor& o) override {
+    const float* cf = f32_rows(c.with_rows(T), kTmpAcc, "absorbed attention latent (fp32)");
+    const float* kf = f32_rows(k_pe.with_rows(T), kTmpGacc, "absorbed attention rope keys (fp32)");
+    cuda::launch_mla_absorbed(d, cuda::tview(q), cuda::make_wdesc(kv_b), cf, kf, q.rows, T, q_pos, sel, scale,
+                              cuda::tview(o), stream_);
     check_launch("mla_attention_absorbed");
   }
 
   // ---------------- DSA indexer ----------------
-  void indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
-                      int64_t head_dim, float scale, const int64_t* q_pos, float* scores) override {
-    cuda::launch_indexer_scores(q, w, k, S, T, n_heads, head_dim, scale, q_pos, scores, stream_);
+  void indexer_scores(const Tensor& q, const Tensor& w, const Tensor& k, int64_t n_heads, float scale,
+                      const int64_t* q_pos, float* scores) override {
+    cuda::launch_indexer_scores(cuda::tview(q), cuda::tview(w), cuda::tview(k), q.rows, k.rows, n_heads, k.cols,
+                                scale, q_pos, scores, stream_);
     check_launch("indexer_scores");
+  }
+  void indexer_scores_paged(const Tensor& q, const Tensor& w, const KvPool& pool, const StepSeqs& seqs, int64_t r0,
+                            int64_t n_heads, float scale, const int64_t* q_pos, int64_t T, float* scores) override {
+    cuda::launch_indexer_scores_paged(cuda::tview(q), cuda::tview(w), pool, seqs, r0, q.rows, n_heads, pool.width,
+                                      scale, q_pos, T, scores, stream_);
+    check_launch("indexer_scores_paged");
   }
   void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
                    int32_t* count) override {
@@ -324,9 +363,8 @@ class CudaBackend final : public Backend {
     cuda::launch_router(logits, bias, M, p, ids, weights, stream_);
     check_launch("router");
   }
-  void scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D, float* y,
-                            bool bf16) override {
-    cuda::launch_scatter_add_weighted(x, token, weight, n, D, y, bf16, stream_);
+  void scatter_add_weighted(const Tensor& x, const int32_t* token, const float* weight, const Tensor& y) override {
+    cuda::launch_scatter_add_weighted(cuda::tview(x), token, weight, x.rows, x.cols, cuda::tview(y), stream_);
     check_launch("scatter_add_weighted");
   }
 
@@ -342,36 +380,26 @@ class CudaBackend final : public Backend {
     cuda::launch_sample_rows(logits, rows, V, params, edits, allow, banned, ids, stream_);
     check_launch("sample_rows");
   }
-  void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst) override {
-    cuda::launch_gather_rows(src, rows, n, D, dst, stream_);
+  void gather_rows(const Tensor& src, const int32_t* rows, const Tensor& dst) override {
+    cuda::launch_gather_rows(cuda::tview(src), rows, dst.rows, dst.cols, cuda::tview(dst), stream_);
     check_launch("gather_rows");
   }
-  void copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst) override {
-    cuda::launch_copy_cols(src, src_stride, col0, width, n, dst, stream_);
-    check_launch("copy_cols");
-  }
-  void scale(float* x, int64_t n, float s) override {
-    cuda::launch_scale(x, n, s, stream_);
+  void scale(const Tensor& x, float s) override {
+    cuda::launch_scale(cuda::tview(x), x.rows, x.cols, s, stream_);
     check_launch("scale");
   }
-  void fill(float* x, int64_t n, float v) override {
-    cuda::launch_fill(x, n, v, stream_);
+  void fill(const Tensor& x, float v) override {
+    cuda::launch_fill(cuda::tview(x), x.rows, x.cols, v, stream_);
     check_launch("fill");
-  }
-  void add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16) override {
-    cuda::launch_add_bias(y, b, M, N, bf16, stream_);
-    check_launch("add_bias");
   }
 
   // ---------------- paged latent cache ----------------
-  void kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
-                int64_t width) override {
-    cuda::launch_kv_store(pool, slots, n, src, col0, width, stream_);
+  void kv_store(const KvPool& pool, const int64_t* slots, const Tensor& src, int64_t col0) override {
+    cuda::launch_kv_store(pool, slots, src.rows, cuda::tview(src), col0, src.cols, stream_);
     check_launch("kv_store");
   }
-  void kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
-                 float* dst) override {
-    cuda::launch_kv_gather(pool, blocks, n_tokens, col0, width, dst, stream_);
+  void kv_gather(const KvPool& pool, const int32_t* blocks, int64_t col0, const Tensor& dst) override {
+    cuda::launch_kv_gather(pool, blocks, dst.rows, col0, dst.cols, cuda::tview(dst), stream_);
     check_launch("kv_gather");
   }
   void kv_copy_block(const KvPool& pool, int32_t src, int32_t dst, int64_t n_tokens) override {
@@ -381,20 +409,165 @@ class CudaBackend final : public Backend {
     copy(base + static_cast<size_t>(dst) * block, base + static_cast<size_t>(src) * block,
          static_cast<size_t>(n_tokens) * row);
   }
-  void mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b, const KvPool& pool,
+  void mla_attention_absorbed_paged(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b, const KvPool& pool,
                                     const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
-                                    float* o, bool bf16) override {
-    cuda::launch_mla_absorbed_paged(d, q, cuda::make_wdesc(kv_b), pool, seqs, pos, sel, scale, o, bf16, stream_);
+                                    const Tensor& o) override {
+    cuda::launch_mla_absorbed_paged(d, cuda::tview(q), cuda::make_wdesc(kv_b), pool, seqs, pos, sel, scale,
+                                    cuda::tview(o), stream_);
     check_launch("mla_attention_absorbed_paged");
   }
+
+  // ---------------- decode blocks ----------------
+  // The routed experts of a decode batch (at most kWarpGroupedMaxTokens tokens): the grouped matmuls take the
+  // warp-per-row kernels whatever the pair count (an expert's group has at most that many rows); larger batches
+  // (prefill) the tensor-core kernels of the default composition.
+  void moe_experts(const MoeLayer& L, const Tensor& x, const MoeScratch& s, const Tensor& y,
+                   bool include_shared) override {
+    struct Scope {
+      bool& f;
+      ~Scope() { f = false; }
+    } scope{small_groups_};
+    small_groups_ = x.rows <= kWarpGroupedMaxTokens;
+    Backend::moe_experts(L, x, s, y, include_shared);
+  }
+  // bf16 mode over a bf16 pool: the FlashMLA-structured kernels of cuda_mla_decode.cu (absorption GEMMs, tensor-core
+  // attention with split keys, LSE combine, output absorption); other shapes and the fp32 mode: the generic kernel.
+  void mla_decode_attention(const MlaLayer& L, const Tensor& q, const KvPool& pool, const StepSeqs& seqs,
+                            const int64_t* pos, const KeySelection& sel, const Tensor& o) override {
+    if (!fast_decode || !q.bf16() || !o.bf16() || !cuda::mla_decode_supported(L.d, pool))
+      return Backend::mla_decode_attention(L, q, pool, seqs, pos, sel, o);
+    const int64_t N = q.rows;
+    // Splits from the graph bucket of the run (decode_graph_bucket: a padded graph step splits as an eager one).
+    const int splits = cuda::mla_decode_splits(L.d, decode_graph_bucket(N), seqs.max_ctx);
+    const cuda::MlaDecodeScratch sz = cuda::mla_decode_scratch(L.d, N, splits);
+    char* base = static_cast<char*>(
+        tmp_bytes(kTmpMla, sz.qlat_bytes + sz.olat_bytes + sz.part_o_bytes + sz.part_ml_bytes + 256, "MLA decode"));
+    auto al = [](size_t n) { return (n + 63) / 64 * 64; };
+    char* ql = base;
+    char* ol = ql + al(sz.qlat_bytes);
+    char* po = ol + al(sz.olat_bytes);
+    char* pm = po + al(sz.part_o_bytes);
+    cuda::launch_mla_decode(L.d, cuda::tview(q), N, cuda::make_wdesc(*L.kv_b), pool, seqs, pos, sel, L.softmax_scale,
+                            splits, ql, ol, po, pm, cuda::tview(o), stream_);
+    check_launch("mla_decode_attention");
+    ++fast_decode_calls;
+  }
+
+  int64_t lt_calls() const { return lt_calls_; }
+  int64_t tc_calls() const { return tc_calls_; }
+  bool tc_dispatch = true;  // cuda_set_tc_dispatch (cuda_backend.h)
+  bool fast_decode = true;  // cuda_set_fast_decode (cuda_backend.h)
+  int64_t fast_decode_calls = 0;
 
  private:
   void check_launch(const char* op) { check(cudaGetLastError(), op); }
 
-  struct Scratch {
-    void* p = nullptr;
-    size_t bytes = 0;
-  };
+  // ---- the fp32-accumulator linear paths (x contiguous fp32; with x_bf16 its values are bf16) ----
+  // matmul of the bf16 path above the skinny sizes: x (bf16 values) and W as bf16 operands, one cuBLASLt GEMM with
+  // fp32 accumulation into y. BF16 weights are used in place when their rows are 16-byte aligned (K % 8 == 0); MXFP4
+  // weights (and unaligned BF16) are dequantized whole into a reusable bf16 scratch first (exact). FP8 takes the own
+  // tensor-core kernel (raw codes); F32/F16 weights, M ≤ 16, and shapes cuBLASLt cannot take the exact kernels.
+  void linear_f32(const QuantWeight& w, const float* x, int64_t M, float* y, bool x_bf16) {
+    if (!x_bf16) {
+      cuda::launch_matmul(cuda::make_wdesc(w), x, M, y, stream_);
+      check_launch("matmul");
+      return;
+    }
+    if (!lt_eligible(w, M)) return matmul_tc_or_exact(w, x, M, y);
+    const int64_t N = w.rows, K = w.cols, Kp = lt_kp(K);
+    const bool direct = lt_direct(w);
+    void* xb = lt_scratch(lt_x_, static_cast<size_t>(M * Kp) * 2, "bf16 matmul activations");
+    void* ws = direct ? nullptr : lt_scratch(lt_w_, static_cast<size_t>(N * Kp) * 2, "bf16 matmul weights");
+    const void* wb = direct ? w.data : ws;
+    if (!xb || !wb || !lt_->supported(wb, xb, M, N, Kp, y)) return matmul_tc_or_exact(w, x, M, y);
+    cuda::launch_to_bf16(x, M, K, Kp, xb, stream_);
+    check_launch("matmul (activations to bf16)");
+    if (!direct) {
+      cuda::launch_dequant_bf16(cuda::make_wdesc(w), Kp, ws, stream_);
+      check_launch("matmul (weights to bf16)");
+    }
+    lt_->gemm(wb, xb, M, N, Kp, y, stream_);
+    check_launch("matmul (cublasLtMatmul)");
+    ++lt_calls_;
+  }
+  void reserve_lt(const QuantWeight* const* w, size_t n, int64_t max_rows) {
+    int64_t kmax = 0, wmax = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!w[i] || !w[i]->data || !lt_eligible(*w[i], cuda_lt_min_rows())) continue;
+      kmax = std::max(kmax, lt_kp(w[i]->cols));
+      if (!lt_direct(*w[i])) wmax = std::max(wmax, w[i]->rows * lt_kp(w[i]->cols));
+    }
+    if (kmax > 0 && max_rows >= cuda_lt_min_rows())
+      lt_scratch(lt_x_, static_cast<size_t>(max_rows * kmax) * 2, "bf16 matmul activations");
+    if (wmax > 0) lt_scratch(lt_w_, static_cast<size_t>(wmax) * 2, "bf16 matmul weights");
+  }
+  // The bf16 path without cuBLASLt: the own tensor-core kernel from cuda_lt_min_rows() rows for the formats it
+  // multiplies exactly, else the exact kernels.
+  void matmul_tc_or_exact(const QuantWeight& w, const float* x, int64_t M, float* y) {
+    const cuda::WDesc d = cuda::make_wdesc(w);
+    if (!tc_dispatch || M < cuda_lt_min_rows() || !cuda::tc_format(d)) {
+      cuda::launch_matmul(d, x, M, y, stream_);
+      check_launch("matmul");
+      return;
+    }
+    cuda::launch_matmul_tc(d, x, M, y, stream_);
+    check_launch("matmul (tensor-core kernel)");
+    ++tc_calls_;
+  }
+  // Grouped: the groups of more than 16 rows on the tensor-core kernel in the bf16 path when every weight's values
+  // or codes are bf16 values (the expert prefill); false when every group is empty.
+  bool grouped_f32(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x, float* y,
+                   bool x_bf16) {
+    int64_t rows = 0, cols = 0;
+    bool tc = x_bf16 && tc_dispatch;
+    const cuda::WDesc* table = group_table(w, n_groups, rows, cols, &tc);
+    if (!table) return false;
+    void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
+    cuda::launch_grouped_matmul(table, n_groups, rows, cols, offsets, x, y, scratch, stream_, tc);
+    check_launch(tc ? "grouped_matmul (tensor-core kernel)" : "grouped_matmul");
+    if (tc) ++tc_calls_;
+    return true;
+  }
+  void epilogue(const float* acc, const float* gacc, const Epilogue& ep, int64_t M, int64_t N, const Tensor& y,
+                const int64_t* row_lo, const int64_t* row_hi) {
+    const cuda::TView gate = ep.gate ? cuda::tview(*ep.gate) : cuda::TView{};
+    const cuda::TView res = ep.residual ? cuda::tview(*ep.residual) : cuda::TView{};
+    cuda::launch_epilogue(acc, gacc, ep.bias, gate, res, M, N, cuda::tview(y), row_lo, row_hi, stream_);
+    check_launch("linear epilogue");
+  }
+
+  // ---- typed-tensor scratch ----
+  enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpSlots };
+  bool small_groups_ = false;  // moe_experts of a decode batch: the warp-per-row grouped kernels
+  static constexpr int64_t kWarpGroupedMaxTokens = 128;
+  // Device scratch slot of at least n floats (grow-only; a growth during a graph capture is an engine error: the
+  // eager step at the graph's shape grows every slot first).
+  float* tmp_f32(int slot, int64_t n, const char* what) {
+    return static_cast<float*>(tmp_bytes(slot, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float), what));
+  }
+  void* tmp_bytes(int slot, size_t bytes, const char* what) {
+    Scratch& s = tmp_[slot];
+    if (bytes <= s.bytes) return s.p;
+    if (capturing()) fail("CUDA backend: {} would grow during a graph capture", what);
+    size_t nb = std::max(bytes, s.bytes + s.bytes / 2);
+    nb = (nb + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20);
+    sync();
+    retire_or_free(s.p);
+    s = {};
+    s.p = alloc(nb, what);
+    s.bytes = nb;
+    return s.p;
+  }
+  // t's rows as a contiguous fp32 array: t itself when it is F32 and contiguous, else converted into slot.
+  const float* f32_rows(const Tensor& t, int slot, const char* what) {
+    if (t.dtype == DType::F32 && t.contiguous()) return static_cast<const float*>(t.data);
+    float* d = tmp_f32(slot, t.numel(), what);
+    cuda::launch_convert(cuda::tview(t), cuda::TView{d, t.cols, 0}, t.rows, t.cols, stream_);
+    check_launch(what);
+    return d;
+  }
+  Scratch tmp_[kTmpSlots];
+
   static int64_t lt_kp(int64_t K) { return (K + 7) / 8 * 8; }
   static bool lt_eligible(const QuantWeight& w, int64_t M) {
     // Only formats whose values are exactly bf16 (backend.h): FP8 times fp32 scales would be rounded by a bf16
@@ -538,6 +711,15 @@ int64_t cuda_tc_matmuls(const Backend& be) {
 
 void cuda_set_tc_dispatch(Backend& be, bool on) {
   if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->tc_dispatch = on;
+}
+
+void cuda_set_fast_decode(Backend& be, bool on) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->fast_decode = on;
+}
+
+int64_t cuda_fast_decode_calls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->fast_decode_calls : -1;
 }
 
 bool cuda_tc_dispatch(const Backend& be) {

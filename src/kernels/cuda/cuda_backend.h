@@ -24,6 +24,11 @@ int64_t cuda_tc_matmuls(const Backend& be);
 // The own tensor-core kernel of the bf16 mode (FP8 weights from cuda_lt_min_rows() rows; expert groups of more
 // than 16 rows) is on by default; off, those take the exact fp32 kernels (tests compare the two).
 void cuda_set_tc_dispatch(Backend& be, bool on);
+// The fused decode kernels of the bf16 mode (the MLA decode attention block, ...) are on by default; off, the
+// blocks take their default compositions over the generic kernels (tests compare the two). Counter: the fused MLA
+// decode attention calls so far (-1 when `be` is not the CUDA backend).
+void cuda_set_fast_decode(Backend& be, bool on);
+int64_t cuda_fast_decode_calls(const Backend& be);
 bool cuda_tc_dispatch(const Backend& be);
 
 }  // namespace latent

@@ -28,6 +28,24 @@ __device__ __forceinline__ float bf16r(float f) {
   return __uint_as_float(((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16) << 16);
 }
 __device__ __forceinline__ float bf16_bits_to_f(uint32_t h) { return __uint_as_float((h & 0xFFFFu) << 16); }
+// RNE to bf16 bits (NaN: quiet bit forced), as f32_to_bf16.
+__device__ __forceinline__ uint16_t f_to_bf16_bits(float f) {
+  const uint32_t b = __float_as_uint(f);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);
+  return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+// Element access of a typed activation view (TView, cuda_ops.h): fp32 values in and out, rounded on store to bf16.
+__device__ __forceinline__ float tget(const TView& t, int64_t r, int64_t c) {
+  return t.bf16 ? bf16_bits_to_f(static_cast<const uint16_t*>(t.p)[r * t.ld + c])
+                : static_cast<const float*>(t.p)[r * t.ld + c];
+}
+__device__ __forceinline__ void tset(const TView& t, int64_t r, int64_t c, float v) {
+  if (t.bf16)
+    static_cast<uint16_t*>(t.p)[r * t.ld + c] = f_to_bf16_bits(v);
+  else
+    static_cast<float*>(t.p)[r * t.ld + c] = v;
+}
 __device__ __forceinline__ float f16_bits_to_f(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xFFFFu)));
 }
@@ -76,6 +94,31 @@ __device__ __forceinline__ float wget(const WDesc& w, int64_t r, int64_t c) {
     }
     default: return f_nan();
   }
+}
+
+// SiLU(g) · u with the ref's points (SiLU in double; bf16: SiLU and the product rounded — the product by the store).
+__device__ __forceinline__ float silu_mul_value(float g, float u, bool bf16) {
+  const double gd = g;
+  float s = static_cast<float>(gd / (1.0 + exp(-gd)));
+  if (bf16) s = bf16r(s);
+  return __fmul_rn(s, u);
+}
+// The linear epilogue of output element (m, j) (backend.h "Epilogue") from its fp32 accumulator, and (glu) the gate
+// weight's accumulator; the result is rounded by the caller's store (tset).
+__device__ __forceinline__ float epi_value(float acc, const float* bias, const float* gacc, const TView& gate,
+                                           const TView& residual, int64_t m, int64_t j, bool bf16) {
+  float v = bias ? __fadd_rn(acc, bias[j]) : acc;
+  if (bf16) v = bf16r(v);
+  if (gacc) {
+    v = silu_mul_value(bf16 ? bf16r(*gacc) : *gacc, v, bf16);
+    if (bf16) v = bf16r(v);
+  }
+  if (gate.p) {
+    v = silu_mul_value(tget(gate, m, j), v, bf16);
+    if (bf16) v = bf16r(v);
+  }
+  if (residual.p) v = __fadd_rn(tget(residual, m, j), v);
+  return v;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

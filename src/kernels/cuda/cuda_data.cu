@@ -1,5 +1,5 @@
-// Data movement and paged-cache ops on the GPU: expert grouping (stable counting sort), gather_rows, copy_cols,
-// scale, fill, add_bias, kv_store / kv_gather (fp32 or bf16 pools). Same semantics as the host implementations
+// Data movement and paged-cache ops on the GPU: expert grouping (stable counting sort), gather_rows, scale, fill,
+// kv_store / kv_gather (fp32 or bf16 pools; typed views). Same semantics as the host implementations
 // (src/kernels/ref/host_ops.cpp).
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -10,13 +10,6 @@ namespace {
 #define LATENT_GRID_STRIDE(i, n)                                                              \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-// RNE to bf16 bits (NaN: quiet bit forced), as f32_to_bf16.
-__device__ __forceinline__ uint16_t f_to_bf16_bits(float f) {
-  const uint32_t b = __float_as_uint(f);
-  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);
-  return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
 
 constexpr int kGroupThreads = 256;
 
@@ -71,50 +64,36 @@ __global__ void __launch_bounds__(kGroupThreads) moe_place_kernel(const int32_t*
   }
 }
 
-__global__ void gather_rows_kernel(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst) {
-  LATENT_GRID_STRIDE(i, n * D) dst[i] = src[static_cast<int64_t>(rows[i / D]) * D + i % D];
+__global__ void gather_rows_kernel(TView src, const int32_t* rows, int64_t n, int64_t D, TView dst) {
+  LATENT_GRID_STRIDE(i, n * D) tset(dst, i / D, i % D, tget(src, rows[i / D], i % D));
 }
 
-__global__ void copy_cols_kernel(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n,
-                                 float* dst) {
-  LATENT_GRID_STRIDE(i, n * width) dst[i] = src[(i / width) * src_stride + col0 + i % width];
+__global__ void scale_kernel(TView x, int64_t rows, int64_t cols, float s) {
+  LATENT_GRID_STRIDE(i, rows * cols) tset(x, i / cols, i % cols, __fmul_rn(tget(x, i / cols, i % cols), s));
 }
 
-__global__ void scale_kernel(float* x, int64_t n, float s) {
-  LATENT_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], s);
+__global__ void fill_kernel(TView x, int64_t rows, int64_t cols, float v) {
+  LATENT_GRID_STRIDE(i, rows * cols) tset(x, i / cols, i % cols, v);
 }
 
-__global__ void fill_kernel(float* x, int64_t n, float v) {
-  LATENT_GRID_STRIDE(i, n) x[i] = v;
-}
-
-__global__ void add_bias_kernel(float* y, const float* b, int64_t M, int64_t N, bool bf16) {
-  LATENT_GRID_STRIDE(i, M * N) {
-    const float v = __fadd_rn(y[i], b[i % N]);
-    y[i] = bf16 ? bf16r(v) : v;
-  }
-}
-
-__global__ void kv_store_kernel(KvPool pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
+__global__ void kv_store_kernel(KvPool pool, const int64_t* slots, int64_t n, TView src, int64_t col0,
                                 int64_t width) {
+  const TView dst{pool.data, pool.width, pool.dtype == DType::BF16 ? 1 : 0};
   LATENT_GRID_STRIDE(i, n * width) {
-    const int64_t r = slots[i / width], c = col0 + i % width;
+    const int64_t r = slots[i / width];
     if (r < 0) continue;  // a padding row of a graph step
-    if (pool.dtype == DType::BF16)
-      static_cast<uint16_t*>(pool.data)[r * pool.width + c] = f_to_bf16_bits(src[i]);
-    else
-      static_cast<float*>(pool.data)[r * pool.width + c] = src[i];
+    tset(dst, r, col0 + i % width, tget(src, i / width, i % width));
   }
 }
 
 __global__ void kv_gather_kernel(KvPool pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
-                                 float* dst) {
+                                 TView dst) {
   const int64_t bt = pool.block_tokens;
+  const TView src{pool.data, pool.width, pool.dtype == DType::BF16 ? 1 : 0};
   LATENT_GRID_STRIDE(i, n_tokens * width) {
-    const int64_t t = i / width, c = col0 + i % width;
+    const int64_t t = i / width;
     const int64_t r = static_cast<int64_t>(blocks[t / bt]) * bt + t % bt;
-    dst[i] = pool.dtype == DType::BF16 ? bf16_bits_to_f(static_cast<const uint16_t*>(pool.data)[r * pool.width + c])
-                                       : static_cast<const float*>(pool.data)[r * pool.width + c];
+    tset(dst, t, i % width, tget(src, r, col0 + i % width));
   }
 }
 
@@ -130,40 +109,29 @@ void launch_moe_group(const int32_t* ids, const float* weights, int64_t M, int64
   if (n > 0) moe_place_kernel<<<static_cast<unsigned>(E), kGroupThreads, 0, st>>>(ids, weights, n, K, offsets, token, weight);
 }
 
-void launch_gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst, cudaStream_t st) {
+void launch_gather_rows(TView src, const int32_t* rows, int64_t n, int64_t D, TView dst, cudaStream_t st) {
   if (n * D <= 0) return;
   gather_rows_kernel<<<grid_for(n * D, 256), 256, 0, st>>>(src, rows, n, D, dst);
 }
 
-void launch_copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst,
-                      cudaStream_t st) {
-  if (n * width <= 0) return;
-  copy_cols_kernel<<<grid_for(n * width, 256), 256, 0, st>>>(src, src_stride, col0, width, n, dst);
+void launch_scale(TView x, int64_t rows, int64_t cols, float s, cudaStream_t st) {
+  if (rows * cols <= 0) return;
+  scale_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(x, rows, cols, s);
 }
 
-void launch_scale(float* x, int64_t n, float s, cudaStream_t st) {
-  if (n <= 0) return;
-  scale_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n, s);
+void launch_fill(TView x, int64_t rows, int64_t cols, float v, cudaStream_t st) {
+  if (rows * cols <= 0) return;
+  fill_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(x, rows, cols, v);
 }
 
-void launch_fill(float* x, int64_t n, float v, cudaStream_t st) {
-  if (n <= 0) return;
-  fill_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n, v);
-}
-
-void launch_add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16, cudaStream_t st) {
-  if (M * N <= 0) return;
-  add_bias_kernel<<<grid_for(M * N, 256), 256, 0, st>>>(y, b, M, N, bf16);
-}
-
-void launch_kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
-                     int64_t width, cudaStream_t st) {
+void launch_kv_store(const KvPool& pool, const int64_t* slots, int64_t n, TView src, int64_t col0, int64_t width,
+                     cudaStream_t st) {
   if (n * width <= 0) return;
   kv_store_kernel<<<grid_for(n * width, 256), 256, 0, st>>>(pool, slots, n, src, col0, width);
 }
 
 void launch_kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
-                      float* dst, cudaStream_t st) {
+                      TView dst, cudaStream_t st) {
   if (n_tokens * width <= 0) return;
   kv_gather_kernel<<<grid_for(n_tokens * width, 256), 256, 0, st>>>(pool, blocks, n_tokens, col0, width, dst);
 }

@@ -30,6 +30,8 @@ __host__ __device__ constexpr int rows_per_block() {
   return MC == 1 ? 4 : 2;
 }
 constexpr int64_t kSmallRows = 16;
+// Matrices with fewer rows take a warp per row (more independent work items than a block per 4 rows).
+constexpr int64_t kWarpKernelMaxRows = 4096;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -100,10 +102,21 @@ __device__ __forceinline__ void decode_step(const uint4& raw, int st, bool fnuz,
   }
 }
 
-// acc[i][m] += Σ_c W[r_i][c] · x[m][c] over this thread's chunks (chunk ch = tid, tid + kThreads, ...).
-template <int FMT, int MC, int kR = rows_per_block<MC>()>
-__device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
-                                             int nm, float (&acc)[kR][MC], int tid) {
+// Four consecutive activations as floats: fp32 (one 16-byte load) or bf16 storage (one 8-byte load).
+__device__ __forceinline__ float4 load4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 load4(const uint16_t* p) {
+  const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
+  return make_float4(__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xFFFF0000u), __uint_as_float(q.y << 16),
+                     __uint_as_float(q.y & 0xFFFF0000u));
+}
+__device__ __forceinline__ float load1(const float* p) { return *p; }
+__device__ __forceinline__ float load1(const uint16_t* p) { return bf16_bits_to_f(*p); }
+
+// acc[i][m] += Σ_c W[r_i][c] · x[m][c] over this thread's chunks (chunk ch = tid, tid + kThreads, ...); row m of x
+// at x + m·ldx.
+template <int FMT, int MC, class XT, int kR = rows_per_block<MC>(), int STRIDE = kThreads>
+__device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[kR], const XT* x, int64_t K,
+                                             int64_t ldx, int nm, float (&acc)[kR][MC], int tid) {
   constexpr int E = chunk_elems<FMT>(), U = step_elems<FMT>();
   constexpr bool kScaled = FMT == kFmtFp8Block || FMT == kFmtFp8Tensor || FMT == kFmtFp8Channel || FMT == kFmtMxfp4;
   const int64_t nch = K / E;
@@ -118,7 +131,7 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
     if constexpr (FMT == kFmtFp8Channel) rs[i] = static_cast<const float*>(w.scale)[r[i]];
   }
 #pragma unroll 2
-  for (int64_t ch = tid; ch < nch; ch += kThreads) {
+  for (int64_t ch = tid; ch < nch; ch += STRIDE) {
     uint4 raw[kR];
 #pragma unroll
     for (int i = 0; i < kR; ++i) raw[i] = __ldcs(rowp[i] + ch);
@@ -144,7 +157,7 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
 #pragma unroll
         for (int h = 0; h < U / 4; ++h) {
           float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (m < nm) q = __ldg(reinterpret_cast<const float4*>(x + m * K + ch * E + st * U + 4 * h));
+          if (m < nm) q = load4(x + m * ldx + ch * E + st * U + 4 * h);
           xv[m][4 * h] = q.x;
           xv[m][4 * h + 1] = q.y;
           xv[m][4 * h + 2] = q.z;
@@ -175,13 +188,13 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
   }
 }
 
-template <int MC, int kR = rows_per_block<MC>()>
-__device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (&r)[kR], const float* x, int64_t K,
-                                                 int nm, float (&acc)[kR][MC], int tid) {
-  for (int64_t c = tid; c < K; c += kThreads) {
+template <int MC, class XT, int kR = rows_per_block<MC>(), int STRIDE = kThreads>
+__device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (&r)[kR], const XT* x, int64_t K,
+                                                 int64_t ldx, int nm, float (&acc)[kR][MC], int tid) {
+  for (int64_t c = tid; c < K; c += STRIDE) {
     float xv[MC];
 #pragma unroll
-    for (int m = 0; m < MC; ++m) xv[m] = m < nm ? x[m * K + c] : 0.0f;
+    for (int m = 0; m < MC; ++m) xv[m] = m < nm ? load1(x + m * ldx + c) : 0.0f;
 #pragma unroll
     for (int i = 0; i < kR; ++i) {
       const float wv = wget(w, r[i], c);
@@ -191,7 +204,8 @@ __device__ __forceinline__ void rows_dot_generic(const WDesc& w, const int64_t (
   }
 }
 
-__device__ __forceinline__ bool vec_ok(const WDesc& w, const float* x) {
+template <class XT>
+__device__ __forceinline__ bool vec_ok(const WDesc& w, const XT* x, int64_t ldx) {
   int e = 16;
   switch (w.format) {
     case kFmtF32: e = 4; break;
@@ -204,7 +218,7 @@ __device__ __forceinline__ bool vec_ok(const WDesc& w, const float* x) {
     default: break;
   }
   return w.row_bytes % 16 == 0 && (reinterpret_cast<uintptr_t>(w.data) & 15) == 0 && w.cols % e == 0 &&
-         (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+         (reinterpret_cast<uintptr_t>(x) & (4 * sizeof(XT) - 1)) == 0 && ldx % 4 == 0;
 }
 
 // Grouped matmuls classify their groups on the device by row count — class 0: one row, 1: 2 .. kSmallRows rows,
@@ -244,17 +258,34 @@ __global__ void __launch_bounds__(256) classify_groups_kernel(const int64_t* off
   if (threadIdx.x < 3) counts[threadIdx.x] = base[threadIdx.x];
 }
 
+// Where the skinny kernels write: plain fp32 rows (y[m·N + r]), or a typed view through the linear epilogue
+// (bias, gate tensor, residual; rounded to the view's dtype).
+struct SmallOut {
+  float* yf = nullptr;
+  TView y{};
+  const float* bias = nullptr;
+  TView gate{}, residual{};
+};
+__device__ __forceinline__ void small_store(const SmallOut& o, int64_t m, int64_t r, int64_t N, float v) {
+  if (o.yf) {
+    o.yf[m * N + r] = v;
+    return;
+  }
+  tset(o.y, m, r, epi_value(v, o.bias, nullptr, o.gate, o.residual, m, r, o.y.bf16 != 0));
+}
+
 // Rows rbase .. rbase+kR of W times tokens m0 .. m1 of x (kThreads threads split each row).
-template <int MC>
-__device__ __forceinline__ void small_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const float* x,
-                                           float* y, double (&red)[kWarps][rows_per_block<MC>() * MC]) {
+template <int MC, class XT>
+__device__ __forceinline__ void small_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const XT* x,
+                                           int64_t ldx, const SmallOut& out,
+                                           double (&red)[kWarps][rows_per_block<MC>() * MC]) {
   constexpr int kR = rows_per_block<MC>();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t N = w.rows, K = w.cols;
   int64_t r[kR];
 #pragma unroll
   for (int i = 0; i < kR; ++i) r[i] = rbase + i < N ? rbase + i : N - 1;  // clamped: loads stay in bounds
-  const bool vec = vec_ok(w, x + m0 * K);
+  const bool vec = vec_ok(w, x + m0 * ldx, ldx);
   for (int64_t mb = m0; mb < m1; mb += MC) {
     const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
     float acc[kR][MC];
@@ -262,20 +293,20 @@ __device__ __forceinline__ void small_rows(const WDesc& w, int64_t m0, int64_t m
     for (int i = 0; i < kR; ++i)
 #pragma unroll
       for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
-    const float* xb = x + mb * K;
+    const XT* xb = x + mb * ldx;
     if (vec) {
       switch (w.format) {
-        case kFmtF32: rows_dot_vec<kFmtF32, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtBF16: rows_dot_vec<kFmtBF16, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtF16: rows_dot_vec<kFmtF16, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC>(w, r, xb, K, nm, acc, tid); break;
-        case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC>(w, r, xb, K, nm, acc, tid); break;
+        case kFmtF32: rows_dot_vec<kFmtF32, MC>(w, r, xb, K, ldx, nm, acc, tid); break;
+        case kFmtBF16: rows_dot_vec<kFmtBF16, MC>(w, r, xb, K, ldx, nm, acc, tid); break;
+        case kFmtF16: rows_dot_vec<kFmtF16, MC>(w, r, xb, K, ldx, nm, acc, tid); break;
+        case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC>(w, r, xb, K, ldx, nm, acc, tid); break;
+        case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC>(w, r, xb, K, ldx, nm, acc, tid); break;
+        case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC>(w, r, xb, K, ldx, nm, acc, tid); break;
+        case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC>(w, r, xb, K, ldx, nm, acc, tid); break;
         default: break;
       }
     } else {
-      rows_dot_generic<MC>(w, r, xb, K, nm, acc, tid);
+      rows_dot_generic<MC>(w, r, xb, K, ldx, nm, acc, tid);
     }
 #pragma unroll
     for (int i = 0; i < kR; ++i)
@@ -290,29 +321,93 @@ __device__ __forceinline__ void small_rows(const WDesc& w, int64_t m0, int64_t m
       double v = 0.0;
 #pragma unroll
       for (int k = 0; k < kWarps; ++k) v += red[k][tid];
-      if (rbase + i < N && m < nm) y[(mb + m) * N + rbase + i] = static_cast<float>(v);
+      if (rbase + i < N && m < nm) small_store(out, mb + m, rbase + i, N, static_cast<float>(v));
     }
     __syncthreads();
   }
 }
 
 // Single weight: grid = row tiles, tokens [0, M). MC = tokens per pass (1 for M = 1, else kMC).
-template <int MC>
-__global__ void __launch_bounds__(kThreads) small_kernel(WDesc w, int64_t M, const float* x, float* y) {
+template <int MC, class XT>
+__global__ void __launch_bounds__(kThreads) small_kernel(WDesc w, int64_t M, const XT* x, int64_t ldx, SmallOut out) {
   __shared__ double red[kWarps][rows_per_block<MC>() * MC];
-  small_rows<MC>(w, 0, M, static_cast<int64_t>(blockIdx.x) * rows_per_block<MC>(), x, y, red);
+  small_rows<MC>(w, 0, M, static_cast<int64_t>(blockIdx.x) * rows_per_block<MC>(), x, ldx, out, red);
 }
 
 // Grouped: a persistent grid over (group of `list`, row tile) items; tokens offsets[g] .. offsets[g+1].
-template <int MC>
+template <int MC, class XT>
 __global__ void __launch_bounds__(kThreads) small_grouped_kernel(const WDesc* table, const int64_t* offsets,
                                                                   const int32_t* list, const int32_t* list_count,
-                                                                  int64_t tiles, const float* x, float* y) {
+                                                                  int64_t tiles, const XT* x, int64_t ldx,
+                                                                  SmallOut out) {
   __shared__ double red[kWarps][rows_per_block<MC>() * MC];
   const int64_t n_items = static_cast<int64_t>(*list_count) * tiles;
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
     const int64_t g = list[item / tiles];
-    small_rows<MC>(table[g], offsets[g], offsets[g + 1], (item % tiles) * rows_per_block<MC>(), x, y, red);
+    small_rows<MC>(table[g], offsets[g], offsets[g + 1], (item % tiles) * rows_per_block<MC>(), x, ldx, out, red);
+  }
+}
+
+// One warp per tile of KR rows of W (tokens m0 .. m1 in passes of MC): the lanes split each row in 16-byte chunks,
+// the fp64 reduction is a warp shuffle (no block barrier), so that matrices with few rows and expert groups of few
+// tokens get many independent work items.
+template <int MC, class XT, int KR>
+__device__ __forceinline__ void warp_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const XT* x,
+                                          int64_t ldx, const SmallOut& out, int lane) {
+  const int64_t N = w.rows, K = w.cols;
+  int64_t r[KR];
+#pragma unroll
+  for (int i = 0; i < KR; ++i) r[i] = rbase + i < N ? rbase + i : N - 1;
+  const bool vec = vec_ok(w, x + m0 * ldx, ldx);
+  for (int64_t mb = m0; mb < m1; mb += MC) {
+    const int nm = static_cast<int>(m1 - mb < MC ? m1 - mb : MC);
+    float acc[KR][MC];
+#pragma unroll
+    for (int i = 0; i < KR; ++i)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) acc[i][m] = 0.0f;
+    const XT* xb = x + mb * ldx;
+    if (vec) {
+      switch (w.format) {
+        case kFmtF32: rows_dot_vec<kFmtF32, MC, XT, KR, 32>(w, r, xb, K, ldx, nm, acc, lane); break;
+        case kFmtBF16: rows_dot_vec<kFmtBF16, MC, XT, KR, 32>(w, r, xb, K, ldx, nm, acc, lane); break;
+        case kFmtF16: rows_dot_vec<kFmtF16, MC, XT, KR, 32>(w, r, xb, K, ldx, nm, acc, lane); break;
+        case kFmtFp8Block: rows_dot_vec<kFmtFp8Block, MC, XT, KR, 32>(w, r, xb, K, ldx, nm, acc, lane); break;
+        case kFmtFp8Tensor: rows_dot_vec<kFmtFp8Tensor, MC, XT, KR, 32>(w, r, xb, K, ldx, nm, acc, lane); break;
+        case kFmtFp8Channel: rows_dot_vec<kFmtFp8Channel, MC, XT, KR, 32>(w, r, xb, K, ldx, nm, acc, lane); break;
+        case kFmtMxfp4: rows_dot_vec<kFmtMxfp4, MC, XT, KR, 32>(w, r, xb, K, ldx, nm, acc, lane); break;
+        default: break;
+      }
+    } else {
+      rows_dot_generic<MC, XT, KR, 32>(w, r, xb, K, ldx, nm, acc, lane);
+    }
+#pragma unroll
+    for (int i = 0; i < KR; ++i)
+#pragma unroll
+      for (int m = 0; m < MC; ++m) {
+        const double v = warp_sum_d(static_cast<double>(acc[i][m]));
+        if (lane == i * MC + m && rbase + i < N && m < nm) small_store(out, mb + m, rbase + i, N, static_cast<float>(v));
+      }
+  }
+}
+
+template <int MC, class XT, int KR>
+__global__ void __launch_bounds__(256) warp_kernel(WDesc w, int64_t M, const XT* x, int64_t ldx, SmallOut out) {
+  const int64_t rbase = (static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5)) * KR;
+  if (rbase >= w.rows) return;
+  warp_rows<MC, XT, KR>(w, 0, M, rbase, x, ldx, out, threadIdx.x & 31);
+}
+
+// Grouped: a persistent grid of warps over (group of `list`, tile of KR rows) items.
+template <int MC, class XT, int KR>
+__global__ void __launch_bounds__(256) warp_grouped_kernel(const WDesc* table, const int64_t* offsets,
+                                                           const int32_t* list, const int32_t* list_count,
+                                                           int64_t tiles, const XT* x, int64_t ldx, SmallOut out) {
+  const int64_t n_items = static_cast<int64_t>(*list_count) * tiles;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * 8;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5); item < n_items; item += warps) {
+    const int64_t g = list[item / tiles];
+    warp_rows<MC, XT, KR>(table[g], offsets[g], offsets[g + 1], (item % tiles) * KR, x, ldx, out, threadIdx.x & 31);
   }
 }
 
@@ -643,12 +738,12 @@ __global__ void dequant_bf16_kernel(WDesc w, int64_t Kp, bool fast, uint4* out) 
   }
 }
 
-__global__ void embedding_kernel(WDesc t, const int32_t* ids, int64_t M, float* out) {
+__global__ void embedding_kernel(WDesc t, const int32_t* ids, int64_t M, TView out) {
   const int64_t D = t.cols, n = M * D;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t m = i / D, c = i % D;
-    out[i] = wget(t, ids[m], c);
+    tset(out, m, c, wget(t, ids[m], c));
   }
 }
 
@@ -673,12 +768,14 @@ void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStre
   if (M <= 0 || w.rows <= 0) return;
   if (M <= kSmallRows) {
     constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
+    SmallOut out;
+    out.yf = y;
     if (M == 1) {
       const int64_t tiles = (w.rows + r1 - 1) / r1;
-      small_kernel<1><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, M, x, y);
+      small_kernel<1, float><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, M, x, w.cols, out);
     } else {
       const int64_t tiles = (w.rows + r4 - 1) / r4;
-      small_kernel<kMC><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, M, x, y);
+      small_kernel<kMC, float><<<static_cast<unsigned>(tiles), kThreads, 0, st>>>(w, M, x, w.cols, out);
     }
   } else {
     const int64_t mt = (M + kTM - 1) / kTM, ntiles = (w.rows + kTN - 1) / kTN;
@@ -718,10 +815,12 @@ void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, i
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const WDesc none{};
   constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
-  small_grouped_kernel<1><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(table, offsets, lists, counts,
-                                                                               (rows + r1 - 1) / r1, x, y);
-  small_grouped_kernel<kMC><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(
-      table, offsets, lists + n_groups, counts + 1, (rows + r4 - 1) / r4, x, y);
+  SmallOut out;
+  out.yf = y;
+  small_grouped_kernel<1, float><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(
+      table, offsets, lists, counts, (rows + r1 - 1) / r1, x, cols, out);
+  small_grouped_kernel<kMC, float><<<static_cast<unsigned>(sms * 8), kThreads, 0, st>>>(
+      table, offsets, lists + n_groups, counts + 1, (rows + r4 - 1) / r4, x, cols, out);
   if (tc)
     tc_kernel<<<static_cast<unsigned>(sms * 2), kCThreads, 0, st>>>(none, table, offsets, lists + 2 * n_groups,
                                                                     counts + 2, (rows + kCN - 1) / kCN, 0, x, y);
@@ -750,7 +849,82 @@ void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st)
   dequant_bf16_kernel<<<grid_for(w.rows * (Kp / 8), 256), 256, 0, st>>>(w, Kp, fast, static_cast<uint4*>(out));
 }
 
-void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, float* out, cudaStream_t st) {
+namespace {
+SmallOut small_out(TView y, const LinEpi& e) {
+  SmallOut o;
+  o.y = y;
+  o.bias = e.bias;
+  o.gate = e.gate;
+  o.residual = e.residual;
+  return o;
+}
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 132;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v;
+  }();
+  return n;
+}
+}  // namespace
+
+namespace {
+template <class XT>
+void matmul_small_t(const WDesc& w, const XT* x, int64_t ldx, int64_t M, const SmallOut& out, cudaStream_t st) {
+  constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
+  if (w.rows >= kWarpKernelMaxRows) {  // many rows: a block per tile of rows (each row split over 8 warps)
+    if (M == 1)
+      small_kernel<1, XT><<<static_cast<unsigned>((w.rows + r1 - 1) / r1), kThreads, 0, st>>>(w, M, x, ldx, out);
+    else
+      small_kernel<kMC, XT><<<static_cast<unsigned>((w.rows + r4 - 1) / r4), kThreads, 0, st>>>(w, M, x, ldx, out);
+    return;
+  }
+  const unsigned blocks = static_cast<unsigned>((w.rows + 7) / 8);  // a warp per row
+  if (M == 1)
+    warp_kernel<1, XT, 1><<<blocks, 256, 0, st>>>(w, M, x, ldx, out);
+  else if (M <= 4)
+    warp_kernel<4, XT, 1><<<blocks, 256, 0, st>>>(w, M, x, ldx, out);
+  else
+    warp_kernel<8, XT, 1><<<blocks, 256, 0, st>>>(w, M, x, ldx, out);
+}
+
+template <class XT>
+void grouped_small_t(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, const XT* x,
+                     int64_t ldx, const SmallOut& out, int32_t* lists, int32_t* counts, cudaStream_t st) {
+  const unsigned grid = static_cast<unsigned>(sm_count() * 16);
+  // Class 0 (one token), 1 (2 .. 16), 2 (more: decode batches of many tokens): a warp per (group, row).
+  warp_grouped_kernel<1, XT, 1><<<grid, 256, 0, st>>>(table, offsets, lists, counts, rows, x, ldx, out);
+  warp_grouped_kernel<4, XT, 1><<<grid, 256, 0, st>>>(table, offsets, lists + n_groups, counts + 1, rows, x, ldx, out);
+  warp_grouped_kernel<8, XT, 1><<<grid, 256, 0, st>>>(table, offsets, lists + 2 * n_groups, counts + 2, rows, x, ldx,
+                                                      out);
+}
+}  // namespace
+
+void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st) {
+  if (M <= 0 || w.rows <= 0) return;
+  const SmallOut out = small_out(y, e);
+  if (x.bf16)
+    matmul_small_t(w, static_cast<const uint16_t*>(x.p), x.ld, M, out, st);
+  else
+    matmul_small_t(w, static_cast<const float*>(x.p), x.ld, M, out, st);
+}
+
+void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
+                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st) {
+  (void)cols;
+  if (n_groups <= 0 || rows <= 0) return;
+  int32_t* lists = static_cast<int32_t*>(scratch);
+  int32_t* counts = lists + 3 * n_groups;
+  classify_groups_kernel<<<1, 256, 0, st>>>(offsets, table, n_groups, lists, counts);
+  const SmallOut out = small_out(y, e);
+  if (x.bf16)
+    grouped_small_t(table, n_groups, rows, offsets, static_cast<const uint16_t*>(x.p), x.ld, out, lists, counts, st);
+  else
+    grouped_small_t(table, n_groups, rows, offsets, static_cast<const float*>(x.p), x.ld, out, lists, counts, st);
+}
+
+void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, TView out, cudaStream_t st) {
   if (M <= 0 || table.cols <= 0) return;
   embedding_kernel<<<grid_for(M * table.cols, 256), 256, 0, st>>>(table, ids, M, out);
 }

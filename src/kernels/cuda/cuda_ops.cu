@@ -9,95 +9,138 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const float* x, const float* w, int64_t D, float eps,
-                                                                 float* y, bool bf16) {
-  __shared__ double sh[32];
-  const float* xm = x + blockIdx.x * D;
-  float* ym = y + blockIdx.x * D;
+// One block per row: y = x · rsqrt(mean(x²) + eps) · w (statistics in double, the ref's points).
+__device__ __forceinline__ void rms_norm_row(TView x, const float* w, int64_t m, int64_t D, float eps, TView y,
+                                             double* sh) {
   double ss = 0.0;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += static_cast<double>(xm[i]) * xm[i];
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    const double v = tget(x, m, i);
+    ss += v * v;
+  }
   ss = block_sum_d(ss, sh);
   const double r = 1.0 / sqrt(ss / static_cast<double>(D) + static_cast<double>(eps));
+  const bool bf16 = y.bf16 != 0;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    float n = static_cast<float>(xm[i] * r);
+    float n = static_cast<float>(tget(x, m, i) * r);
     if (bf16) n = bf16r(n);
-    const float v = __fmul_rn(n, w[i]);
-    ym[i] = bf16 ? bf16r(v) : v;
+    tset(y, m, i, __fmul_rn(n, w[i]));
   }
 }
 
-__global__ void __launch_bounds__(kNormThreads) layer_norm_kernel(const float* x, const float* w, const float* b,
-                                                                   int64_t D, float eps, float* y, bool bf16) {
+__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(TView x, const float* w, int64_t D, float eps,
+                                                                 TView y) {
   __shared__ double sh[32];
-  const float* xm = x + blockIdx.x * D;
-  float* ym = y + blockIdx.x * D;
+  rms_norm_row(x, w, blockIdx.x, D, eps, y, sh);
+}
+
+// h = R(h + delta), then y = rms_norm(h): each thread first updates its own elements of h (read back below by the
+// same thread after the block's reduction barrier).
+__global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(TView h, TView delta, const float* w, int64_t D,
+                                                                     float eps, TView y) {
+  __shared__ double sh[32];
+  const int64_t m = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) tset(h, m, i, __fadd_rn(tget(h, m, i), tget(delta, m, i)));
+  rms_norm_row(h, w, m, D, eps, y, sh);
+}
+
+__global__ void __launch_bounds__(kNormThreads) layer_norm_kernel(TView x, const float* w, const float* b, int64_t D,
+                                                                   float eps, TView y) {
+  __shared__ double sh[32];
+  const int64_t m = blockIdx.x;
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += xm[i];
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += tget(x, m, i);
   const double mean = block_sum_d(s, sh) / static_cast<double>(D);
   double v2 = 0.0;
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) v2 += (xm[i] - mean) * (xm[i] - mean);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    const double d = tget(x, m, i) - mean;
+    v2 += d * d;
+  }
   const double var = block_sum_d(v2, sh) / static_cast<double>(D);
   const double r = 1.0 / sqrt(var + static_cast<double>(eps));
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-    const float v = static_cast<float>(__dadd_rn(__dmul_rn(__dmul_rn(xm[i] - mean, r), w[i]), b ? b[i] : 0.0f));
-    ym[i] = bf16 ? bf16r(v) : v;
+    const double xi = tget(x, m, i);
+    tset(y, m, i, static_cast<float>(__dadd_rn(__dmul_rn(__dmul_rn(xi - mean, r), w[i]), b ? b[i] : 0.0f)));
+  }
+}
+
+// The RoPE of one (a, b) pair with the ref's points (bf16: cos/sin and products rounded).
+__device__ __forceinline__ void rope_pair(float a, float b, float c, float s, bool bf16, float& ya, float& yb) {
+  if (bf16) {
+    ya = bf16r(__fsub_rn(bf16r(__fmul_rn(a, c)), bf16r(__fmul_rn(b, s))));
+    yb = bf16r(__fadd_rn(bf16r(__fmul_rn(b, c)), bf16r(__fmul_rn(a, s))));
+  } else {
+    ya = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    yb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+__device__ __forceinline__ void rope_cs(int64_t pos, const float* inv_freq, int64_t i, float attention_factor,
+                                        bool bf16, float& c, float& s) {
+  const float ang = __fmul_rn(static_cast<float>(pos), inv_freq[i]);
+  c = __fmul_rn(static_cast<float>(cos(static_cast<double>(ang))), attention_factor);
+  s = __fmul_rn(static_cast<float>(sin(static_cast<double>(ang))), attention_factor);
+  if (bf16) {
+    c = bf16r(c);
+    s = bf16r(s);
   }
 }
 
 // One thread per (token, head, pair).
-__global__ void rope_kernel(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
-                            const int64_t* pos, const float* inv_freq, int64_t half, float attention_factor,
-                            bool interleaved, bool bf16) {
+__global__ void rope_kernel(TView x, int64_t n_tokens, int64_t n_heads, int64_t head_stride, const int64_t* pos,
+                            const float* inv_freq, int64_t half, float attention_factor, bool interleaved) {
   const int64_t n = n_tokens * n_heads * half;
+  const bool bf16 = x.bf16 != 0;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = idx % half, h = (idx / half) % n_heads, t = idx / (half * n_heads);
-    const float ang = __fmul_rn(static_cast<float>(pos[t]), inv_freq[i]);
-    float c = __fmul_rn(static_cast<float>(cos(static_cast<double>(ang))), attention_factor);
-    float s = __fmul_rn(static_cast<float>(sin(static_cast<double>(ang))), attention_factor);
-    if (bf16) {
-      c = bf16r(c);
-      s = bf16r(s);
-    }
-    float* v = x + t * token_stride + h * head_stride;
-    const int64_t ia = interleaved ? 2 * i : i, ib = interleaved ? 2 * i + 1 : i + half;
-    const float a = v[ia], b = v[ib];
+    float c, s;
+    rope_cs(pos[t], inv_freq, i, attention_factor, bf16, c, s);
+    const int64_t ia = h * head_stride + (interleaved ? 2 * i : i);
+    const int64_t ib = h * head_stride + (interleaved ? 2 * i + 1 : i + half);
     float ya, yb;
-    if (bf16) {
-      ya = bf16r(__fsub_rn(bf16r(__fmul_rn(a, c)), bf16r(__fmul_rn(b, s))));
-      yb = bf16r(__fadd_rn(bf16r(__fmul_rn(b, c)), bf16r(__fmul_rn(a, s))));
-    } else {
-      ya = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-      yb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-    }
-    v[ia] = ya;
-    v[ib] = yb;
+    rope_pair(tget(x, t, ia), tget(x, t, ib), c, s, bf16, ya, yb);
+    tset(x, t, ia, ya);
+    tset(x, t, ib, yb);
   }
 }
 
-__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out, bool bf16) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+
+__global__ void silu_mul_kernel(TView gate, TView up, int64_t rows, int64_t cols, TView out) {
+  const bool bf16 = out.bf16 != 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const double g = gate[i];
-    float s = static_cast<float>(g / (1.0 + exp(-g)));
-    if (bf16) s = bf16r(s);
-    const float v = __fmul_rn(s, up[i]);
-    out[i] = bf16 ? bf16r(v) : v;
+    const int64_t r = i / cols, c = i % cols;
+    tset(out, r, c, silu_mul_value(tget(gate, r, c), tget(up, r, c), bf16));
   }
 }
 
-__global__ void add_kernel(float* y, const float* x, int64_t n, bool bf16) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+__global__ void add_kernel(TView y, TView x, int64_t rows, int64_t cols) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = __fadd_rn(y[i], x[i]);
-    y[i] = bf16 ? bf16r(v) : v;
+    const int64_t r = i / cols, c = i % cols;
+    tset(y, r, c, __fadd_rn(tget(y, r, c), tget(x, r, c)));
   }
 }
 
-__global__ void round_bf16_kernel(float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    x[i] = bf16r(x[i]);
+__global__ void convert_kernel(TView src, TView dst, int64_t rows, int64_t cols) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    tset(dst, r, c, tget(src, r, c));
+  }
+}
+
+// The linear epilogue of backend.h over fp32 accumulators, one thread per output element.
+__global__ void epilogue_kernel(const float* acc, const float* gacc, const float* bias, TView gate, TView residual,
+                                int64_t M, int64_t N, TView y, const int64_t* row_lo, const int64_t* row_hi) {
+  const bool bf16 = y.bf16 != 0;
+  const int64_t lo = row_lo ? *row_lo : 0, hi = row_hi ? *row_hi : M;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M * N;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / N, j = i % N;
+    if (m < lo || m >= hi) continue;
+    const float v = epi_value(acc[i], bias, gacc ? gacc + i : nullptr, gate, residual, m, j, bf16);
+    tset(y, m, j, v);
+  }
 }
 
 // One block per token: sigmoid + bias in parallel, then thread 0 selects (group scores, groups, experts) exactly
@@ -164,24 +207,24 @@ __global__ void router_kernel(const float* logits, const float* bias, int64_t E,
 }
 
 // One thread per column: pairs applied in order i = 0..n-1 (deterministic, the ref's order).
-__global__ void scatter_add_kernel(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
-                                   float* y, bool bf16) {
+__global__ void scatter_add_kernel(TView x, const int32_t* token, const float* weight, int64_t n, int64_t D, TView y) {
+  const bool bf16 = y.bf16 != 0;
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < D;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     for (int64_t i = 0; i < n; ++i) {
-      float* yr = y + static_cast<int64_t>(token[i]) * D;
-      const float p = __fmul_rn(weight[i], x[i * D + j]);
-      yr[j] = bf16 ? bf16r(__fadd_rn(yr[j], bf16r(p))) : __fadd_rn(yr[j], p);
+      const int64_t r = token[i];
+      const float p = __fmul_rn(weight[i], tget(x, i, j));
+      tset(y, r, j, __fadd_rn(tget(y, r, j), bf16 ? bf16r(p) : p));
     }
   }
 }
 
 // Block per (query s, 128 keys); q[s] (all heads) in shared memory.
-__global__ void indexer_kernel(const float* q, const float* w, const float* k, int64_t T, int64_t n_heads,
-                               int64_t head_dim, float scale, const int64_t* q_pos, float* scores) {
+__global__ void indexer_kernel(TView q, TView w, TView k, int64_t T, int64_t n_heads, int64_t head_dim, float scale,
+                               const int64_t* q_pos, float* scores) {
   extern __shared__ float qs[];  // [n_heads * head_dim]
   const int64_t s = blockIdx.y;
-  for (int64_t i = threadIdx.x; i < n_heads * head_dim; i += blockDim.x) qs[i] = q[s * n_heads * head_dim + i];
+  for (int64_t i = threadIdx.x; i < n_heads * head_dim; i += blockDim.x) qs[i] = tget(q, s, i);
   __syncthreads();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= T) return;
@@ -189,16 +232,69 @@ __global__ void indexer_kernel(const float* q, const float* w, const float* k, i
     scores[s * T + t] = __uint_as_float(0xFF800000u);
     return;
   }
-  const float* kt = k + t * head_dim;
   double total = 0.0;
   for (int64_t j = 0; j < n_heads; ++j) {
     const float* qj = qs + j * head_dim;
     float dot = 0.0f;
-    for (int64_t x = 0; x < head_dim; ++x) dot = fmaf(qj[x], kt[x], dot);
+    for (int64_t x = 0; x < head_dim; ++x) dot = fmaf(qj[x], tget(k, t, x), dot);
     const double d = static_cast<double>(dot) * scale;
-    if (d > 0.0) total += static_cast<double>(w[s * n_heads + j]) * d;
+    if (d > 0.0) total += static_cast<double>(tget(w, s, j)) * d;
   }
   scores[s * T + t] = static_cast<float>(total);
+}
+
+// Paged: block per (token of the step, 128 keys of its sequence); the block's key rows staged in shared memory
+// (coalesced 16-byte copies from the pool), q of the token and its head weights too; thread = key.
+constexpr int kIdxKeys = 128;
+__global__ void __launch_bounds__(kIdxKeys) indexer_paged_kernel(TView q, TView w, KvPool pool, StepSeqs seqs,
+                                                                 int64_t r0, int64_t n_heads, int64_t head_dim,
+                                                                 float scale, const int64_t* q_pos, int64_t T,
+                                                                 float* scores) {
+  extern __shared__ float ish[];  // q [n_heads · head_dim] | w [n_heads] | keys [kIdxKeys · (head_dim + 1)]
+  float* qs = ish;
+  float* ws = qs + n_heads * head_dim;
+  float* ks = ws + n_heads;
+  const int64_t row = blockIdx.y, i = r0 + row, t0 = static_cast<int64_t>(blockIdx.x) * kIdxKeys;
+  // The token's sequence (the last s with q_begin[s] <= i).
+  int64_t lo = 0, hi = seqs.n_seqs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (seqs.q_begin[mid] <= i) lo = mid; else hi = mid - 1;
+  }
+  const int64_t s = lo, last = q_pos[row] < seqs.ctx_len[s] - 1 ? q_pos[row] : seqs.ctx_len[s] - 1;
+  if (t0 > last) {  // the whole tile is past the token's position
+    for (int64_t t = t0 + threadIdx.x; t < t0 + kIdxKeys && t < T; t += blockDim.x)
+      scores[row * T + t] = __uint_as_float(0xFF800000u);
+    return;
+  }
+  for (int64_t e = threadIdx.x; e < n_heads * head_dim; e += blockDim.x) qs[e] = tget(q, row, e);
+  for (int64_t e = threadIdx.x; e < n_heads; e += blockDim.x) ws[e] = tget(w, row, e);
+  const TView kp{pool.data, pool.width, pool.dtype == DType::BF16 ? 1 : 0};
+  const int32_t* blocks = seqs.block_table + s * seqs.max_blocks;
+  const int64_t bt = pool.block_tokens, ld = head_dim + 1;
+  for (int64_t e = threadIdx.x; e < kIdxKeys * head_dim; e += blockDim.x) {
+    const int64_t j = e / head_dim, x = e % head_dim, t = t0 + j;
+    float v = 0.0f;
+    if (t <= last) v = tget(kp, static_cast<int64_t>(blocks[t / bt]) * bt + t % bt, x);
+    ks[j * ld + x] = v;
+  }
+  __syncthreads();
+  const int64_t t = t0 + threadIdx.x;
+  if (t >= T) return;
+  if (t > last) {
+    scores[row * T + t] = __uint_as_float(0xFF800000u);
+    return;
+  }
+  const float* kt = ks + threadIdx.x * ld;
+  double total = 0.0;
+  for (int64_t jh = 0; jh < n_heads; ++jh) {
+    const float* qj = qs + jh * head_dim;
+    float dot = 0.0f;
+    for (int64_t x = 0; x < head_dim; ++x) dot = fmaf(qj[x], kt[x], dot);
+    const double dd = static_cast<double>(dot) * scale;
+    if (dd > 0.0) total += static_cast<double>(ws[jh]) * dd;
+  }
+  scores[row * T + t] = static_cast<float>(total);
 }
 
 // ---- deterministic top-k ----
@@ -309,39 +405,50 @@ int64_t pow2_at_least(int64_t v) {
 
 }  // namespace
 
-void launch_rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16,
-                     cudaStream_t st) {
+void launch_rms_norm(TView x, const float* w, int64_t M, int64_t D, float eps, TView y, cudaStream_t st) {
   if (M <= 0 || D <= 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(x, w, D, eps, y, bf16);
+  rms_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(x, w, D, eps, y);
 }
 
-void launch_layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
-                       bool bf16, cudaStream_t st) {
+void launch_add_rms_norm(TView h, TView delta, const float* w, int64_t M, int64_t D, float eps, TView y,
+                         cudaStream_t st) {
   if (M <= 0 || D <= 0) return;
-  layer_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(x, w, b, D, eps, y, bf16);
+  add_rms_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(h, delta, w, D, eps, y);
 }
 
-void launch_rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
-                 const int64_t* pos, const RopeParams& p, bool bf16, cudaStream_t st) {
+void launch_layer_norm(TView x, const float* w, const float* b, int64_t M, int64_t D, float eps, TView y,
+                       cudaStream_t st) {
+  if (M <= 0 || D <= 0) return;
+  layer_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(x, w, b, D, eps, y);
+}
+
+void launch_rope(TView x, int64_t n_tokens, int64_t n_heads, int64_t head_stride, const int64_t* pos,
+                 const RopeParams& p, cudaStream_t st) {
   const int64_t half = p.dim / 2, n = n_tokens * n_heads * half;
   if (n <= 0) return;
-  rope_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n_tokens, n_heads, token_stride, head_stride, pos, p.inv_freq,
-                                                half, p.attention_factor, p.interleaved, bf16);
+  rope_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n_tokens, n_heads, head_stride, pos, p.inv_freq, half,
+                                                p.attention_factor, p.interleaved);
 }
 
-void launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16, cudaStream_t st) {
-  if (n <= 0) return;
-  silu_mul_kernel<<<grid_for(n, 256), 256, 0, st>>>(gate, up, n, out, bf16);
+void launch_silu_mul(TView gate, TView up, int64_t rows, int64_t cols, TView out, cudaStream_t st) {
+  if (rows * cols <= 0) return;
+  silu_mul_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(gate, up, rows, cols, out);
 }
 
-void launch_add(float* y, const float* x, int64_t n, bool bf16, cudaStream_t st) {
-  if (n <= 0) return;
-  add_kernel<<<grid_for(n, 256), 256, 0, st>>>(y, x, n, bf16);
+void launch_add(TView y, TView x, int64_t rows, int64_t cols, cudaStream_t st) {
+  if (rows * cols <= 0) return;
+  add_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(y, x, rows, cols);
 }
 
-void launch_round_bf16(float* x, int64_t n, cudaStream_t st) {
-  if (n <= 0) return;
-  round_bf16_kernel<<<grid_for(n, 256), 256, 0, st>>>(x, n);
+void launch_convert(TView src, TView dst, int64_t rows, int64_t cols, cudaStream_t st) {
+  if (rows * cols <= 0) return;
+  convert_kernel<<<grid_for(rows * cols, 256), 256, 0, st>>>(src, dst, rows, cols);
+}
+
+void launch_epilogue(const float* acc, const float* gacc, const float* bias, TView gate, TView residual, int64_t M,
+                     int64_t N, TView y, const int64_t* row_lo, const int64_t* row_hi, cudaStream_t st) {
+  if (M * N <= 0) return;
+  epilogue_kernel<<<grid_for(M * N, 256), 256, 0, st>>>(acc, gacc, bias, gate, residual, M, N, y, row_lo, row_hi);
 }
 
 void launch_router(const float* logits, const float* bias, int64_t M, const RouterParams& p, int32_t* ids,
@@ -353,10 +460,10 @@ void launch_router(const float* logits, const float* bias, int64_t M, const Rout
                                                              p.norm_topk_prob, p.routed_scaling_factor, ids, weights);
 }
 
-void launch_scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
-                                 float* y, bool bf16, cudaStream_t st) {
+void launch_scatter_add_weighted(TView x, const int32_t* token, const float* weight, int64_t n, int64_t D, TView y,
+                                 cudaStream_t st) {
   if (n <= 0 || D <= 0) return;
-  scatter_add_kernel<<<grid_for(D, 128), 128, 0, st>>>(x, token, weight, n, D, y, bf16);
+  scatter_add_kernel<<<grid_for(D, 128), 128, 0, st>>>(x, token, weight, n, D, y);
 }
 
 size_t topk_scratch_bytes(int64_t S, int64_t k) {
@@ -375,8 +482,21 @@ void launch_topk_select(const float* scores, int64_t S, int64_t T, int64_t k, co
       scores, T, k, q_pos, sel, count, shared ? nullptr : static_cast<uint64_t*>(scratch), p2);
 }
 
-void launch_indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
-                           int64_t head_dim, float scale, const int64_t* q_pos, float* scores, cudaStream_t st) {
+void launch_indexer_scores_paged(TView q, TView w, const KvPool& pool, const StepSeqs& seqs, int64_t r0, int64_t n,
+                                 int64_t n_heads, int64_t head_dim, float scale, const int64_t* q_pos, int64_t T,
+                                 float* scores, cudaStream_t st) {
+  if (n <= 0 || T <= 0) return;
+  const size_t smem = static_cast<size_t>(n_heads * head_dim + n_heads + kIdxKeys * (head_dim + 1)) * sizeof(float);
+  static const cudaError_t attr = cudaFuncSetAttribute(indexer_paged_kernel,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  (void)attr;
+  const dim3 grid(static_cast<unsigned>((T + kIdxKeys - 1) / kIdxKeys), static_cast<unsigned>(n));
+  indexer_paged_kernel<<<grid, kIdxKeys, smem, st>>>(q, w, pool, seqs, r0, n_heads, head_dim, scale, q_pos, T,
+                                                      scores);
+}
+
+void launch_indexer_scores(TView q, TView w, TView k, int64_t S, int64_t T, int64_t n_heads, int64_t head_dim,
+                           float scale, const int64_t* q_pos, float* scores, cudaStream_t st) {
   if (S <= 0 || T <= 0) return;
   const dim3 grid(static_cast<unsigned>((T + 127) / 128), static_cast<unsigned>(S));
   const size_t smem = static_cast<size_t>(n_heads * head_dim) * sizeof(float);

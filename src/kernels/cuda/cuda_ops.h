@@ -21,6 +21,22 @@ struct WDesc {
 };
 WDesc make_wdesc(const QuantWeight& w);
 
+// A typed activation tensor as the kernels see it: element (r, c) at p + r * ld (elements), fp32 or bf16 storage.
+struct TView {
+  void* p = nullptr;
+  int64_t ld = 0;
+  int32_t bf16 = 0;
+};
+inline TView tview(const Tensor& t) { return TView{t.data, t.ld, t.dtype == DType::BF16 ? 1 : 0}; }
+
+// The epilogue of a linear op over fp32 accumulators (backend.h "Epilogue"): acc [M, N] fp32 (row stride N), gacc
+// (the SwiGLU gate's accumulators, same shape) or null, bias [N] or null, gate / residual views or null-p. With
+// row_lo / row_hi (device pointers, e.g. a grouped matmul's first and last offsets) only rows [*row_lo, *row_hi).
+void launch_epilogue(const float* acc, const float* gacc, const float* bias, TView gate, TView residual, int64_t M,
+                     int64_t N, TView y, const int64_t* row_lo, const int64_t* row_hi, cudaStream_t st);
+// dst = R(src) element-wise over [rows, cols] views.
+void launch_convert(TView src, TView dst, int64_t rows, int64_t cols, cudaStream_t st);
+
 // ---- linear (cuda_linear.cu) ----
 // y = x·Wᵀ, x [M, cols], y [M, rows].
 void launch_matmul(const WDesc& w, const float* x, int64_t M, float* y, cudaStream_t st);
@@ -31,37 +47,55 @@ size_t grouped_scratch_bytes(int64_t n_groups);
 // passes tc_format), else the fp32 tiled kernel.
 void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
                            const float* x, float* y, void* scratch, cudaStream_t st, bool tc = false);
+// The skinny kernels (M ≤ 16 rows of x, fp32 or bf16 storage, row stride x.ld) with the linear epilogue at the store
+// (bias, gate tensor, residual; rounded to y's dtype). Grouped (decode: a group is one expert's tokens, any number
+// of rows, a warp per (group, weight row)); scratch ≥ grouped_scratch_bytes(n_groups).
+struct LinEpi {
+  const float* bias = nullptr;
+  TView gate{}, residual{};
+};
+constexpr int64_t kSmallMaxRows = 16;
+void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st);
+void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
+                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st);
 // Tensor-core matmul for the bf16 activation mode (x values bf16): formats whose values or codes are exact bf16
 // values (tc_format: BF16, MXFP4, FP8 with block scales in 16×32 multiples, per tensor or per channel); FP8 scales
 // are applied to fp32 partial sums, never to the weights.
 bool tc_format(const WDesc& w);
 void launch_matmul_tc(const WDesc& w, const float* x, int64_t M, float* y, cudaStream_t st);
-void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, float* out, cudaStream_t st);
+void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, TView out, cudaStream_t st);
 // The cuBLASLt path's bf16 operands (Kp = K rounded up to a multiple of 8, the padding columns zero): out [M, Kp]
 // = x rounded to bf16; out [rows, Kp] = W dequantized (as the exact kernels do) and rounded to bf16.
 void launch_to_bf16(const float* x, int64_t M, int64_t K, int64_t Kp, void* out, cudaStream_t st);
 void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st);
 
 // ---- norms / elementwise / MoE / top-k (cuda_ops.cu) ----
-void launch_rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16,
-                     cudaStream_t st);
-void launch_layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps, float* y,
-                       bool bf16, cudaStream_t st);
-void launch_rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
-                 const int64_t* pos, const RopeParams& p, bool bf16, cudaStream_t st);
-void launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16, cudaStream_t st);
-void launch_add(float* y, const float* x, int64_t n, bool bf16, cudaStream_t st);
-void launch_round_bf16(float* x, int64_t n, cudaStream_t st);
+// Typed views; the bf16 points of an op apply when its output view is bf16.
+void launch_rms_norm(TView x, const float* w, int64_t M, int64_t D, float eps, TView y, cudaStream_t st);
+// h = R(h + delta); y = rms_norm(h) (one block per row).
+void launch_add_rms_norm(TView h, TView delta, const float* w, int64_t M, int64_t D, float eps, TView y,
+                         cudaStream_t st);
+void launch_layer_norm(TView x, const float* w, const float* b, int64_t M, int64_t D, float eps, TView y,
+                       cudaStream_t st);
+// Head h of row t starts at column h * head_stride of x.
+void launch_rope(TView x, int64_t n_tokens, int64_t n_heads, int64_t head_stride, const int64_t* pos,
+                 const RopeParams& p, cudaStream_t st);
+void launch_silu_mul(TView gate, TView up, int64_t rows, int64_t cols, TView out, cudaStream_t st);
+void launch_add(TView y, TView x, int64_t rows, int64_t cols, cudaStream_t st);
 void launch_router(const float* logits, const float* bias, int64_t M, const RouterParams& p, int32_t* ids,
                    float* weights, cudaStream_t st);
-void launch_scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n, int64_t D,
-                                 float* y, bool bf16, cudaStream_t st);
+void launch_scatter_add_weighted(TView x, const int32_t* token, const float* weight, int64_t n, int64_t D, TView y,
+                                 cudaStream_t st);
 // scratch: at least topk_scratch_bytes(S, k) bytes of device memory (used when k does not fit shared memory).
 size_t topk_scratch_bytes(int64_t S, int64_t k);
 void launch_topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
                         int32_t* count, void* scratch, cudaStream_t st);
-void launch_indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T, int64_t n_heads,
-                           int64_t head_dim, float scale, const int64_t* q_pos, float* scores, cudaStream_t st);
+// Tokens r0 .. r0+n-1 of the step over their sequences' keys in the paged index pool: scores [n, T].
+void launch_indexer_scores_paged(TView q, TView w, const KvPool& pool, const StepSeqs& seqs, int64_t r0, int64_t n,
+                                 int64_t n_heads, int64_t head_dim, float scale, const int64_t* q_pos, int64_t T,
+                                 float* scores, cudaStream_t st);
+void launch_indexer_scores(TView q, TView w, TView k, int64_t S, int64_t T, int64_t n_heads, int64_t head_dim,
+                           float scale, const int64_t* q_pos, float* scores, cudaStream_t st);
 
 // ---- sampling (cuda_sample.cu): Backend::sample_rows ----
 void launch_sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowParams* params, const SampleEdit* edits,
@@ -70,27 +104,23 @@ void launch_sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowP
 // ---- data movement / paged cache (cuda_data.cu) ----
 void launch_moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
                       int32_t* token, float* weight, cudaStream_t st);
-void launch_gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst, cudaStream_t st);
-void launch_copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst,
-                      cudaStream_t st);
-void launch_scale(float* x, int64_t n, float s, cudaStream_t st);
-void launch_fill(float* x, int64_t n, float v, cudaStream_t st);
-void launch_add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16, cudaStream_t st);
-void launch_kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
-                     int64_t width, cudaStream_t st);
+void launch_gather_rows(TView src, const int32_t* rows, int64_t n, int64_t D, TView dst, cudaStream_t st);
+void launch_scale(TView x, int64_t rows, int64_t cols, float s, cudaStream_t st);
+void launch_fill(TView x, int64_t rows, int64_t cols, float v, cudaStream_t st);
+void launch_kv_store(const KvPool& pool, const int64_t* slots, int64_t n, TView src, int64_t col0, int64_t width,
+                     cudaStream_t st);
 void launch_kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
-                      float* dst, cudaStream_t st);
+                      TView dst, cudaStream_t st);
 
 // ---- MLA attention (cuda_attention.cu) ----
-void launch_mla_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe, int64_t S, int64_t T,
-                      const int64_t* q_pos, const KeySelection& sel, float scale, float* o, bool bf16,
-                      cudaStream_t st);
-void launch_mla_absorbed(const MlaDims& d, const float* q, const WDesc& kv_b, const float* c, const float* k_pe,
-                         int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, float* o,
-                         bool bf16, cudaStream_t st);
+void launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t S, int64_t T, const int64_t* q_pos,
+                      const KeySelection& sel, float scale, TView o, cudaStream_t st);
+// c and k_pe contiguous fp32 [T, dc] / [T, dr].
+void launch_mla_absorbed(const MlaDims& d, TView q, const WDesc& kv_b, const float* c, const float* k_pe, int64_t S,
+                         int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, TView o,
+                         cudaStream_t st);
 // Whole step in one launch: token i (of sequence s found from q_begin on the device) attends over the paged pool.
-void launch_mla_absorbed_paged(const MlaDims& d, const float* q, const WDesc& kv_b, const KvPool& pool,
-                               const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
-                               float* o, bool bf16, cudaStream_t st);
+void launch_mla_absorbed_paged(const MlaDims& d, TView q, const WDesc& kv_b, const KvPool& pool, const StepSeqs& seqs,
+                               const int64_t* pos, const KeySelection& sel, float scale, TView o, cudaStream_t st);
 
 }  // namespace latent::cuda

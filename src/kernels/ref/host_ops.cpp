@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/sample_reference.h"
 #include "core/error.h"
+#include "kernels/ref/host_tensor.h"
 #include "quant/float_formats.h"
 
 namespace latent {
@@ -58,57 +60,56 @@ void Backend::sample_rows(float* logits, int64_t rows, int64_t V, const SampleRo
   sample_rows_reference(logits, rows, V, params, edits, allow, banned, ids);
 }
 
-void Backend::gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t D, float* dst) {
-  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * D, src + static_cast<int64_t>(rows[i]) * D, sizeof(float) * D);
+namespace {
+// dst row = src row (same width), converting the dtype.
+void copy_row(const Tensor& src, int64_t rs, const Tensor& dst, int64_t rd) {
+  if (src.dtype == dst.dtype) {
+    std::memmove(dst.row_ptr(rd), src.row_ptr(rs), dst.elem_size() * static_cast<size_t>(dst.cols));
+    return;
+  }
+  for (int64_t c = 0; c < dst.cols; ++c) host::set(dst, rd, c, host::get(src, rs, c));
+}
+}  // namespace
+
+void Backend::gather_rows(const Tensor& src, const int32_t* rows, const Tensor& dst) {
+  for (int64_t i = 0; i < dst.rows; ++i) copy_row(src, rows[i], dst, i);
 }
 
-void Backend::copy_cols(const float* src, int64_t src_stride, int64_t col0, int64_t width, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * width, src + i * src_stride + col0, sizeof(float) * width);
+void Backend::convert(const Tensor& src, const Tensor& dst) {
+  for (int64_t r = 0; r < dst.rows; ++r) copy_row(src, r, dst, r);
 }
 
-void Backend::scale(float* x, int64_t n, float s) {
-  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+void Backend::scale(const Tensor& x, float s) {
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c = 0; c < x.cols; ++c) host::set(x, r, c, host::get(x, r, c) * s);
 }
 
-void Backend::fill(float* x, int64_t n, float v) { std::fill(x, x + n, v); }
+void Backend::fill(const Tensor& x, float v) {
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c = 0; c < x.cols; ++c) host::set(x, r, c, v);
+}
 
-void Backend::add_bias(float* y, const float* b, int64_t M, int64_t N, bool bf16) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < N; ++j) {
-      float& v = y[m * N + j];
-      v += b[j];
-      if (bf16) v = bf16_to_f32(f32_to_bf16(v));
-    }
+void Backend::add_rms_norm(const Tensor& h, const Tensor& delta, const float* w, float eps, const Tensor& y) {
+  add(h, delta);
+  rms_norm(h, w, eps, y);
 }
 
 namespace {
 
-inline void store_row(const KvPool& pool, int64_t row, int64_t col0, const float* src, int64_t width) {
-  if (pool.dtype == DType::BF16) {
-    uint16_t* d = static_cast<uint16_t*>(pool.data) + row * pool.width + col0;
-    for (int64_t j = 0; j < width; ++j) d[j] = f32_to_bf16(src[j]);
-  } else {
-    std::memcpy(static_cast<float*>(pool.data) + row * pool.width + col0, src, sizeof(float) * width);
-  }
-}
-
-inline void load_row(const KvPool& pool, int64_t row, int64_t col0, int64_t width, float* dst) {
-  if (pool.dtype == DType::BF16) {
-    const uint16_t* s = static_cast<const uint16_t*>(pool.data) + row * pool.width + col0;
-    for (int64_t j = 0; j < width; ++j) dst[j] = bf16_to_f32(s[j]);
-  } else {
-    std::memcpy(dst, static_cast<const float*>(pool.data) + row * pool.width + col0, sizeof(float) * width);
-  }
-}
-
 size_t elem_bytes(const KvPool& pool) { return pool.dtype == DType::BF16 ? 2 : 4; }
+// Row r of a pool as a one-row tensor view of columns col0 .. col0 + width.
+Tensor pool_row(const KvPool& pool, int64_t r, int64_t col0, int64_t width) {
+  char* p = static_cast<char*>(pool.data) + (static_cast<size_t>(r * pool.width + col0)) * elem_bytes(pool);
+  return Tensor(p, pool.dtype, 1, width);
+}
 
 }  // namespace
 
-void Backend::kv_store(const KvPool& pool, const int64_t* slots, int64_t n, const float* src, int64_t col0,
-                       int64_t width) {
-  for (int64_t i = 0; i < n; ++i)
-    if (slots[i] >= 0) store_row(pool, slots[i], col0, src + i * width, width);
+void Backend::kv_store(const KvPool& pool, const int64_t* slots, const Tensor& src, int64_t col0) {
+  for (int64_t i = 0; i < src.rows; ++i) {
+    if (slots[i] < 0) continue;
+    copy_row(src, i, pool_row(pool, slots[i], col0, src.cols), 0);
+  }
 }
 
 void Backend::graph_begin() { fail("the {} backend cannot record graphs", name()); }
@@ -116,11 +117,11 @@ int Backend::graph_end() { fail("the {} backend cannot record graphs", name()); 
 void Backend::graph_replay(int /*id*/) { fail("the {} backend cannot replay graphs", name()); }
 int64_t Backend::graph_kernels(int /*id*/) const { return 0; }
 
-void Backend::kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_tokens, int64_t col0, int64_t width,
-                        float* dst) {
+void Backend::kv_gather(const KvPool& pool, const int32_t* blocks, int64_t col0, const Tensor& dst) {
   const int64_t bt = pool.block_tokens;
-  for (int64_t t = 0; t < n_tokens; ++t)
-    load_row(pool, static_cast<int64_t>(blocks[t / bt]) * bt + t % bt, col0, width, dst + t * width);
+  for (int64_t t = 0; t < dst.rows; ++t) {
+    copy_row(pool_row(pool, static_cast<int64_t>(blocks[t / bt]) * bt + t % bt, col0, dst.cols), 0, dst, t);
+  }
 }
 
 void Backend::kv_copy_block(const KvPool& pool, int32_t src, int32_t dst, int64_t n_tokens) {
@@ -131,11 +132,36 @@ void Backend::kv_copy_block(const KvPool& pool, int32_t src, int32_t dst, int64_
               static_cast<size_t>(n_tokens) * row);
 }
 
-void Backend::mla_attention_absorbed_paged(const MlaDims& d, const float* q, const QuantWeight& kv_b,
+void Backend::indexer_scores_paged(const Tensor& q, const Tensor& w, const KvPool& pool, const StepSeqs& seqs,
+                                   int64_t r0, int64_t n_heads, float scale, const int64_t* q_pos, int64_t T,
+                                   float* scores) {
+  // Host metadata (a host backend): per sequence overlapping the rows, its keys gathered, then the contiguous op.
+  const int64_t n = q.rows, dI = pool.width;
+  std::vector<float>& keys = paged_c_;
+  for (int64_t s = 0; s < seqs.n_seqs; ++s) {
+    const int64_t a = std::max<int64_t>(seqs.q_begin[s], r0), b = std::min<int64_t>(seqs.q_begin[s + 1], r0 + n);
+    if (b <= a) continue;
+    const int64_t Ts = std::min<int64_t>(seqs.ctx_len[s], T);
+    // Grow-only, by doubling (no allocation on the step path once the context stopped outgrowing it).
+    const size_t need = static_cast<size_t>(std::max<int64_t>(T, 64) * dI);
+    if (keys.capacity() < need) keys.reserve(std::max(need, 2 * keys.capacity()));
+    keys.resize(static_cast<size_t>(std::max<int64_t>(Ts, 1) * dI));
+    const Tensor kt(keys.data(), DType::F32, Ts, dI);
+    kv_gather(pool, seqs.block_table + s * seqs.max_blocks, 0, kt);
+    // scores rows a - r0 .. b - r0 with row stride T: one call per row keeps the stride (the op writes [rows, Ts]).
+    for (int64_t i = a; i < b; ++i) {
+      float* row = scores + (i - r0) * T;
+      indexer_scores(q.row_slice(i - r0, 1), w.row_slice(i - r0, 1), kt, n_heads, scale, q_pos + (i - r0), row);
+      std::fill(row + Ts, row + T, -std::numeric_limits<float>::infinity());
+    }
+  }
+}
+
+void Backend::mla_attention_absorbed_paged(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b,
                                            const KvPool& pool, const StepSeqs& seqs, const int64_t* pos,
-                                           const KeySelection& sel, float scale, float* o, bool bf16) {
-  // Reference semantics: per sequence, its cache gathered into contiguous c / k_pe, then the contiguous op.
-  const int64_t dc = d.latent, dr = d.rope, dqk = d.qk(), H = d.n_heads;
+                                           const KeySelection& sel, float scale, const Tensor& o) {
+  // Reference semantics: per sequence, its cache gathered into contiguous c / k_pe (fp32), then the contiguous op.
+  const int64_t dc = d.latent, dr = d.rope;
   std::vector<float>& c = paged_c_;
   std::vector<float>& kpe = paged_kpe_;
   for (int64_t s = 0; s < seqs.n_seqs; ++s) {
@@ -149,12 +175,12 @@ void Backend::mla_attention_absorbed_paged(const MlaDims& d, const float* q, con
     c.resize(static_cast<size_t>(std::max<int64_t>(T, 1) * dc));
     kpe.resize(static_cast<size_t>(std::max<int64_t>(T, 1) * dr));
     const int32_t* blocks = seqs.block_table + s * seqs.max_blocks;
-    kv_gather(pool, blocks, T, 0, dc, c.data());
-    kv_gather(pool, blocks, T, dc, dr, kpe.data());
+    const Tensor ct(c.data(), DType::F32, T, dc), kt(kpe.data(), DType::F32, T, dr);
+    kv_gather(pool, blocks, 0, ct);
+    kv_gather(pool, blocks, dc, kt);
     KeySelection ks;
     if (sel.sel) ks = {sel.sel + b * sel.stride, sel.count + b, sel.stride};
-    mla_attention_absorbed(d, q + b * H * dqk, kv_b, c.data(), kpe.data(), n, T, pos + b, ks, scale,
-                           o + b * H * d.v, bf16);
+    mla_attention_absorbed(d, q.row_slice(b, n), kv_b, ct, kt, T, pos + b, ks, scale, o.row_slice(b, n));
   }
 }
 

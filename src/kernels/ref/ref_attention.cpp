@@ -52,7 +52,7 @@ double scaled_score(double dot, float scale, bool bf16) {
 
 }  // namespace
 
-void RefBackend::mla_attention_naive(const MlaDims& d, const float* q, const float* kvb, const float* k_pe,
+void RefBackend::mla_attention_naive_f32(const MlaDims& d, const float* q, const float* kvb, const float* k_pe,
                                      int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel,
                                      float scale, float* o, bool bf16) {
   const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
@@ -89,7 +89,7 @@ void RefBackend::mla_attention_naive(const MlaDims& d, const float* q, const flo
   });
 }
 
-void RefBackend::mla_attention_absorbed(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
+void RefBackend::mla_attention_absorbed_f32(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
                                         const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
                                         const KeySelection& sel, float scale, float* o, bool bf16) {
   const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = d.qk(), dkv = dn + dv;
@@ -144,7 +144,7 @@ void RefBackend::mla_attention_absorbed(const MlaDims& d, const float* q, const 
   });
 }
 
-void RefBackend::indexer_scores(const float* q, const float* w, const float* k, int64_t S, int64_t T,
+void RefBackend::indexer_scores_f32(const float* q, const float* w, const float* k, int64_t S, int64_t T,
                                 int64_t n_heads, int64_t head_dim, float scale, const int64_t* q_pos,
                                 float* scores) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -24,7 +24,7 @@ std::unique_ptr<Backend> make_ref_backend(int threads) { return std::make_unique
 // ---------------------------------------------------------------------------------------------------------------
 // Linear
 // ---------------------------------------------------------------------------------------------------------------
-void RefBackend::matmul(const QuantWeight& w, const float* x, int64_t M, float* y) {
+void RefBackend::matmul_f32(const QuantWeight& w, const float* x, int64_t M, float* y) {
   const int64_t N = w.rows, K = w.cols;
   if (M <= 0 || N <= 0) return;
   // Grain: enough rows per task that a task is not dominated by scheduling.
@@ -43,17 +43,17 @@ void RefBackend::matmul(const QuantWeight& w, const float* x, int64_t M, float* 
   });
 }
 
-void RefBackend::grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets,
+void RefBackend::grouped_matmul_f32(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets,
                                 const float* x, float* y) {
   for (int64_t g = 0; g < n_groups; ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows <= 0) continue;
     const QuantWeight& wg = *w[g];
-    matmul(wg, x + offsets[g] * wg.cols, rows, y + offsets[g] * wg.rows);
+    matmul_f32(wg, x + offsets[g] * wg.cols, rows, y + offsets[g] * wg.rows);
   }
 }
 
-void RefBackend::embedding(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) {
+void RefBackend::embedding_f32(const QuantWeight& table, const int32_t* ids, int64_t M, float* out) {
   pool_.parallel_for(M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) dequant_row_ref(table, ids[m], out + m * table.cols);
   });
@@ -62,7 +62,7 @@ void RefBackend::embedding(const QuantWeight& table, const int32_t* ids, int64_t
 // ---------------------------------------------------------------------------------------------------------------
 // Norms and elementwise
 // ---------------------------------------------------------------------------------------------------------------
-void RefBackend::rms_norm(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16) {
+void RefBackend::rms_norm_f32(const float* x, const float* w, int64_t M, int64_t D, float eps, float* y, bool bf16) {
   pool_.parallel_for(M, 8, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const float* xm = x + m * D;
@@ -80,7 +80,7 @@ void RefBackend::rms_norm(const float* x, const float* w, int64_t M, int64_t D, 
   });
 }
 
-void RefBackend::layer_norm(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps,
+void RefBackend::layer_norm_f32(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps,
                             float* y, bool bf16) {
   pool_.parallel_for(M, 8, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) ref::layer_norm_row(x + m * D, w, b, D, eps, y + m * D, bf16);
@@ -101,7 +101,7 @@ void ref::layer_norm_row(const float* x, const float* w, const float* b, int64_t
   }
 }
 
-void RefBackend::rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+void RefBackend::rope_f32(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
                       const int64_t* pos, const RopeParams& p, bool bf16) {
   const int64_t half = p.dim / 2;
   pool_.parallel_for(n_tokens, 4, [&](int64_t t0, int64_t t1) {
@@ -137,7 +137,7 @@ void RefBackend::rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t token
   });
 }
 
-void RefBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out, bool bf16) {
+void RefBackend::silu_mul_f32(const float* gate, const float* up, int64_t n, float* out, bool bf16) {
   pool_.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const double g = gate[i];
@@ -149,15 +149,11 @@ void RefBackend::silu_mul(const float* gate, const float* up, int64_t n, float* 
   });
 }
 
-void RefBackend::add(float* y, const float* x, int64_t n, bool bf16) {
+void RefBackend::add_f32(float* y, const float* x, int64_t n, bool bf16) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = y[i] + x[i];
     y[i] = bf16 ? bf16r(v) : v;
   }
-}
-
-void RefBackend::round_bf16(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = bf16r(x[i]);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -217,7 +213,7 @@ void RefBackend::router(const float* logits, const float* bias, int64_t M, const
   });
 }
 
-void RefBackend::scatter_add_weighted(const float* x, const int32_t* token, const float* weight, int64_t n,
+void RefBackend::scatter_add_weighted_f32(const float* x, const int32_t* token, const float* weight, int64_t n,
                                       int64_t D, float* y, bool bf16) {
   for (int64_t i = 0; i < n; ++i) {
     float* yr = y + static_cast<int64_t>(token[i]) * D;

@@ -51,6 +51,13 @@ def _skip_reason():
     return None
 
 
+def sanitized_build():
+    """True when $LATENT_BUILD (set by ctest) is a sanitizer build, whose server runs many times slower."""
+    b = os.environ.get("LATENT_BUILD")
+    cache = Path(b) / "CMakeCache.txt" if b else None
+    return bool(cache and cache.exists() and "LATENT_SANITIZE:BOOL=ON" in cache.read_text().splitlines())
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,8 +70,9 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "w")
+        kv = [] if "--kv-cache-bytes" in extra else ["--kv-cache-bytes", "256M"]  # a test may size it itself
         args = [_latent_bin(), "serve", "--model", str(model_dir), "--port", str(self.port), "--served-model-name",
-                "tiny-glm", "--served-model-name", "tiny-alias", "--kv-cache-bytes", "256M", "--threads", "2", *extra,
+                "tiny-glm", "--served-model-name", "tiny-alias", *kv, "--threads", "2", *extra,
                 *shlex.split(os.environ.get("LATENT_SERVE_ARGS", ""))]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120

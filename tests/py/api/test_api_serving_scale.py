@@ -4,7 +4,7 @@ each fault that was found gets a black-box check against a real `latent serve`.
 - /health and /metrics answer while hundreds of streams are open;
 - a JSON body sent with curl's default form content type is parsed (no false 413);
 - a second server on a port in use exits 1 with "address already in use";
-- a 31 MB request keeps peak RSS bounded and gives the memory back (read from /proc);
+- one and three concurrent 20 / 31 MB requests keep peak RSS bounded and give the memory back (read from /proc);
 - a number overflowing a double (1e400), anywhere, is 400 invalid_json;
 - bad flag values are refused with one line naming the flag;
 - keep-alive serves many requests on one connection; shutdown ends within --shutdown-timeout + a bit;
@@ -17,6 +17,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -112,27 +113,55 @@ def test_number_overflow_is_invalid_json(server, body):
     assert "byte" in e["message"] or "column" in e["message"]
 
 
+def _large_bodies(mb):
+    """What a large request is made of, each `mb` MB: a long prompt (400, the context is exceeded), a prompt with no
+    whitespace (400; its length alone decides), a large field the server ignores (200)."""
+    n = mb * 1024 * 1024
+    return [
+        (json.dumps({"messages": [{"role": "user", "content": "word " * (n // 5)}]}), 400),
+        (json.dumps({"messages": [{"role": "user", "content": "x" * n}]}), 400),
+        (json.dumps({"messages": U, "max_tokens": 2, "padding": "y" * n}), 200),
+    ]
+
+
 # RSS figures are the release build's: under ASan the allocator's redzones and quarantine multiply them, so the ASan
 # stage deselects this one with the other heavy checks (it runs in the release stage of scripts/test).
 @pytest.mark.heavy
-def test_31mb_request_keeps_memory_bounded(tiny_model, tmp_path_factory):
-    s = _start(tiny_model, tmp_path_factory, "rss", [])
+@pytest.mark.parametrize("mb,concurrent", [(20, 1), (20, 3), (31, 3)])
+def test_large_requests_give_their_memory_back(tiny_model, tmp_path_factory, mb, concurrent):
+    """One, then three concurrent requests of 20 MB (and 31 MB, near --max-request-bytes): RSS comes back within
+    32 MiB of the idle figure within 10 s of the requests' end (glibc's arenas are trimmed, the tokenizer's
+    buffers released: server/host_memory.h), and the peak stays bounded."""
+    s = _start(tiny_model, tmp_path_factory, f"rss-{mb}-{concurrent}", [])
     pid = s.proc.pid
     try:
         for _ in range(3):  # warm up allocator and code paths
             assert s.request("POST", "/v1/chat/completions", {"messages": U, "max_tokens": 2})[0] == 200
         idle = rss_kib(pid)
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-        big = json.dumps({"messages": [{"role": "user", "content": "word " * (31 * 1024 * 1024 // 5)}]})
-        assert len(big) > 31_000_000
-        st, _, b = s.request("POST", "/v1/chat/completions", big, timeout=120)
-        assert st == 400, b[:300]
-        assert json.loads(b)["error"]["code"] == "context_length_exceeded"
+        for body, status in _large_bodies(mb):
+            assert len(body) > mb * 1_000_000
+            results = [None] * concurrent
+
+            def send(i):
+                results[i] = s.request("POST", "/v1/chat/completions", body, timeout=300)
+
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(concurrent)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for st, _, b in results:
+                assert st == status, b[:300]
+                if status == 400:
+                    assert json.loads(b)["error"]["code"] == "context_length_exceeded"
         peak = rss_kib(pid, "VmHWM")
-        time.sleep(0.5)
+        deadline = time.time() + 10
+        while time.time() < deadline and rss_kib(pid) - idle > 32 * 1024:
+            time.sleep(0.2)
         after = rss_kib(pid)
-        assert peak - idle <= 300 * 1024, (idle, peak)
-        assert after - idle <= 50 * 1024, (idle, after)
+        assert peak - idle <= 300 * 1024 * concurrent, (idle, peak)
+        assert after - idle <= 32 * 1024, (idle, after)
         assert s.request("POST", "/v1/chat/completions", {"messages": U, "max_tokens": 2})[0] == 200
     finally:
         s.stop()
@@ -200,36 +229,181 @@ def test_keep_alive_serves_many_requests_on_one_connection(server):
     c.close()
 
 
+def _read_rest(k):
+    """What is left to read on a socket until it closes or times out, spaces removed (for matching JSON)."""
+    rest = b""
+    try:
+        while chunk := k.recv(65536):
+            rest += chunk
+    except OSError:
+        pass
+    return rest.replace(b" ", b"")
+
+
 def test_shutdown_within_timeout(tiny_model, tmp_path_factory):
-    s = _start(tiny_model, tmp_path_factory, "shutdown", ["--shutdown-timeout", "1"])
-    # Streams that run to the context length (max_tokens absent, ignore_eos): longer than the timeout together.
-    others = [open_stream(s.port, {"messages": U, "stream": True, "ignore_eos": True}) for _ in range(15)]
+    s = _start(tiny_model, tmp_path_factory, "shutdown", ["--shutdown-timeout", "1", "--max-num-seqs", "1"])
+    # Streams that run to the context length (max_tokens absent, ignore_eos), one at a time: far longer than the
+    # timeout together, so the drain aborts the rest.
     k = open_stream(s.port, {"messages": U, "stream": True, "ignore_eos": True})
+    others = []
     try:
         k.settimeout(30)
         assert k.recv(64).startswith(b"HTTP/1.1 200")
+        others = [open_stream(s.port, {"messages": U, "stream": True, "ignore_eos": True}) for _ in range(30)]
+        deadline = time.time() + 30
+        while time.time() < deadline and (s.metric("num_requests_waiting") or 0) < 20:
+            time.sleep(0.02)
         t0 = time.time()
         s.proc.send_signal(signal.SIGTERM)
         s.proc.wait(timeout=30)
         elapsed = time.time() - t0
-        assert s.proc.returncode == 0
+        assert s.proc.returncode == 1  # the drain aborted requests
         # The streams alone would run far longer; shutdown takes --shutdown-timeout, the step running at the abort,
         # up to 1 s for the streams' last events and the process exit: bounded with slack for a loaded ASan CI
         # machine (it used to take ~5 s past the timeout; at load 7 under ASan it took 3.6-5 s).
         assert elapsed < 1 + 4.5, elapsed
-        rest = b""
-        try:
-            while chunk := k.recv(65536):
-                rest += chunk
-        except OSError:
-            pass
-        rest = rest.replace(b" ", b"")
+        rest = _read_rest(k)
         assert b'"code":"draining"' in rest or b"[DONE]" in rest
     finally:
         k.close()
         for o in others:
             o.close()
         s.stop()
+    log = Path(s.log_path).read_text()
+    assert re.search(r"draining: 1(\.0)? s passed; \d+ request\(s\) still running aborted", log), log[-2000:]
+    assert "stopped: the shutdown aborted" in log and "exit status 1" in log
+
+
+def test_clean_drain_exits_0(tiny_model, tmp_path_factory):
+    s = _start(tiny_model, tmp_path_factory, "clean-drain", [])
+    assert s.request("POST", "/v1/chat/completions", {"messages": U, "max_tokens": 2})[0] == 200
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=30) == 0
+    s.stop()
+    assert Path(s.log_path).read_text().rstrip().endswith("stopped")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_second_signal_ends_the_drain_at_once(tiny_model, tmp_path_factory, sig):
+    """SIGTERM (SIGINT) starts a drain of up to --shutdown-timeout (120 s here); a second one ends it at once: the
+    running and waiting requests are aborted (logged with their number, each stream gets its draining error event
+    and an access line that counts the tokens it was sent), and the exit status is 1."""
+    from conftest import sanitized_build
+    s = _start(tiny_model, tmp_path_factory, f"second-signal-{int(sig)}",
+               ["--shutdown-timeout", "120", "--max-num-seqs", "1"])
+    # 80 streams to the context length, one at a time: far longer than this test.
+    socks = [open_stream(s.port, {"messages": U, "stream": True, "ignore_eos": True}) for _ in range(80)]
+    try:
+        socks[0].settimeout(30)
+        assert socks[0].recv(64).startswith(b"HTTP/1.1 200")
+        deadline = time.time() + 30
+        while time.time() < deadline and (s.metric("num_requests_waiting") or 0) < 40:
+            time.sleep(0.02)
+        s.proc.send_signal(sig)
+        time.sleep(0.5)
+        assert s.proc.poll() is None  # draining: it would wait up to 120 s
+        t0 = time.time()
+        s.proc.send_signal(sig)
+        rc = s.proc.wait(timeout=60)
+        elapsed = time.time() - t0
+        assert rc == 1
+        assert elapsed < (10.0 if sanitized_build() else 1.0), elapsed
+        # Every stream ended: [DONE] (finished before the signal) or the draining error (an SSE event for the one
+        # running, a 503 for those still queued).
+        for k in socks:
+            k.settimeout(5)
+            rest = _read_rest(k)
+            assert b'"code":"draining"' in rest or b"[DONE]" in rest, rest[-300:]
+    finally:
+        for k in socks:
+            k.close()
+        s.stop()
+    log = Path(s.log_path).read_text()
+    assert f"signal {int(sig)} again: ending the drain now" in log, log[-3000:]
+    m = re.search(r"draining ended early by a second signal: (\d+) request\(s\) aborted", log)
+    assert m and int(m.group(1)) >= 20, log[-3000:]
+    assert "stopped: the shutdown aborted" in log
+    # The stream that was running when the drain was cut: its tokens are counted, not -1.
+    aborted = [l for l in log.splitlines() if " access " in l and "finish_reason=abort:draining" in l]
+    assert aborted, log[-3000:]
+    running = [l for l in aborted if "completion_tokens=0 " not in l]
+    assert running and all("completion_tokens=-1" not in l for l in aborted), aborted[:3]
+    got = int(re.search(r"completion_tokens=(\d+)", running[0]).group(1))
+    sent = int(re.search(r"sent_tokens=(\d+)", running[0]).group(1))
+    assert 0 < sent <= got, running[0]
+
+
+def _wait_access_line(s, needle, timeout=10):
+    """The server's first access line containing `needle`, once it is logged (None after `timeout` s)."""
+    deadline = time.time() + timeout
+    while True:
+        line = next((l for l in Path(s.log_path).read_text().splitlines() if " access " in l and needle in l), None)
+        if line or time.time() >= deadline:
+            return line
+        time.sleep(0.05)
+
+
+def test_access_line_of_a_cancelled_stream_counts_its_tokens(tiny_model, tmp_path_factory):
+    s = _start(tiny_model, tmp_path_factory, "cancelled", [])
+    try:
+        k = open_stream(s.port, {"messages": U, "stream": True, "ignore_eos": True, "max_tokens": 1000,
+                                 "stream_options": {"include_usage": False}})
+        k.settimeout(30)
+        got = b""
+        while got.count(b"data: ") < 40:  # at least 40 events (the role chunk, then deltas) before going away
+            got += k.recv(65536)
+        k.close()
+        line = _wait_access_line(s, "disconnect=true")
+    finally:
+        s.stop()
+    assert line, Path(s.log_path).read_text()[-2000:]
+    assert "finish_reason=cancelled" in line and "status=200" in line, line
+    comp = int(re.search(r"completion_tokens=(-?\d+)", line).group(1))
+    sent = int(re.search(r"sent_tokens=(-?\d+)", line).group(1))
+    # The client read 40+ events, each at least one token; the engine may have run a little ahead of what was sent.
+    assert 30 <= sent <= comp < 1000, line
+
+
+def test_408_access_line_for_unfinished_headers(tiny_model, tmp_path_factory):
+    """A client that never finishes its headers: 408 after --read-timeout, and its access line says '-' for what
+    was not parsed and the real time the connection was held."""
+    s = _start(tiny_model, tmp_path_factory, "slow-headers", ["--read-timeout", "2"])
+    try:
+        k = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        k.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # ... and nothing more
+        assert k.recv(4096).startswith(b"HTTP/1.1 408")
+        k.close()
+        line = _wait_access_line(s, "status=408")
+    finally:
+        s.stop()
+    assert line and "method=- path=- status=408" in line, line
+    assert float(re.search(r"duration_ms=([\d.]+)", line).group(1)) >= 1900, line  # the 2 s it was held
+
+
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_kv_cache_auto_on_the_cpu_is_sized_from_what_the_server_can_use(tiny_model, tmp_path_factory, prefix_cache):
+    """--kv-cache-bytes auto on the CPU: --max-num-seqs x --max-model-len tokens, + 25% for the prefix cache when it
+    is on, in whole blocks of 64 tokens (the free-memory cap is tested in tests/server/test_host_memory.cpp); the
+    log gives the token capacity and the bytes it may make resident."""
+    flags = ["--kv-cache-bytes", "auto", "--max-num-seqs", "3", "--max-model-len", "512"]
+    s = _start(tiny_model, tmp_path_factory, f"kv-auto-{prefix_cache}",
+               flags + ([] if prefix_cache else ["--no-prefix-cache"]))
+    try:
+        blocks = s.metric("kv_cache_blocks_total")
+    finally:
+        s.stop()
+    want_tokens = 3 * 512 + (384 if prefix_cache else 0)
+    assert blocks == -(-want_tokens // 64), blocks
+    log = Path(s.log_path).read_text()
+    line = next(l for l in log.splitlines() if "KV cache auto (CPU)" in l)
+    tokens = int(blocks) * 64
+    assert f"3 sequences x 512 tokens (--max-num-seqs x --max-model-len) = 1536 tokens" in line, line
+    assert ("+ 384 for the prefix cache (25%)" in line) == prefix_cache, line
+    assert f"-> {tokens} tokens in {int(blocks)} blocks" in line, line
+    bpt = int(re.search(r"at (\d+) bytes/token", line).group(1))
+    mib = float(re.search(r"blocks, ([\d.]+) MiB at", line).group(1))
+    assert abs(mib - tokens * bpt / 2**20) < 0.06, line
+    assert "become resident as blocks are first written" in line
 
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")

@@ -364,6 +364,28 @@ def test_tool_schema_errors_are_400(client):
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+@pytest.mark.parametrize("tool_choice", [None, "auto", "none", "required", "named"])
+@pytest.mark.parametrize("params,needle", [
+    ({"type": "objekt", "properties": 5}, "'objekt' is not a JSON Schema type"),
+    ({"type": "object", "properties": {"city": {"type": "string", "minLength": -1}}},
+     "at #/properties/city: 'minLength' must be a non-negative integer"),
+    ({"type": "object", "required": "city"}, "'required' must be an array of strings"),
+])
+def test_malformed_tool_schema_is_400_whatever_tool_choice(client, tool_choice, params, needle):
+    """Every tool's `parameters` is validated whenever `tools` is given (as the OpenAI API does), not only when a
+    call is forced: 400 invalid_value naming the tool and the schema error."""
+    import openai
+    tools = TOOLS + [{"type": "function", "function": {"name": "bad_tool", "parameters": params}}]
+    named = {"type": "function", "function": {"name": "bad_tool"}}
+    kw = {} if tool_choice is None else {"tool_choice": named if tool_choice == "named" else tool_choice}
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, messages=W, tools=tools, max_tokens=5, **kw)
+    err = _error(e.value)
+    assert err["code"] == "invalid_value", err
+    assert err["param"] == f"tools[{len(TOOLS)}].function.parameters", err
+    assert "Invalid schema for function 'bad_tool'" in err["message"] and needle in err["message"], err
+
+
 def test_unconstrained_requests_unchanged(demo, client):
     """No constraint, response_format text, and an empty structured_outputs all give the golden greedy answer."""
     fx = json.loads((ROOT / "tests" / "golden" / "latent-demo" / "greedy.json").read_text())

@@ -1,0 +1,397 @@
+// Internal include fragment: the matmul kernels of the CPU backend written once for any vector width — register
+// tiles of MT activation rows x NT weight rows per stored format, the driver that walks a row range with them, and
+// the prepared-x permutations — as templates over a vector traits type V (V8 in avx2_body.h, V16 in
+// kernels_avx512.cpp); each ISA translation unit instantiates them with its own target attribute. What differs per
+// ISA lives in the traits: the vector width W, the largest tile (kMt activation rows; nt_*(mt) weight rows), the
+// register strategy of the bf16 prefill tile, and the decoders (bf16 halves, MXFP4 blocks, f16 / fp8 / f32 rows).
+//
+// Layouts of prepared x (see cpu_kernels.h), W lanes:
+//   BF16: groups of 2W columns: xp[j] = x[2j], xp[W+j] = x[2j+1] (j < W) — a dword of two bf16 gives the even
+//         element by a left shift and the odd one by a mask, no shuffle; the columns past the last group natural.
+//   MXFP4: W = 8: per 32-element block, xp[8v + 4h + i] = x[4i + h + {0,2,16,18}[v]] — the order the nibble split
+//          (lane 0 low nibbles, lane 1 high nibbles), two pshufb table look-ups and the byte unpacks produce;
+//          W = 16: per pair of blocks, xp[16v + 4q + i] = x[32(q&1) + 4i + (q>>1) + {0,2,16,18}[v]] (128-bit lane q:
+//          q&1 = which block, q>>1 = low/high nibble), a last odd block in the W = 8 layout.
+//   others: natural.
+//
+// Batch invariance (the engine promises a sequence's logits do not depend on what else is in the step): every
+// output y[m, r] is computed by exactly the same sequence of fp32 operations whatever the tile shape, M, the row
+// range a thread got, or the position of row m in the batch:
+//   * one accumulator chain per (m, r) pair — the instruction-level parallelism comes from the MT x NT pairs of a
+//     tile, never from splitting one dot product over several accumulators, so a 1 x 1 tail tile does what a
+//     5 x 4 tile does for each of its pairs;
+//   * the order over k is fixed per format (2W-column groups, MXFP4 blocks, scale blocks, masked W-column steps for
+//     the columns past the last group), the horizontal sum is V::hsum;
+//   * K is never split across threads.
+// Tiles differ only in which pair's operation is issued when (loop order, registers), which does not change any
+// rounding. The batch-invariance tests of the op harness check this bit for bit.
+#pragma once
+
+#include <cstdint>
+
+namespace latent::cpu {
+namespace {
+
+// Natural-order formats of TNat.
+inline constexpr int kNatF32 = 0, kNatF16 = 1, kNatFp8 = 2;
+
+// ---------------------------------------------------------------------------------------------------------------
+// BF16: per 2W-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc) (prepared x order); the
+// columns past the last group in natural order by masked W-column steps.
+// ---------------------------------------------------------------------------------------------------------------
+template <class V>
+struct TBf16 {
+  static constexpr int kMaxMt = V::kMt;
+  static constexpr int nt(int mt) { return V::nt_bf16(mt); }
+  using F = typename V::F;
+  using I = typename V::I;
+
+  // acc[m][n] = fma(half, x[m·K + 0..W), acc[m][n]) for one half (even / odd) of the group at k, the MT x vectors
+  // loaded once into registers for the NT rows (the weight vector is loaded again for the odd half rather than
+  // kept).
+  template <int MT, int NT, bool kOdd>
+  LTI static void half_x_held(const uint8_t* base, int64_t K, const float* x, int64_t k, F (&acc)[MT][NT]) {
+    F xv[MT];
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) xv[m] = V::load(x + m * K);
+#pragma GCC unroll 8
+    for (int n = 0; n < NT; ++n) {
+      const I d = V::loadi(base + n * 2 * K + 2 * k);
+      const F h = kOdd ? V::bf16_hi(d) : V::bf16_lo(d);
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) acc[m][n] = V::fma(h, xv[m], acc[m][n]);
+    }
+  }
+
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    constexpr int W = V::W, G = 2 * W;
+    const int64_t K = w.cols, KG = K / G * G;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
+    // Decode tiles prefetch the next tile's rows, spread over this tile's groups: an expert row is short (2 KiB at
+    // K = 1024, 512 B for a down projection) and NT rows are NT streams at once, too little for the hardware
+    // prefetcher to ramp up on.
+    constexpr bool kDecode = MT < V::kBf16HoldX && MT < V::kBf16HoldW;
+    const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(NT * 2 * K);
+    F acc[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = V::zero();
+    for (int64_t k = 0; k < KG; k += G) {
+      if constexpr (kDecode) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
+      }
+      if constexpr (MT >= V::kBf16HoldX) {
+        // Prefill tiles with few registers (V8: 3 x 3): the activation vectors of a half group held and reused by
+        // the NT weight rows (MT·NT FMAs for MT + NT loads).
+        half_x_held<MT, NT, false>(base, K, x + k, k, acc);
+        half_x_held<MT, NT, true>(base, K, x + k + W, k, acc);
+      } else if constexpr (MT >= V::kBf16HoldW) {
+        // Prefill tiles with many registers (V16: 5 x 4): the decoded weights of the group held, activation rows
+        // outer.
+        F e[NT], o[NT];
+#pragma GCC unroll 8
+        for (int n = 0; n < NT; ++n) {
+          const I d = V::loadi(base + n * 2 * K + 2 * k);
+          e[n] = V::bf16_lo(d);
+          o[n] = V::bf16_hi(d);
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const F xl = V::load(x + m * K + k), xh = V::load(x + m * K + k + W);
+#pragma GCC unroll 8
+          for (int n = 0; n < NT; ++n) {
+            acc[m][n] = V::fma(e[n], xl, acc[m][n]);
+            acc[m][n] = V::fma(o[n], xh, acc[m][n]);
+          }
+        }
+      } else {
+        // Decode tiles: weight rows outer, each weight vector decoded once, activations read from L1.
+#pragma GCC unroll 8
+        for (int n = 0; n < NT; ++n) {
+          const I d = V::loadi(base + n * 2 * K + 2 * k);
+          const F e = V::bf16_lo(d), o = V::bf16_hi(d);
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) {
+            acc[m][n] = V::fma(e, V::load(x + m * K + k), acc[m][n]);
+            acc[m][n] = V::fma(o, V::load(x + m * K + k + W), acc[m][n]);
+          }
+        }
+      }
+    }
+    for (int64_t k = KG; k < K; k += W) {  // natural-order tail (< 2W columns)
+      const int64_t nn = K - k < W ? K - k : W;
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n) {
+        const F f = V::load_part(reinterpret_cast<const uint16_t*>(base + n * 2 * K + 2 * k), nn);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) acc[m][n] = V::fma(f, V::load_part(x + m * K + k, nn), acc[m][n]);
+      }
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = V::hsum(acc[i / NT][i % NT]);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// MXFP4: per step of kMxBlocks 32-element blocks (W·4 elements), t = f0·x0 (+fma f1·x1, f2·x2, f3·x3);
+// acc = fma(t, scales, acc). V16: a last odd block by the 256-bit decode (odd = hsum8(t·scale), y = hsum(acc) + odd).
+// ---------------------------------------------------------------------------------------------------------------
+template <class V>
+struct TMx {
+  static constexpr int kMaxMt = V::kMt;
+  static constexpr int nt(int mt) { return V::nt_mx(mt); }
+  using F = typename V::F;
+
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    constexpr int W = V::W, BS = V::kMxBlocks;
+    const int64_t K = w.cols, nb = K / 32;
+    const typename V::MxC c = V::mx_const();
+    const float* e8 = kE8M0ToF32.data();
+    const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (K / 2);
+    const uint8_t* sc = static_cast<const uint8_t*>(w.scale) + r * nb;
+    // Software prefetch of the next tile's rows (codes and scales), spread over this tile's blocks: an expert row is
+    // only K/2 bytes (8 cache lines at K = 1024), too short for the hardware stream prefetcher to ramp up on, and the
+    // tile reads 2·NT short streams at once (measured 4-5 -> 7.8 GB/s per core on Zen 3 for DRAM-resident 256 x 1024
+    // weights, M = 1).
+    const uintptr_t pq = reinterpret_cast<uintptr_t>(q) + static_cast<uintptr_t>(NT * (K / 2));
+    const uintptr_t ps = reinterpret_cast<uintptr_t>(sc) + static_cast<uintptr_t>(NT * nb);
+    F acc[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = V::zero();
+    int64_t b = 0;
+    for (; b + BS <= nb; b += BS) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NT * 16 * BS; j += 64) prefetch_at(pq + static_cast<uintptr_t>(b * NT * 16 + j));
+#pragma GCC unroll 2
+      for (int j = 0; j < BS; ++j)
+        if ((b + j) * 64 < NT * nb) prefetch_at(ps + static_cast<uintptr_t>((b + j) * 64));
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n) {
+        F f0, f1, f2, f3;
+        V::mx_decode(q + n * (K / 2) + b * 16, c, f0, f1, f2, f3);
+        const F s = V::mx_scale(e8, sc + n * nb + b);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const float* xb = x + m * K + b * 32;
+          F t = V::mul(f0, V::load(xb));
+          t = V::fma(f1, V::load(xb + W), t);
+          t = V::fma(f2, V::load(xb + 2 * W), t);
+          t = V::fma(f3, V::load(xb + 3 * W), t);
+          acc[m][n] = V::fma(t, s, acc[m][n]);
+        }
+      }
+    }
+    float odd[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) odd[i / NT][i % NT] = 0.0f;
+    if constexpr (BS > 1) {
+      if (b < nb) {  // last odd block: 256-bit decode and layout
+        const Mx2Const c2 = mx2_const();
+#pragma GCC unroll 8
+        for (int n = 0; n < NT; ++n) {
+          __m256 f0, f1, f2, f3;
+          mx2_decode(q + n * (K / 2) + b * 16, c2, f0, f1, f2, f3);
+          const __m256 s = _mm256_set1_ps(e8[sc[n * nb + b]]);
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) {
+            const float* xb = x + m * K + b * 32;
+            __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xb));
+            t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xb + 8), t);
+            t = _mm256_fmadd_ps(f2, _mm256_loadu_ps(xb + 16), t);
+            t = _mm256_fmadd_ps(f3, _mm256_loadu_ps(xb + 24), t);
+            odd[m][n] = hsum8(_mm256_mul_ps(t, s));
+          }
+        }
+      }
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i)
+      y[(i / NT) * ldy + (i % NT)] = V::hsum(acc[i / NT][i % NT]) + odd[i / NT][i % NT];
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// F32 / F16 / FP8 (block, tensor, channel): natural order. Per scale block j: a = Σ fma over 2W-column steps (low W
+// then high W), then masked W-column steps; tot = fma(a, scale_j·mult, tot); y = hsum(tot). A row holding a NaN fp8
+// code takes the exact scalar kernel (per row, so the choice does not depend on the tile).
+// ---------------------------------------------------------------------------------------------------------------
+template <class V, int kFmt>
+struct TNat {
+  static constexpr int kMaxMt = V::kMt;
+  static constexpr int nt(int mt) { return V::nt_nat(mt); }
+  static constexpr int kBytes = kFmt == kNatF32 ? 4 : kFmt == kNatF16 ? 2 : 1;
+  using F = typename V::F;
+
+  template <int MT, int NT>
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+    constexpr int W = V::W;
+    const int64_t K = w.cols;
+    const bool fnuz = w.fnuz;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * K * kBytes;
+    RowScales rs[NT];
+#pragma GCC unroll 8
+    for (int n = 0; n < NT; ++n) rs[n] = row_scales(w, r + n);
+    const int64_t bc = rs[0].bc;
+    F tot[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) tot[i / NT][i % NT] = V::zero();
+    typename V::Nan nan = V::nan_none();
+    for (int64_t c0 = 0, j = 0; c0 < K; c0 += bc, ++j) {
+      const int64_t c1 = c0 + bc < K ? c0 + bc : K;
+      F a[MT][NT];
+#pragma GCC unroll 32
+      for (int i = 0; i < MT * NT; ++i) a[i / NT][i % NT] = V::zero();
+      int64_t c = c0;
+      for (; c + 2 * W <= c1; c += 2 * W) {
+#pragma GCC unroll 8
+        for (int n = 0; n < NT; ++n) {
+          F lo, hi;
+          V::template nat_load2<kFmt>(base + (n * K + c) * kBytes, fnuz, lo, hi, nan);
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) {
+            a[m][n] = V::fma(lo, V::load(x + m * K + c), a[m][n]);
+            a[m][n] = V::fma(hi, V::load(x + m * K + c + W), a[m][n]);
+          }
+        }
+      }
+      for (; c < c1; c += W) {
+        const int64_t nn = c1 - c < W ? c1 - c : W;
+#pragma GCC unroll 8
+        for (int n = 0; n < NT; ++n) {
+          const F f = V::template nat_load_part<kFmt>(base + (n * K + c) * kBytes, nn, fnuz, nan);
+#pragma GCC unroll 8
+          for (int m = 0; m < MT; ++m) a[m][n] = V::fma(f, V::load_part(x + m * K + c, nn), a[m][n]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n) {
+        const F sv = V::set1(rs[n].at(j) * rs[n].mult);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) tot[m][n] = V::fma(a[m][n], sv, tot[m][n]);
+      }
+    }
+    if (V::nan_any(nan)) {  // a NaN code in one of the rows: redo row by row
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n) {
+        if constexpr (NT > 1)
+          tile<MT, 1>(w, x, r + n, y + n, ldy);
+        else
+          kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y, ldy);
+      }
+      return;
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = V::hsum(tot[i / NT][i % NT]);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// The driver
+// ---------------------------------------------------------------------------------------------------------------
+// Rows [rs, re) for MT activation rows: full NT tiles, then 1-row tiles.
+template <class T, int MT>
+LT void mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re, float* y, int64_t ldy) {
+  constexpr int NT = T::nt(MT);
+  int64_t r = rs;
+  for (; r + NT <= re; r += NT) T::template tile<MT, NT>(w, x, r, y + (r - rs), ldy);
+  for (; r < re; ++r) T::template tile<MT, 1>(w, x, r, y + (r - rs), ldy);
+}
+
+// Weight rows per panel when M needs several activation tiles: ~48 KiB, so the panel stays in L1/L2 while every tile
+// of a chunk streams it (a multiple of 24, so that panels split into whole NT tiles for every NT used).
+inline int64_t tile_rows(const QuantWeight& w) {
+  const int64_t rb = w.row_bytes() > 0 ? (48 * 1024) / w.row_bytes() : 1;
+  return rb < 24 ? 24 : rb / 24 * 24;
+}
+
+// Activation rows [m0, m1) in tiles of MT rows, then one smaller tile.
+template <class T, int MT>
+LT void mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
+                 int64_t ldy) {
+  const int64_t K = w.cols;
+  for (; m0 + MT <= m1; m0 += MT) mm_rows<T, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
+  const float* x = xp + m0 * K;
+  float* ym = y + m0 * ldy;
+  switch (m1 - m0) {  // fewer than MT rows left
+    case 1: mm_rows<T, 1>(w, x, rs, re, ym, ldy); break;
+    case 2: if constexpr (MT > 2) mm_rows<T, 2>(w, x, rs, re, ym, ldy); break;
+    case 3: if constexpr (MT > 3) mm_rows<T, 3>(w, x, rs, re, ym, ldy); break;
+    case 4: if constexpr (MT > 4) mm_rows<T, 4>(w, x, rs, re, ym, ldy); break;
+    default: break;
+  }
+}
+
+// M <= kMaxMt: one pass over the rows. Larger M: chunks of V::kChunkM activation rows (kept in L2) against panels of
+// weight rows (kept in L1/L2 while every tile of the chunk streams them); a weight row is read from memory once
+// per chunk.
+template <class V, class T>
+LT void mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  constexpr int kMt = T::kMaxMt;
+  constexpr int64_t kChunkM = V::kChunkM;
+  const int64_t panel = M <= kMt ? r1 - r0 : tile_rows(w);
+  for (int64_t c0 = 0; c0 < M; c0 += kChunkM) {
+    const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
+    for (int64_t rs = r0; rs < r1; rs += panel) {
+      const int64_t re = rs + panel < r1 ? rs + panel : r1;
+      mm_tiles<T, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy);
+    }
+  }
+}
+
+template <class V>
+LT void vec_matmul_rows(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y,
+                        int64_t ldy) {
+  if (M <= 0 || r1 <= r0) return;
+  switch (w.format) {
+    case WeightFormat::BF16: return mm_fmt<V, TBf16<V>>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::MXFP4: return mm_fmt<V, TMx<V>>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::F32: return mm_fmt<V, TNat<V, kNatF32>>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::F16: return mm_fmt<V, TNat<V, kNatF16>>(w, xp, M, r0, r1, y, ldy);
+    case WeightFormat::FP8_E4M3_BLOCK:
+    case WeightFormat::FP8_E4M3_TENSOR:
+    case WeightFormat::FP8_E4M3_CHANNEL: return mm_fmt<V, TNat<V, kNatFp8>>(w, xp, M, r0, r1, y, ldy);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Prepared-x permutations
+// ---------------------------------------------------------------------------------------------------------------
+inline void perm_mx_32(const float* x, float* xp) {
+  for (int v = 0; v < 4; ++v)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 4; ++i) xp[8 * v + 4 * h + i] = x[4 * i + h + kMxOff[v]];
+}
+inline void perm_mx_64(const float* x, float* xp) {
+  for (int v = 0; v < 4; ++v)
+    for (int q = 0; q < 4; ++q)
+      for (int i = 0; i < 4; ++i) xp[16 * v + 4 * q + i] = x[32 * (q & 1) + 4 * i + (q >> 1) + kMxOff[v]];
+}
+
+[[maybe_unused]] bool vec_permutes(WeightFormat f) { return f == WeightFormat::BF16 || f == WeightFormat::MXFP4; }
+
+template <class V>
+void vec_prep_x(WeightFormat f, const float* x, int64_t M, int64_t K, float* xp) {
+  constexpr int W = V::W;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * K;
+    float* o = xp + m * K;
+    int64_t k = 0;
+    if (f == WeightFormat::BF16) {
+      for (; k + 2 * W <= K; k += 2 * W)
+        for (int j = 0; j < W; ++j) {
+          o[k + j] = xm[k + 2 * j];
+          o[k + W + j] = xm[k + 2 * j + 1];
+        }
+    } else if (f == WeightFormat::MXFP4) {
+      if constexpr (W == 16)
+        for (; k + 64 <= K; k += 64) perm_mx_64(xm + k, o + k);
+      for (; k + 32 <= K; k += 32) perm_mx_32(xm + k, o + k);
+    }
+    for (; k < K; ++k) o[k] = xm[k];
+  }
+}
+
+}  // namespace
+}  // namespace latent::cpu

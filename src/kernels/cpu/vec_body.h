@@ -1,0 +1,209 @@
+// Internal include fragment: SIMD kernels written once for any vector width, as templates over a vector traits
+// type V (V8: 256-bit, defined in avx2_body.h; V16: 512-bit, defined in kernels_avx512.cpp). Included at the end
+// of avx2_body.h, so each ISA translation unit instantiates them with its own target attribute (LT / LTI of the
+// includer). A traits type provides:
+//   F, W                      the vector type and its number of fp32 lanes;
+//   zero, set1, bcast(p)      constants / broadcast of *p;
+//   load(p), load_part(p, n)  W values (or the first n < W, the rest zero) from fp32 or bf16 (uint16_t) memory;
+//   store, store_part         W values (or the first n) to fp32 memory;
+//   fma(a, b, c) = a·b + c (one rounding), mul, add, max;
+//   reduce(v)                 r[k] = the horizontal sum of v[k] for k < W, by a fixed tree (the same order of
+//                             additions for every k, so a sum does not depend on which vector slot it used).
+//
+// Batch invariance: like the matmul tiles (avx2_body.h), every output is one fixed chain of operations whatever
+// the tile shape or the position of its row or key in a tile: dot_rows reduces one accumulator per (row, key)
+// pair over x in W-lane steps (a masked step for the tail of each part) then by reduce(); axpy_rows runs one
+// chain per (row, column) over the b rows in order.
+#pragma once
+
+#include <cstdint>
+
+namespace latent::cpu {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// dot_rows: s[i·lds + j] = Σ_{x<n1} a[i·lda + x]·b1[j][x] + Σ_{x<n2} a[i·lda + n1 + x]·b2[j][x]
+// (a: fp32 rows; b: rows of fp32 or bf16 given by pointers, each key in two parts, e.g. latent c then k_pe).
+// Register tile: RA rows of a held in registers per x step, RB keys streamed; RA·RB accumulators.
+// ---------------------------------------------------------------------------------------------------------------
+template <class V, class B, int RA, int RB>
+LTI void vec_dot_part(const float* a, int64_t lda, const B* const* b, int64_t n, typename V::F (&acc)[RA][RB]) {
+  using F = typename V::F;
+  constexpr int W = V::W;
+  int64_t x = 0;
+  for (; x + W <= n; x += W) {
+    F av[RA];
+#pragma GCC unroll 8
+    for (int i = 0; i < RA; ++i) av[i] = V::load(a + i * lda + x);
+#pragma GCC unroll 8
+    for (int j = 0; j < RB; ++j) {
+      const F bv = V::load(b[j] + x);
+#pragma GCC unroll 8
+      for (int i = 0; i < RA; ++i) acc[i][j] = V::fma(av[i], bv, acc[i][j]);
+    }
+  }
+  if (x < n) {
+    const int64_t r = n - x;
+    F av[RA];
+#pragma GCC unroll 8
+    for (int i = 0; i < RA; ++i) av[i] = V::load_part(a + i * lda + x, r);
+#pragma GCC unroll 8
+    for (int j = 0; j < RB; ++j) {
+      const F bv = V::load_part(b[j] + x, r);
+#pragma GCC unroll 8
+      for (int i = 0; i < RA; ++i) acc[i][j] = V::fma(av[i], bv, acc[i][j]);
+    }
+  }
+}
+
+template <class V, class B, int RA, int RB>
+LT void vec_dot_tile(const float* a, int64_t lda, const B* const* b1, const B* const* b2, int64_t n1, int64_t n2,
+                     float* s, int64_t lds) {
+  using F = typename V::F;
+  constexpr int W = V::W;
+  F acc[RA][RB];
+#pragma GCC unroll 32
+  for (int k = 0; k < RA * RB; ++k) acc[k / RB][k % RB] = V::zero();
+  vec_dot_part<V, B, RA, RB>(a, lda, b1, n1, acc);
+  if (n2 > 0) vec_dot_part<V, B, RA, RB>(a + n1, lda, b2, n2, acc);
+  // Horizontal sums, W accumulators at a time (unused slots zero).
+  constexpr int kN = RA * RB, kGroups = (kN + W - 1) / W;
+#pragma GCC unroll 4
+  for (int g = 0; g < kGroups; ++g) {
+    F v[W];
+#pragma GCC unroll 16
+    for (int k = 0; k < W; ++k) v[k] = g * W + k < kN ? acc[(g * W + k) / RB][(g * W + k) % RB] : V::zero();
+    alignas(64) float r[W];
+    V::store(r, V::reduce(v));
+#pragma GCC unroll 16
+    for (int k = 0; k < W; ++k)
+      if (g * W + k < kN) s[((g * W + k) / RB) * lds + (g * W + k) % RB] = r[k];
+  }
+}
+
+// Rows [i, i + RA) against every key (groups of RB keys, then smaller): the RA query rows stay in L1 while the keys
+// stream from L2.
+template <class V, class B, int RA, int RB>
+LTI void vec_dot_row_tile(const float* a, int64_t lda, const B* const* b1, const B* const* b2, int64_t n1,
+                          int64_t n2, int64_t nb, float* s, int64_t lds) {
+  int64_t j = 0;
+  for (; j + RB <= nb; j += RB) vec_dot_tile<V, B, RA, RB>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+  switch (nb - j) {
+    case 1: vec_dot_tile<V, B, RA, 1>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
+    case 2: if constexpr (RB > 2) vec_dot_tile<V, B, RA, 2>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
+    case 3: if constexpr (RB > 3) vec_dot_tile<V, B, RA, 3>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
+    case 4: if constexpr (RB > 4) vec_dot_tile<V, B, RA, 4>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
+    case 5: if constexpr (RB > 5) vec_dot_tile<V, B, RA, 5>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
+    default: break;
+  }
+}
+
+template <class V, class B, int RA, int RB>
+LTI void vec_dot_rows_from(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2,
+                           int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds) {
+  int64_t i = 0;
+  for (; i + RA <= na; i += RA) vec_dot_row_tile<V, B, RA, RB>(a + i * lda, lda, b1, b2, n1, n2, nb, s + i * lds, lds);
+  if constexpr (RA > 1) {
+    if (na - i > 0)  // fewer than RA rows left: the largest smaller tile, recursively
+      vec_dot_rows_from<V, B, RA - 1, RB>(a + i * lda, lda, na - i, b1, b2, n1, n2, nb, s + i * lds, lds);
+  }
+}
+
+template <class V, class B, int RA, int RB>
+LT void vec_dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
+                     int64_t n2, int64_t nb, float* s, int64_t lds) {
+  vec_dot_rows_from<V, B, RA, RB>(a, lda, na, b1, b2, n1, n2, nb, s, lds);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// axpy_rows: c[i·ldc + x] = (accumulate ? c[i·ldc + x] : 0) + Σ_{j<nb} a[i·lda + j]·b[j][x], x < n, i < na
+// (the chain over j in order, one fma per term; b rows fp32 or bf16 given by pointers).
+// Register tile: RA rows × CV vectors of columns; per b row the RA coefficients are broadcast once.
+// ---------------------------------------------------------------------------------------------------------------
+template <class V, class B, int RA, int CV, bool kPart>
+LT void vec_axpy_tile(const float* a, int64_t lda, const B* const* b, int64_t nb, int64_t x0, int64_t last,
+                      float* c, int64_t ldc, bool accumulate) {
+  // Columns x0 .. x0 + (CV−1)·W + (kPart ? last : W).
+  using F = typename V::F;
+  constexpr int W = V::W;
+  F acc[RA][CV];
+#pragma GCC unroll 32
+  for (int k = 0; k < RA * CV; ++k) {
+    const int i = k / CV, v = k % CV;
+    float* p = c + i * ldc + x0 + v * W;
+    if (!accumulate)
+      acc[i][v] = V::zero();
+    else if (kPart && v == CV - 1)
+      acc[i][v] = V::load_part(p, last);
+    else
+      acc[i][v] = V::load(p);
+  }
+  for (int64_t j = 0; j < nb; ++j) {
+    F p[RA];
+#pragma GCC unroll 8
+    for (int i = 0; i < RA; ++i) p[i] = V::bcast(a + i * lda + j);
+    const B* bj = b[j] + x0;
+#pragma GCC unroll 8
+    for (int v = 0; v < CV; ++v) {
+      const F bv = kPart && v == CV - 1 ? V::load_part(bj + v * W, last) : V::load(bj + v * W);
+#pragma GCC unroll 8
+      for (int i = 0; i < RA; ++i) acc[i][v] = V::fma(p[i], bv, acc[i][v]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int k = 0; k < RA * CV; ++k) {
+    const int i = k / CV, v = k % CV;
+    float* q = c + i * ldc + x0 + v * W;
+    if (kPart && v == CV - 1)
+      V::store_part(q, acc[i][v], last);
+    else
+      V::store(q, acc[i][v]);
+  }
+}
+
+// All rows of a in tiles of RA (then smaller), for the column block [x0, x0 + CV·W) (full) or the tail block.
+template <class V, class B, int RA, int CV, bool kPart>
+LTI void vec_axpy_block(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t x0,
+                        int64_t last, float* c, int64_t ldc, bool accumulate) {
+  int64_t i = 0;
+  for (; i + RA <= na; i += RA)
+    vec_axpy_tile<V, B, RA, CV, kPart>(a + i * lda, lda, b, nb, x0, last, c + i * ldc, ldc, accumulate);
+  if constexpr (RA > 1) {
+    if (na - i > 0)
+      vec_axpy_block<V, B, RA - 1, CV, kPart>(a + i * lda, lda, na - i, b, nb, x0, last, c + i * ldc, ldc,
+                                              accumulate);
+  }
+}
+
+// The column tail after the full CV-vector blocks: CVt full vectors then (maybe) one partial one.
+template <class V, class B, int RA, int CVt>
+LTI void vec_axpy_tail(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t x0,
+                       int64_t rem, float* c, int64_t ldc, bool accumulate) {
+  constexpr int W = V::W;
+  if constexpr (CVt > 0) {
+    if (rem >= CVt * W) {
+      if (rem == CVt * W) {
+        vec_axpy_block<V, B, RA, CVt, false>(a, lda, na, b, nb, x0, W, c, ldc, accumulate);
+      } else {
+        vec_axpy_block<V, B, RA, CVt + 1, true>(a, lda, na, b, nb, x0, rem - CVt * W, c, ldc, accumulate);
+      }
+      return;
+    }
+    vec_axpy_tail<V, B, RA, CVt - 1>(a, lda, na, b, nb, x0, rem, c, ldc, accumulate);
+  } else {
+    if (rem > 0) vec_axpy_block<V, B, RA, 1, true>(a, lda, na, b, nb, x0, rem, c, ldc, accumulate);
+  }
+}
+
+template <class V, class B, int RA, int CV>
+LT void vec_axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t n, float* c,
+                      int64_t ldc, bool accumulate) {
+  constexpr int W = V::W;
+  int64_t x = 0;
+  for (; x + CV * W <= n; x += CV * W)
+    vec_axpy_block<V, B, RA, CV, false>(a, lda, na, b, nb, x, W, c, ldc, accumulate);
+  if (x < n) vec_axpy_tail<V, B, RA, CV - 1>(a, lda, na, b, nb, x, n - x, c, ldc, accumulate);
+}
+
+}  // namespace
+}  // namespace latent::cpu

@@ -1,0 +1,209 @@
+// Multi-token prediction (MTP) drafting over the MTP layer a GLM-5 / DeepSeek-V3 checkpoint stores after its L
+// decoder layers. The math is tools/mtp_reference.py's: slot q of the layer pairs the head-input hidden state of
+// position q-1 (the final RMSNorm's output of the last Model::step, kept in backend memory) with the embedding of
+// the token at q; x = eh_proj(concat(enorm(embed), hnorm(hidden))) goes through the layer's decoder block (MLA,
+// DSA indexer, MoE: Model::decoder_layer with l = L, over the layer's own pools in the paged cache), then
+// shared_head.norm and the head; the draft is the head's argmax (Backend::sample_rows, greedy: only ids leave the
+// backend). Draft j + 1 applies the layer to its own normed output at draft j's slot.
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "model/model_internal.h"
+
+namespace latent {
+
+void Model::ensure_mtp_buffers(int64_t rows, int64_t seqs) {
+  const int64_t D = cfg_.hidden_size;
+  const size_t esz = Tensor::size_of(act_);
+  if (rows > kept_cap_) {
+    drop_graphs();  // decode graphs record the copy into kept_
+    if (kept_) be_.dealloc(kept_);
+    kept_ = nullptr;
+    const int64_t cap = std::max(rows, kept_cap_ * 2);
+    kept_ = be_.alloc(esz * static_cast<size_t>((cap + 1) * D), "the MTP hidden rows");
+    kept_cap_ = cap;
+    kept_rows_ = 0;
+    be_.fill(Tensor(static_cast<char*>(kept_) + esz * static_cast<size_t>(cap * D), act_, 1, D), 0.0f);  // zero row
+  }
+  if (seqs > mtp_prev_cap_) {
+    for (void* p : {mtp_prev_, static_cast<void*>(mtp_ids_dev_), static_cast<void*>(mtp_params_dev_)})
+      if (p) be_.dealloc(p);
+    mtp_prev_ = nullptr;
+    mtp_ids_dev_ = nullptr;
+    mtp_params_dev_ = nullptr;
+    const int64_t cap = std::max(seqs, mtp_prev_cap_ * 2);
+    mtp_prev_ = be_.alloc(esz * static_cast<size_t>(cap * D), "the MTP draft rows");
+    mtp_ids_dev_ = static_cast<int32_t*>(be_.alloc(sizeof(int32_t) * static_cast<size_t>(cap), "MTP draft ids"));
+    mtp_params_dev_ = static_cast<SampleRowParams*>(
+        be_.alloc(sizeof(SampleRowParams) * static_cast<size_t>(cap), "MTP draft sampling rows"));
+    std::vector<SampleRowParams> greedy(static_cast<size_t>(cap));
+    for (auto& r : greedy) r.temperature = 0.0f;
+    be_.upload(mtp_params_dev_, greedy.data(), sizeof(SampleRowParams) * greedy.size());
+    mtp_prev_cap_ = cap;
+  }
+}
+
+void Model::mtp_pass(std::span<const MtpSequence> /*seqs*/, const void* hidden_src, std::span<const int32_t> hrows,
+                     std::span<const int32_t> tokens, std::span<const StepSequence> sseqs, PagedKvCache& cache,
+                     int32_t* ids, float* logits, const std::vector<bool>* banned) {
+  const int64_t L = cfg_.num_hidden_layers, D = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int64_t N = static_cast<int64_t>(tokens.size());
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const MtpWeights& mt = w_.mtp.front();
+  const MtpParams& mp = mtp_p_.front();
+  const Step st{tokens, sseqs};
+  const StepShape sh = validate_step(st, cache, L + 1);
+  ensure_mtp_buffers(0, sh.rows);
+  Buffers b{};
+  const Meta m = stage_step(st, cache, sh, b);
+  // The concat as a row gather over [enorm rows; hnorm rows]: output row 2i = row i, row 2i+1 = row N + i (the
+  // [2N, D] result read as [N, 2D]).
+  mtp_host_i32_.resize(static_cast<size_t>(2 * N));
+  for (int64_t i = 0; i < N; ++i) {
+    mtp_host_i32_[static_cast<size_t>(2 * i)] = static_cast<int32_t>(i);
+    mtp_host_i32_[static_cast<size_t>(2 * i + 1)] = static_cast<int32_t>(N + i);
+  }
+  be_.upload(b.mtp_idx, mtp_host_i32_.data(), sizeof(int32_t) * static_cast<size_t>(2 * N));
+  be_.upload(b.mtp_hrows, hrows.data(), sizeof(int32_t) * static_cast<size_t>(N));
+  const Tensor in = b.mtp_in.with_rows(2 * N), e = in.row_slice(0, N), hh = in.row_slice(N, N);
+  const Tensor src(const_cast<void*>(hidden_src), act_, std::max(kept_cap_, mtp_prev_cap_) + 1, D);
+  be_.embedding(mt.embed, b.tokens, e);
+  be_.gather_rows(src, b.mtp_hrows, hh);
+  be_.rms_norm(e, mp.enorm, eps, e);
+  be_.rms_norm(hh, mp.hnorm, eps, hh);
+  const Tensor cat(b.mtp_cat.data, act_, 2 * N, D);
+  be_.gather_rows(in, b.mtp_idx, cat);
+  be_.matmul(mt.eh_proj, Tensor(b.mtp_cat.data, act_, N, 2 * D), b.h.with_rows(N));
+  // The recorded / forced decisions of the diagnostics cover the L main layers only.
+  ForwardDecisions* rec = opt_.record_decisions;
+  const ForwardDecisions* force = opt_.force_decisions;
+  opt_.record_decisions = nullptr;
+  opt_.force_decisions = nullptr;
+  struct Restore {
+    ModelOptions& o;
+    ForwardDecisions* r;
+    const ForwardDecisions* f;
+    ~Restore() {
+      o.record_decisions = r;
+      o.force_decisions = f;
+    }
+  } restore{opt_, rec, force};
+  bool sparse = false;
+  decoder_layer(L, m, cache, b, sparse, false, mp.head_norm);  // x = shared_head.norm(h) at the end
+  if (m.rows > 0) {
+    const Tensor hx = b.hx.with_rows(m.rows);
+    be_.gather_rows(b.x.with_rows(N), b.lrows, hx);
+    be_.matmul(mt.head, hx, Tensor(b.lg, DType::F32, m.rows, V));
+    be_.copy(mtp_prev_, hx.data, static_cast<size_t>(m.rows * D) * hx.elem_size());
+    if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(m.rows * V));
+    (void)banned;  // a draft of a banned id is rejected by the target like any other wrong draft
+    be_.sample_rows(b.lg, m.rows, V, mtp_params_dev_, nullptr, nullptr, nullptr, mtp_ids_dev_);
+    be_.download(ids, mtp_ids_dev_, sizeof(int32_t) * static_cast<size_t>(m.rows));
+  }
+  be_.sync();
+}
+
+void Model::mtp_draft(std::span<const MtpSequence> seqs, PagedKvCache& cache, int32_t* drafts,
+                      const std::vector<bool>* banned, float* logits) {
+  if (w_.mtp.empty()) fail("model: no MTP layer is loaded (speculative decoding is off)");
+  const int64_t L = cfg_.num_hidden_layers, V = cfg_.vocab_size, bt = cache.block_tokens();
+  if (cache.num_layers() < L + 1) fail("model: the KV cache has no pools for the MTP layer");
+  // Validate every sequence (the passes validate their steps too, but the recursion must not start half-way).
+  int64_t max_draft = 0;
+  for (const MtpSequence& q : seqs) {
+    if (q.n_slots < 1 || static_cast<int64_t>(q.tokens.size()) != q.n_slots || q.start < 0 || q.n_draft < 0)
+      fail("mtp draft: a sequence needs n_slots >= 1 tokens (got {} slots, {} tokens, start {}, {} drafts)",
+           q.n_slots, q.tokens.size(), q.start, q.n_draft);
+    const int64_t first = q.zero_first ? 1 : 0;
+    if (q.n_slots > first && (q.hidden_row + first < 0 || q.hidden_row + q.n_slots - 1 >= kept_rows_))
+      fail("mtp draft: hidden rows [{}, {}) outside the last step's {} rows", q.hidden_row + first,
+           q.hidden_row + q.n_slots, kept_rows_);
+    const int64_t slots = q.start + q.n_slots + std::max<int32_t>(q.n_draft - 1, 0);
+    if (static_cast<int64_t>(q.blocks.size()) * bt < slots)
+      fail("mtp draft: a block table of {} blocks cannot hold {} slots", q.blocks.size(), slots);
+    if (cfg_.max_position_embeddings > 0 && slots > cfg_.max_position_embeddings)
+      fail("mtp draft: slot {} exceeds max_position_embeddings {}", slots - 1, cfg_.max_position_embeddings);
+    for (int32_t t : q.tokens)
+      if (t < 0 || t >= V) fail("token id {} is out of range [0, {})", t, V);
+    max_draft = std::max<int64_t>(max_draft, q.n_draft);
+  }
+  if (seqs.empty()) return;
+  std::vector<int64_t> out_at(seqs.size());  // where each sequence's drafts go
+  {
+    int64_t at = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      out_at[i] = at;
+      at += seqs[i].n_draft;
+    }
+  }
+  // Pass 1: the slots from the last step's rows; the first draft of every sequence that wants one.
+  std::vector<int32_t> toks, hrows, ids(seqs.size());
+  std::vector<StepSequence> ss;
+  std::vector<size_t> row_seq;  // logits row -> sequence
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const MtpSequence& q = seqs[i];
+    toks.insert(toks.end(), q.tokens.begin(), q.tokens.end());
+    for (int64_t j = 0; j < q.n_slots; ++j)
+      hrows.push_back(q.zero_first && j == 0 ? static_cast<int32_t>(kept_cap_) : static_cast<int32_t>(q.hidden_row + j));
+    StepSequence s;
+    s.start = q.start;
+    s.n_tokens = q.n_slots;
+    s.blocks = q.blocks;
+    s.logits = q.n_draft > 0 ? LogitRows::Last : LogitRows::None;
+    s.decode = q.decode;
+    ss.push_back(s);
+    if (q.n_draft > 0) row_seq.push_back(i);
+  }
+  std::vector<float> lg;
+  float* lrow = nullptr;
+  if (logits) {
+    lg.resize(row_seq.size() * static_cast<size_t>(V));
+    lrow = lg.data();
+  }
+  mtp_pass(seqs, kept_, hrows, toks, ss, cache, ids.data(), lrow, banned);
+  std::vector<int32_t> last(seqs.size(), -1);
+  auto put = [&](size_t r, int64_t j) {
+    const size_t i = row_seq[r];
+    drafts[out_at[i] + j] = ids[r];
+    last[i] = ids[r];
+    if (logits) std::memcpy(logits + (out_at[i] + j) * V, lg.data() + r * V, sizeof(float) * static_cast<size_t>(V));
+  };
+  for (size_t r = 0; r < row_seq.size(); ++r) put(r, 0);
+  // Passes 2 ..: one token per sequence still drafting, its hidden state the previous pass's normed row.
+  std::vector<size_t> prev_rows = row_seq;  // prev pass row r -> sequence
+  for (int64_t j = 1; j < max_draft; ++j) {
+    toks.clear();
+    hrows.clear();
+    ss.clear();
+    std::vector<size_t> next;
+    for (size_t r = 0; r < prev_rows.size(); ++r) {
+      const size_t i = prev_rows[r];
+      const MtpSequence& q = seqs[i];
+      if (q.n_draft <= j) continue;
+      toks.push_back(last[i]);
+      hrows.push_back(static_cast<int32_t>(r));
+      StepSequence s;
+      s.start = q.start + q.n_slots + j - 1;
+      s.n_tokens = 1;
+      s.blocks = q.blocks;
+      s.logits = LogitRows::Last;
+      s.decode = true;
+      ss.push_back(s);
+      next.push_back(i);
+    }
+    if (next.empty()) break;
+    row_seq = next;
+    if (logits) {
+      lg.resize(row_seq.size() * static_cast<size_t>(V));
+      lrow = lg.data();
+    }
+    ids.resize(row_seq.size());
+    mtp_pass(seqs, mtp_prev_, hrows, toks, ss, cache, ids.data(), lrow, banned);
+    for (size_t r = 0; r < row_seq.size(); ++r) put(r, j);
+    prev_rows = next;
+  }
+}
+
+}  // namespace latent
