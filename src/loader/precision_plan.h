@@ -65,6 +65,8 @@ class PrecisionPlan {
   // Any non-Linear tensor (norm weights, biases, embeddings); throws Error when absent.
   TensorView tensor(const std::string& tensor_name) const;
   bool has(const std::string& tensor_name) const { return find(tensor_name) != nullptr; }
+  // The checkpoint's directory (for error messages).
+  const std::string& dir() const { return ckpt_->dir(); }
 
   const std::vector<std::string>& warnings() const { return warnings_; }
   std::string activation_scheme() const { return activation_scheme_; }

@@ -52,11 +52,20 @@ std::vector<float> to_f32_vector(const TensorView& t, const std::string& name) {
 
 namespace {
 
+// Resolves one tensor at a time. With `missing` set it only records the tensors the plan lacks (and resolves
+// nothing), so the same walk over the config (walk_weights) both lists what is missing and resolves.
 struct Resolver {
   const ModelConfig& cfg;
   const PrecisionPlan& plan;
+  std::vector<std::string>* missing = nullptr;
 
+  bool note_absent(const std::string& name) const {
+    if (!missing) return false;
+    if (!plan.has(name)) missing->push_back(name);
+    return true;
+  }
   QuantWeight linear(const std::string& module, int64_t rows, int64_t cols) const {
+    if (note_absent(module + ".weight")) return {};
     const QuantWeight& w = plan.linear(module);
     if (w.rows != rows || w.cols != cols)
       fail("tensor '{}.weight': shape [{}, {}], expected [{}, {}] from config.json", module, w.rows, w.cols, rows,
@@ -64,10 +73,18 @@ struct Resolver {
     return w;
   }
   std::vector<float> vec(const std::string& name, int64_t n) const {
+    if (note_absent(name)) return {};
     std::vector<float> v = to_f32_vector(plan.tensor(name), name);
     if (static_cast<int64_t>(v.size()) != n)
       fail("tensor '{}': shape [{}], expected [{}] from config.json", name, v.size(), n);
     return v;
+  }
+  QuantWeight table(const std::string& name, int64_t rows, int64_t cols) const {  // an embedding table [V, D]
+    if (note_absent(name)) return {};
+    QuantWeight w = plain_weight(plan.tensor(name), name);
+    if (w.rows != rows || w.cols != cols)
+      fail("tensor '{}': shape [{}, {}], expected [{}, {}]", name, w.rows, w.cols, rows, cols);
+    return w;
   }
   MlpWeights mlp(const std::string& p, int64_t inter) const {
     const int64_t D = cfg.hidden_size;
@@ -88,37 +105,24 @@ bool layer_has_own_indexer(const ModelConfig& cfg, int64_t l) {
   return true;
 }
 
-ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers) {
-  Resolver r{cfg, plan};
+namespace {
+
+// Every tensor the forward pass of `cfg` needs, in order: the embedding, final norm and lm_head, then per decoder
+// layer (and per MTP layer, l >= num_hidden_layers) its norms, attention, indexer and MLP / experts.
+ModelWeights walk_weights(const Resolver& r, int64_t mtp_layers) {
+  const ModelConfig& cfg = r.cfg;
+  const PrecisionPlan& plan = r.plan;
   const int64_t D = cfg.hidden_size, H = cfg.num_attention_heads, dq = cfg.q_lora_rank, dc = cfg.kv_lora_rank;
   const int64_t dn = cfg.qk_nope_head_dim, dr = cfg.qk_rope_head_dim, dv = cfg.v_head_dim, V = cfg.vocab_size;
-  if (dq <= 0) fail("config: q_lora_rank must be > 0 for {} (got {})", cfg.model_type, dq);
-  if (dr % 2 != 0) fail("config: qk_rope_head_dim must be even (got {})", dr);
   ModelWeights mw;
-  mw.embed = plain_weight(plan.tensor("model.embed_tokens.weight"), "model.embed_tokens.weight");
-  if (mw.embed.rows != V || mw.embed.cols != D)
-    fail("tensor 'model.embed_tokens.weight': shape [{}, {}], expected [{}, {}]", mw.embed.rows, mw.embed.cols, V, D);
+  mw.embed = r.table("model.embed_tokens.weight", V, D);
   mw.final_norm = r.vec("model.norm.weight", D);
-  if (plan.has("lm_head.weight")) {
+  if (plan.has("lm_head.weight") || !cfg.tie_word_embeddings)
     mw.lm_head = r.linear("lm_head", V, D);
-  } else if (cfg.tie_word_embeddings) {
+  else
     mw.lm_head = mw.embed;
-  } else {
-    fail("tensor 'lm_head.weight' not found (tie_word_embeddings is false)");
-  }
-  if (cfg.has_indexer() && dr > cfg.index_head_dim)
-    fail("config: qk_rope_head_dim {} exceeds index_head_dim {}", dr, cfg.index_head_dim);
 
   const int64_t L = cfg.num_hidden_layers;
-  if (mtp_layers > 0) {
-    if (cfg.num_nextn_predict_layers < mtp_layers)
-      fail("speculative decoding (method mtp): the checkpoint has no MTP layer (config.json num_nextn_predict_layers "
-           "{}, {} needed)", cfg.num_nextn_predict_layers, mtp_layers);
-    const std::string probe = fmt::format("model.layers.{}.eh_proj.weight", L);
-    if (!plan.has(probe))
-      fail("speculative decoding (method mtp): the checkpoint has no MTP layer (tensor '{}' not found; config.json "
-           "num_nextn_predict_layers {})", probe, cfg.num_nextn_predict_layers);
-  }
   for (int64_t l = 0; l < L + mtp_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     const std::string a = p + "self_attn.";
@@ -156,7 +160,7 @@ ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan, 
     } else {
       const int64_t E = cfg.n_routed_experts, Im = cfg.moe_intermediate_size;
       lw.moe.router = r.linear(m + "gate", E, D);
-      if (plan.has(m + "gate.e_score_correction_bias"))
+      if (plan.has(m + "gate.e_score_correction_bias"))  // optional: no bias means plain top-k on the scores
         lw.moe.score_bias = r.vec(m + "gate.e_score_correction_bias", E);
       lw.moe.experts.reserve(static_cast<size_t>(E));
       for (int64_t e = 0; e < E; ++e) lw.moe.experts.push_back(r.mlp(fmt::format("{}experts.{}.", m, e), Im));
@@ -172,19 +176,51 @@ ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan, 
     mt.hnorm = r.vec(p + "hnorm.weight", D);
     mt.head_norm = r.vec(p + "shared_head.norm.weight", D);
     mt.eh_proj = r.linear(p + "eh_proj", D, 2 * D);
-    mt.own_embed = plan.has(p + "embed_tokens.weight");
-    if (mt.own_embed) {
-      mt.embed = plain_weight(plan.tensor(p + "embed_tokens.weight"), p + "embed_tokens.weight");
-      if (mt.embed.rows != V || mt.embed.cols != D)
-        fail("tensor '{}embed_tokens.weight': shape [{}, {}], expected [{}, {}]", p, mt.embed.rows, mt.embed.cols, V, D);
-    } else {
-      mt.embed = mw.embed;
-    }
-    mt.own_head = plan.has(p + "shared_head.head.weight");
+    mt.own_embed = plan.has(p + "embed_tokens.weight");  // optional: else the main embedding
+    mt.embed = mt.own_embed ? r.table(p + "embed_tokens.weight", V, D) : mw.embed;
+    mt.own_head = plan.has(p + "shared_head.head.weight");  // optional: else the main lm_head
     mt.head = mt.own_head ? r.linear(p + "shared_head.head", V, D) : mw.lm_head;
     mw.mtp.push_back(std::move(mt));
   }
   return mw;
+}
+
+}  // namespace
+
+std::vector<std::string> missing_tensors(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers) {
+  std::vector<std::string> missing;
+  walk_weights(Resolver{cfg, plan, &missing}, mtp_layers);
+  return missing;
+}
+
+void require_tensors(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers) {
+  const int64_t L = cfg.num_hidden_layers;
+  if (mtp_layers > 0 && cfg.num_nextn_predict_layers < mtp_layers)
+    fail("speculative decoding (method mtp): the checkpoint has no MTP layer (config.json num_nextn_predict_layers "
+         "{}, {} needed)", cfg.num_nextn_predict_layers, mtp_layers);
+  const std::vector<std::string> missing = missing_tensors(cfg, plan, mtp_layers);
+  if (missing.empty()) return;
+  const std::string& first = missing.front();
+  const size_t n = missing.size();
+  // Names are listed main layers first, so a first name in layer >= L means only MTP tensors are missing.
+  const std::string mtp_prefix = fmt::format("model.layers.{}.", L);
+  const bool mtp_only = mtp_layers > 0 && first.compare(0, mtp_prefix.size(), mtp_prefix) == 0;
+  fail("{}: {} tensor{} that config.json implies {} missing from the checkpoint, the first '{}'{}", plan.dir(), n,
+       n == 1 ? "" : "s", n == 1 ? "is" : "are", first,
+       mtp_only ? fmt::format(" (speculative decoding (method mtp) needs MTP layer {}, announced by config.json "
+                              "num_nextn_predict_layers {})",
+                              L, cfg.num_nextn_predict_layers)
+                : std::string());
+}
+
+ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers) {
+  const int64_t dq = cfg.q_lora_rank, dr = cfg.qk_rope_head_dim;
+  if (dq <= 0) fail("config: q_lora_rank must be > 0 for {} (got {})", cfg.model_type, dq);
+  if (dr % 2 != 0) fail("config: qk_rope_head_dim must be even (got {})", dr);
+  if (cfg.has_indexer() && dr > cfg.index_head_dim)
+    fail("config: qk_rope_head_dim {} exceeds index_head_dim {}", dr, cfg.index_head_dim);
+  require_tensors(cfg, plan, mtp_layers);
+  return walk_weights(Resolver{cfg, plan}, mtp_layers);
 }
 
 }  // namespace latent

@@ -74,10 +74,16 @@ struct ModelWeights {
 bool layer_is_moe(const ModelConfig& cfg, int64_t l);
 bool layer_has_own_indexer(const ModelConfig& cfg, int64_t l);
 
-// Resolves every weight the forward pass needs and validates its shape against the config. Throws latent::Error
-// naming the tensor on a missing tensor or a wrong shape. mtp_layers > 0 also resolves that many MTP layers
-// (the plan must have been built with PlanOptions::mtp_layers >= mtp_layers); a checkpoint without them is an
-// error naming what is missing.
+// The tensors the forward pass of `cfg` needs (with mtp_layers MTP layers after the decoder layers) that the
+// checkpoint lacks, in the order they are resolved (decoder layers first). Empty: every one is there.
+std::vector<std::string> missing_tensors(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers = 0);
+// The check of load and `latent plan`: throws one latent::Error naming the checkpoint, how many tensors are missing
+// and the first of them; with mtp_layers > 0 also when config.json announces fewer MTP layers.
+void require_tensors(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers = 0);
+
+// Resolves every weight the forward pass needs and validates its shape against the config: require_tensors, then
+// a latent::Error naming the tensor on a wrong shape. mtp_layers > 0 also resolves that many MTP layers (the plan
+// must have been built with PlanOptions::mtp_layers >= mtp_layers).
 ModelWeights resolve_weights(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers = 0);
 
 // A plain float tensor (F32/BF16/F16) as a QuantWeight [rows, cols] (e.g. the embedding table).

@@ -5,13 +5,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <set>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/npy.h"
+#include "model/weights.h"
 #include "model_test_util.h"
 
 namespace latent::testing {
@@ -188,6 +194,59 @@ TEST(Mtp, CheckpointWithoutMtpLayerIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not loaded"), std::string::npos) << e.what();
   }
+}
+
+// An MTP layer announced by config.json (num_nextn_predict_layers 1) whose tensors the checkpoint lacks: the main
+// model's config of glm5-tiny-mtp over the weights of glm5-tiny. missing_tensors (the check of load and `latent
+// plan`) lists exactly the MTP layer's required tensors, and the load refuses it with one error naming the first
+// and the count; without speculation nothing is missing.
+TEST(Mtp, AnnouncedButAbsentMtpLayerIsListedAndRefused) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("latent-mtp-absent-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(src("tests/models/glm5-tiny-mtp/config.json"), dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(src("tests/models/glm5-tiny/model.safetensors"), dir / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  PlanOptions po;
+  po.mtp_layers = 1;
+  ModelFiles f = open_model_files(dir.string(), po);
+  const int64_t L = f.cfg->num_hidden_layers;
+  EXPECT_TRUE(missing_tensors(*f.cfg, *f.plan, 0).empty());
+  const std::vector<std::string> missing = missing_tensors(*f.cfg, *f.plan, 1);
+  // Every one is a tensor of glm5-tiny-mtp's layer L, none twice, and their count is what the config implies:
+  // 2 norms, 5 attention Linears + 2 norms, the indexer (3 Linears + LayerNorm weight and bias), the router, 3 per
+  // routed and shared expert, and the MTP layer's enorm, hnorm, shared_head.norm and eh_proj.
+  ModelFiles full = open_model_files(src("tests/models/glm5-tiny-mtp"), po);
+  EXPECT_TRUE(missing_tensors(*full.cfg, *full.plan, 1).empty());
+  const std::string prefix = fmt::format("model.layers.{}.", L);
+  std::set<std::string> seen;
+  for (const std::string& n : missing) {
+    EXPECT_EQ(n.rfind(prefix, 0), 0u) << n;
+    EXPECT_TRUE(full.plan->has(n)) << n;
+    EXPECT_TRUE(seen.insert(n).second) << n;
+  }
+  const ModelConfig& c = *f.cfg;
+  ASSERT_TRUE(c.has_indexer() && c.n_shared_experts > 0 && !c.attention_bias);
+  EXPECT_EQ(static_cast<int64_t>(missing.size()), 2 + 7 + 5 + 1 + 3 * c.n_routed_experts + 3 + 4);
+  for (const char* n : {"eh_proj.weight", "shared_head.norm.weight", "self_attn.indexer.k_norm.bias"})
+    EXPECT_TRUE(seen.count(prefix + n)) << n;
+  EXPECT_TRUE(seen.count(fmt::format("{}mlp.experts.{}.down_proj.weight", prefix, c.n_routed_experts - 1)));
+  EXPECT_EQ(missing.front(), prefix + "input_layernorm.weight");
+  auto be = make_backend("ref", 1);
+  ModelOptions mo;
+  mo.mtp_layers = 1;
+  try {
+    Model m(*f.cfg, *f.plan, *be, mo);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fmt::format("{} tensors that config.json implies are missing", missing.size())),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("the first '" + prefix + "input_layernorm.weight'"), std::string::npos) << what;
+    EXPECT_NE(what.find("MTP layer"), std::string::npos) << what;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(Mtp, MalformedDraftStepsAreRefused) {

@@ -62,28 +62,41 @@ def tensor(dtype, shape, data=None):
 
 
 def base_tensors(fp8=False, mxfp4=True):
-    """Tensors of layer 0 (dense) and layer 1 (MoE, experts MXFP4 or FP8)."""
+    """Every tensor of CONFIG: layer 0 dense, layer 1 MoE (routed and shared experts MXFP4, FP8 or bf16)."""
     t = {"model.embed_tokens.weight": tensor("BF16", [64, 64]), "model.norm.weight": tensor("BF16", [64]),
          "lm_head.weight": tensor("BF16", [64, 64])}
+
+    def linear(name, o, i, quantized=False):
+        if quantized and fp8:
+            t[name + ".weight"] = tensor("F8_E4M3", [o, i], bytes([0x38] * (o * i)))
+            t[name + ".weight_scale_inv"] = tensor("F32", [1, 1], np.float32([0.01]).tobytes())
+        elif quantized and mxfp4:
+            t[name + ".weight"] = tensor("U8", [o, i // 2])
+            t[name + ".weight_scale"] = tensor("U8", [o, i // 32], bytes([120] * (o * i // 32)))
+        else:
+            t[name + ".weight"] = tensor("BF16", [o, i])
+
     for l in range(2):
         p = f"model.layers.{l}."
         t[p + "input_layernorm.weight"] = tensor("BF16", [64])
-        t[p + "self_attn.kv_b_proj.weight"] = tensor("BF16", [2 * 32, 32])
-        t[p + "self_attn.q_a_proj.weight"] = tensor("BF16", [32, 64])
-    t["model.layers.0.mlp.gate_proj.weight"] = tensor("BF16", [128, 64])
+        t[p + "post_attention_layernorm.weight"] = tensor("BF16", [64])
+        a = p + "self_attn."
+        for name, (o, i) in {"q_a_proj": (32, 64), "q_b_proj": (2 * 32, 32), "kv_a_proj_with_mqa": (32 + 16, 64),
+                             "kv_b_proj": (2 * 32, 32), "o_proj": (64, 2 * 16), "indexer.wq_b": (4 * 32, 32),
+                             "indexer.wk": (32, 64), "indexer.weights_proj": (4, 64)}.items():
+            linear(a + name, o, i)
+        t[a + "q_a_layernorm.weight"] = tensor("BF16", [32])
+        t[a + "kv_a_layernorm.weight"] = tensor("BF16", [32])
+        t[a + "indexer.k_norm.weight"] = tensor("BF16", [32])
+        t[a + "indexer.k_norm.bias"] = tensor("BF16", [32])
+    for proj, (o, i) in {"gate_proj": (128, 64), "up_proj": (128, 64), "down_proj": (64, 128)}.items():
+        linear("model.layers.0.mlp." + proj, o, i)
     t["model.layers.1.mlp.gate.weight"] = tensor("BF16", [4, 64])
     t["model.layers.1.mlp.gate.e_score_correction_bias"] = tensor("F32", [4])
-    for e in range(4):
-        p = f"model.layers.1.mlp.experts.{e}."
+    for e in [*range(4), "shared"]:
+        p = "model.layers.1.mlp.shared_experts." if e == "shared" else f"model.layers.1.mlp.experts.{e}."
         for proj, (o, i) in {"gate_proj": (32, 64), "up_proj": (32, 64), "down_proj": (64, 32)}.items():
-            if fp8:
-                t[p + proj + ".weight"] = tensor("F8_E4M3", [o, i], bytes([0x38] * (o * i)))
-                t[p + proj + ".weight_scale_inv"] = tensor("F32", [1, 1], np.float32([0.01]).tobytes())
-            elif mxfp4:
-                t[p + proj + ".weight"] = tensor("U8", [o, i // 2])
-                t[p + proj + ".weight_scale"] = tensor("U8", [o, i // 32], bytes([120] * (o * i // 32)))
-            else:
-                t[p + proj + ".weight"] = tensor("BF16", [o, i])
+            linear(p + proj, o, i, quantized=True)
     return t
 
 
@@ -106,7 +119,7 @@ def make_model(d, tensors=None, config=None, qc="quark"):
     if qc == "quark":
         cfg["quantization_config"] = {"quant_method": "quark",
                                       "exclude": ["lm_head", "re:.*mlp.gate$", "re:.*self_attn.*",
-                                                  "re:model.layers.0.*"]}
+                                                  "re:model.layers.0.*", "re:.*eh_proj$"]}
     elif qc == "fp8":
         cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
     (d / "config.json").write_text(json.dumps(cfg))
@@ -263,8 +276,8 @@ def m_missing_shard(d):
 
 
 def m_index_missing_tensor(d):
-    _sharded(d, index_extra={"model.layers.0.mlp.up_proj.weight": "model-00001-of-00002.safetensors"})
-    return "model.layers.0.mlp.up_proj.weight"
+    _sharded(d, index_extra={"model.layers.0.mlp.extra_proj.weight": "model-00001-of-00002.safetensors"})
+    return "model.layers.0.mlp.extra_proj.weight"
 
 
 def m_index_bad_json(d):
@@ -371,24 +384,172 @@ def m_no_safetensors(d):
     return str(d.name)
 
 
+# Checkpoints that lack tensors their config implies: `latent plan` refuses them as the load does, with one error
+# naming the first missing tensor (in load order: embedding, final norm, lm_head, then layer by layer) and the count.
+class Missing:
+    def __init__(self, first, count, *args, also=""):
+        self.first, self.count, self.args, self.also = first, count, args, also
+
+
+def _without(t, prefix):
+    return {k: v for k, v in t.items() if not k.startswith(prefix)}
+
+
+# Tensors CONFIG implies per MoE layer (companions aside; the router bias is optional): 2 norms, 5 attention
+# Linears and 2 norms, the indexer (3 Linears, LayerNorm weight and bias), the router, 3 per routed / shared expert.
+MOE_LAYER_TENSORS = 2 + 7 + 5 + 1 + 3 * 4 + 3
+
+
+def m_missing_layer(d):
+    make_model(d, _without(base_tensors(), "model.layers.1."))
+    return Missing("model.layers.1.input_layernorm.weight", MOE_LAYER_TENSORS)
+
+
+def m_missing_expert_weight(d):
+    t = base_tensors()
+    del t["model.layers.1.mlp.experts.2.down_proj.weight"], t["model.layers.1.mlp.experts.2.down_proj.weight_scale"]
+    make_model(d, t)
+    return Missing("model.layers.1.mlp.experts.2.down_proj.weight", 1)
+
+
+def m_missing_fp8_expert_weight(d):
+    t = base_tensors(fp8=True)
+    del t["model.layers.1.mlp.shared_experts.up_proj.weight"]
+    del t["model.layers.1.mlp.shared_experts.up_proj.weight_scale_inv"]
+    make_model(d, t, qc="fp8")
+    return Missing("model.layers.1.mlp.shared_experts.up_proj.weight", 1)
+
+
+def m_missing_lm_head_and_norm(d):
+    t = base_tensors()
+    del t["lm_head.weight"], t["model.layers.0.self_attn.kv_a_layernorm.weight"]
+    make_model(d, t)  # tie_word_embeddings is false: lm_head is required
+    return Missing("lm_head.weight", 2)
+
+
+def m_missing_indexer_key(d):
+    t = base_tensors()
+    del t["model.layers.0.self_attn.indexer.wk.weight"]
+    make_model(d, t)
+    return Missing("model.layers.0.self_attn.indexer.wk.weight", 1)
+
+
+def m_wrong_linear_shape(d):
+    t = base_tensors()
+    t["model.layers.0.self_attn.q_b_proj.weight"] = tensor("BF16", [60, 32])  # a valid file, a wrong shape
+    make_model(d, t)
+    return "model.layers.0.self_attn.q_b_proj.weight"
+
+
+def _mtp_layer(t):
+    """Layer 2 (the MTP layer of a 2-layer CONFIG): a copy of MoE layer 1 plus its own norms and eh_proj."""
+    t = dict(t)
+    for k in [k for k in t if k.startswith("model.layers.1.")]:
+        t[k.replace("model.layers.1.", "model.layers.2.", 1)] = t[k]
+    for n in ("enorm", "hnorm", "shared_head.norm"):
+        t[f"model.layers.2.{n}.weight"] = tensor("BF16", [64])
+    t["model.layers.2.eh_proj.weight"] = tensor("BF16", [64, 128])
+    return t
+
+
+MTP_CONFIG = {**CONFIG, "num_nextn_predict_layers": 1}
+
+
+def m_mtp_layer_absent(d):
+    make_model(d, config=MTP_CONFIG)  # announced, not there, and speculation asks for it
+    return Missing("model.layers.2.input_layernorm.weight", MOE_LAYER_TENSORS + 4, "--num-speculative-tokens", "1",
+                   also="MTP layer 2")
+
+
+def m_mtp_layer_partial(d):
+    t = _mtp_layer(base_tensors())
+    del t["model.layers.2.mlp.experts.3.up_proj.weight"], t["model.layers.2.mlp.experts.3.up_proj.weight_scale"]
+    del t["model.layers.2.eh_proj.weight"]
+    make_model(d, t, config=MTP_CONFIG)
+    return Missing("model.layers.2.mlp.experts.3.up_proj.weight", 2, "--speculative-config",
+                   '{"method": "mtp", "num_speculative_tokens": 2}', also="MTP layer 2")
+
+
 MALFORMED = [v for k, v in sorted(globals().items()) if k.startswith("m_")]
 
 
 @pytest.mark.parametrize("maker", MALFORMED, ids=[m.__name__[2:] for m in MALFORMED])
 def test_malformed_checkpoint(tmp_path, maker):
     d = tmp_path / "ckpt"
-    must_name = maker(d)
-    p = run("plan", "--model", d)
-    assert p.returncode == 1, f"exit {p.returncode}\nstderr: {p.stderr}"
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1, p.stderr
-    assert lines[0].startswith("latent: error: "), lines[0]
-    assert must_name in lines[0], f"error does not name {must_name!r}: {lines[0]}"
-    assert "AddressSanitizer" not in p.stderr and "runtime error" not in p.stderr
+    expect = maker(d)
+    args = expect.args if isinstance(expect, Missing) else ()
+    for form in ([], ["--json"]):
+        p = run("plan", "--model", d, *form, *args)
+        assert p.returncode == 1, f"exit {p.returncode}\nstderr: {p.stderr}"
+        assert p.stdout == ""
+        lines = [l for l in p.stderr.splitlines() if l.strip()]
+        assert len(lines) == 1, p.stderr
+        assert lines[0].startswith("latent: error: "), lines[0]
+        if isinstance(expect, Missing):
+            n = expect.count
+            assert f"{n} tensor{'' if n == 1 else 's'} that config.json implies {'is' if n == 1 else 'are'} missing" \
+                   f" from the checkpoint, the first '{expect.first}'" in lines[0], lines[0]
+            assert str(d) in lines[0] and expect.also in lines[0], lines[0]
+        else:
+            assert expect in lines[0], f"error does not name {expect!r}: {lines[0]}"
+        assert "AddressSanitizer" not in p.stderr and "runtime error" not in p.stderr
 
 
 def test_corpus_size():
     assert len(MALFORMED) >= 20
+
+
+@pytest.mark.parametrize("maker", [m_missing_expert_weight, m_mtp_layer_absent, m_wrong_linear_shape],
+                         ids=lambda m: m.__name__[2:])
+def test_load_refuses_what_plan_refuses(tmp_path, maker):
+    """One check for both: `latent run` fails at load with the very line `latent plan` prints."""
+    d = tmp_path / "ckpt"
+    expect = maker(d)
+    args = expect.args if isinstance(expect, Missing) else ()
+    plan = run("plan", "--model", d, *args)
+    load = run("run", "--model", d, "--prompt-tokens", "1 2", "--max-tokens", "1", *args)
+    assert plan.returncode == 1 and load.returncode == 1, load.stderr
+    assert load.stderr.strip().splitlines()[-1] == plan.stderr.strip(), (load.stderr, plan.stderr)
+
+
+def test_checkpoint_complete_with_its_mtp_layer(tmp_path):
+    d = make_model(tmp_path / "m", _mtp_layer(base_tensors()), config=MTP_CONFIG)
+    for spec in ([], ["--num-speculative-tokens", "1"]):
+        p = run("plan", "--model", d, "--json", *spec, check=True)
+        assert p.stderr == ""
+        plan = {o["name"]: o for o in json.loads(p.stdout)}
+        assert plan["model.layers.2.eh_proj.weight"]["skipped"] == (not spec)
+
+
+def test_mtp_layer_announced_but_absent_without_speculation_is_a_warning(tmp_path):
+    """The main model loads without its MTP layer: the plan stands and says speculation would be refused."""
+    d = make_model(tmp_path / "m", config=MTP_CONFIG)
+    msg = (f"config.json announces 1 MTP layer(s) (num_nextn_predict_layers) but {MOE_LAYER_TENSORS + 4} of their "
+           "tensors are missing, the first 'model.layers.2.input_layernorm.weight': speculative decoding would be "
+           "refused")
+    p = run("plan", "--model", d, "--json", check=True)
+    assert p.stderr.strip() == "latent: warning: " + msg
+    json.loads(p.stdout)
+    p = run("plan", "--model", d, check=True)
+    assert "warning      " + msg in p.stdout
+
+
+@pytest.mark.parametrize("form", [[], ["--json"], ["--json", "--expert-parallel-size", "2"],
+                                  ["--expert-parallel-size", "2"]], ids=["text", "json", "json-ep2", "text-ep2"])
+def test_plan_flags_are_checked_in_every_output_form(tmp_path, form):
+    d = make_model(tmp_path / "m")
+    for bad, msg in [(["--activations", "bogus"], "--activations must be fp32 or bf16 (got 'bogus')"),
+                     (["--max-quant-error", "-1"], "--max-quant-error must be"),
+                     (["--num-speculative-tokens", "99"], "--num-speculative-tokens must be in [0, 16]")]:
+        p = run("plan", "--model", d, *form, *bad)
+        assert p.returncode == 1 and p.stdout == "", (form, bad, p.stdout[:200])
+        assert p.stderr.strip() == "latent: error: " + msg or p.stderr.startswith("latent: error: " + msg), p.stderr
+    p = run("plan", "--model", d, *form, "--activations", "bf16", check=True)
+    if "--json" not in form:
+        assert "activations: bf16 (--activations bf16)" in p.stdout
+    # A layout the checkpoint cannot take (tp 2 cuts the 32-element MXFP4 scale blocks) prints no half plan.
+    p = run("plan", "--model", d, *[f for f in form if f == "--json"], "--tensor-parallel-size", "2")
+    assert p.returncode == 1 and p.stdout == "" and "MXFP4 scale block" in p.stderr, p.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------
