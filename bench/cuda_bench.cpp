@@ -133,7 +133,7 @@ void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, 
 // Prefill matmul of the bf16 activation mode (Backend::matmul_bf16: cuBLASLt with bf16 operands for BF16 weights
 // and MXFP4 weights dequantized whole to bf16 first; FP8 weights take the exact kernels) against the exact fp32 path (matmul: the skinny kernel ≤ 16 rows, the
 // 64×64 tiled kernel above), TFLOP/s against the H200's dense bf16 peak: 990 (datasheet) and 790 (cuBLAS 8192³
-// measured here, spec cuda.md). Weights rotate over copies ≥ 512 MB (no L2 reuse between calls); x is bf16 values.
+// measured here, docs/cuda.md). Weights rotate over copies ≥ 512 MB (no L2 reuse between calls); x is bf16 values.
 void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols) {
   const HostWeight h = make(f, rows, cols);
   const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);

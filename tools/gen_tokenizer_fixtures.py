@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Conformance fixtures for the C++ tokenizer, produced with PyPI `tokenizers` (spec/tokenizer-and-chat.md 6).
+"""Conformance fixtures for the C++ tokenizer, produced with PyPI `tokenizers` (docs/tokenizer.md §conformance).
 
 For every tokenizer directory under tests/data/tokenizer/ (made by tools/train_test_tokenizer.py) this writes
   encode.jsonl  first line {"meta": ...}; then one object per hard string:
@@ -193,7 +193,8 @@ def decode_cases(tok, rng, texts):
             cases.append(ids[a:b])
     specials = [t.id for t in [] ]  # placeholder (kept simple)
     del specials
-    # Hand-made: a special token inside a character (spec 2.7), a real U+FFFD, lone continuation bytes.
+    # Hand-made: a special token inside a character (docs/tokenizer.md §decoding), a real U+FFFD, lone continuation
+    # bytes.
     vocab = tok.get_vocab(with_added_tokens=False)
     bl = {b: c for b, c in zip(range(256), _bytes_to_unicode())}
     def byte_id(b):

@@ -61,8 +61,8 @@ V3_CONFIG = {
 
 SHAPES = {"glm5": ("glm5-bench", CONFIG), "deepseek_v3": ("v3-bench", V3_CONFIG)}
 
-# The GLM-5 shape of the GPU benchmark (spec cuda.md §4): the real per-layer shapes truncated to 3 dense + 5 MoE
-# layers, routed experts MXFP4 (Quark layout), everything else bf16; ~34 GB, written streaming (never held in
+# The GLM-5 shape of the GPU benchmark (docs/cuda.md §benchmarks): the real per-layer shapes truncated to 3 dense + 5
+# MoE layers, routed experts MXFP4 (Quark layout), everything else bf16; ~34 GB, written streaming (never held in
 # memory) with random bytes: bf16 values with bounded exponents (|w| in [2^-13, 2^-6)), random e2m1 nibbles with
 # e8m0 scales 2^-9 .. 2^-7. At batch 1 the bytes a decode step reads do not depend on the values.
 GLM5_FULL = {

@@ -5,7 +5,7 @@
 
 Models (bf16 safetensors via save_pretrained; all weights initialised on the CPU with fixed seeds,
 so the files are reproducible with the same torch/transformers versions):
-  glm5-tiny    glm_moe_dsa   spec §9 layout, smaller dims, yarn rope, indexer_types full/full/shared/full
+  glm5-tiny    glm_moe_dsa   docs/model.md §tiny-models, smaller dims, yarn rope, indexer_types full/full/shared/full
   v32-tiny     deepseek_v32  same dims (indexer on every layer, half-split indexer rope)
   v3-tiny      deepseek_v3   same dims without indexer, intermediate_size 160 (ragged FP8 blocks)
   glm5-tiny-b  glm_moe_dsa   other dims ("unseen config"), default rope theta 1e6
@@ -20,7 +20,7 @@ documents the layer):
                        (random here, unlike the real checkpoints' copies, so a test sees which one is read)
   glm5-tiny-mxfp4-mtp  glm5-tiny-mtp through quantize_np mxfp4 (the MTP layer's routed experts MXFP4 too)
 
-After init, as in shared/reference/mla_reference.py: every RMSNorm/LayerNorm weight = 1 + 0.2 N(0,1),
+After init (docs/model.md §tiny-models): every RMSNorm/LayerNorm weight = 1 + 0.2 N(0,1),
 indexer k_norm.bias = 0.2 N(0,1), e_score_correction_bias = 0.05 N(0,1). The model is then cast to
 bf16 except e_score_correction_bias, which is kept (and saved) in fp32 with its unrounded values.
 """

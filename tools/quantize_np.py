@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""Our own numpy quantizer / dequantizer for the formats of shared/spec/quantization.md.
+"""Our own numpy quantizer / dequantizer for the formats of docs/quantization.md.
 
 No torch needed: numpy only (ml_dtypes is optional and only used by the tests for cross-checks).
 Safetensors files are read and written by a tiny built-in codec, so F8_E4M3 / U8 / BF16 tensors
 are handled as raw bytes, unchanged tensors are copied byte for byte, and output is deterministic
 (tensors sorted by name, header padded with spaces to a multiple of 8).
 
-Formats (spec §1-§3):
+Formats (docs/quantization.md §E2M1, §E8M0, §MXFP4, §FP8):
   * FP4 E2M1 encode: round to nearest, ties to even code (RNE), saturate |x| >= 6 to +-6; a value
     that rounds to magnitude 0 gets code 0x0 (never 0x8). Also 'away' (ties away from zero) and
-    'zero' (ties toward zero, llama.cpp) for the spec §7 vectors.
+    'zero' (ties toward zero, llama.cpp) for the docs/quantization.md §vectors.
   * E8M0 shared scale per 32 contiguous inputs; rules 'floor' (OCP: floor(log2 amax) - 2),
     'even' (Quark default), 'ceil' (ceil(log2(amax/6))). All-zero block -> code 0x00.
   * MXFP4 Quark/OCP packing: byte k of a row = code(2k) | code(2k+1) << 4.
@@ -369,7 +369,8 @@ def quantize_dir_mxfp4(src, dst, rule="floor"):
     return nq
 
 
-# not quantized (spec §2.3): lm_head, embeddings, norms, router gate + bias, indexer weights_proj / k_norm
+# not quantized (docs/quantization.md §block-fp8): lm_head, embeddings, norms, router gate + bias,
+# indexer weights_proj / k_norm
 FP8_SKIP_RE = re.compile(r"(^lm_head\.|embed_tokens|norm\.|layernorm|\.mlp\.gate\.|e_score_correction_bias|weights_proj)")
 
 

@@ -3,10 +3,10 @@
 
 Real checkpoint tokenizers cannot be downloaded here, so this script trains small byte-level BPE models with
 PyPI `tokenizers` on a deterministic generated corpus, using the pre-tokenizer configurations and special tokens
-of the real families (spec/tokenizer-and-chat.md sections 2.3, 3.1, 4):
+of the real families (docs/tokenizer.md §pre-tokenizers, §glm-chat, §deepseek-chat):
 
   glm5         GLM-5: no normalizer, Sequence[Split(R, Isolated), ByteLevel], BPE ignore_merges, ByteLevel decoder,
-               ByteLevel post-processor, the GLM added tokens of spec 3.1 right after the vocab.
+               ByteLevel post-processor, the GLM added tokens of docs/tokenizer.md §glm-chat right after the vocab.
   deepseek_v3  DeepSeek-V3: Sequence([]) normalizer, Sequence[Split(A), Split(B), Split(C), ByteLevel],
                BOS/EOS/pad at ids 0-2, TemplateProcessing post-processor adding BOS, DeepSeek added tokens.
   kimi_k2      Kimi-K2 style: its tiktoken pattern (character-class intersection `&&`, \\p{Han}) + ByteLevel.
@@ -50,7 +50,7 @@ KIMI = "|".join([
     r"\s+",
 ])
 
-# (content, special) in id order; spec 3.1.
+# (content, special) in id order; docs/tokenizer.md §glm-chat.
 GLM_ADDED = [
     ("<|endoftext|>", True), ("[MASK]", True), ("[gMASK]", True), ("[sMASK]", True), ("<sop>", True),
     ("<eop>", True), ("<|system|>", True), ("<|user|>", True), ("<|assistant|>", True), ("<|observation|>", True),

@@ -9,7 +9,7 @@
 //
 // Precision is carried by the data, never by a flag: an op computes in fp32 (the ref backend in double) and rounds
 // to its output's dtype; when an op's OUTPUT is BF16 it also rounds at the internal points HF's bf16 eager run
-// rounds (docs/model.md, "bf16 rounding points"): e.g. rms_norm rounds the normalized value before the weight
+// rounds (docs/model.md §bf16): e.g. rms_norm rounds the normalized value before the weight
 // multiply, RoPE rounds cos/sin and the products, attention the scores, scaled scores, probabilities and output.
 // With F32 outputs every op is exact fp32. A BF16 input means its values are bf16: a backend may then multiply on
 // bf16 tensor cores for weights whose dequantized values are exact in bf16 (BF16, MXFP4) or whose raw codes are
@@ -23,7 +23,7 @@
 //     memory (lossless copies made at model load);
 //   * ops never throw; arguments are validated by the caller (the model validates shapes at load).
 //
-// Memory (the engine contract, docs/design.md "Engine contract"): every pointer an op receives — activations,
+// Memory (the engine contract, docs/design.md §engine-contract): every pointer an op receives — activations,
 // scratch, KV pools, step metadata (positions, slots, block tables, offsets, ids) — lives in the backend's own
 // memory (`device()`): host memory for the CPU backends, device memory for CUDA. The model gets it from alloc()
 // once at load (an arena sized by the largest step) and moves host data in and out only through
@@ -88,7 +88,7 @@ struct Epilogue {
 };
 
 // RoPE table, shared by all positions: angle(p, i) = float(p) * inv_freq[i] (fp32 multiply);
-// cos/sin are multiplied by attention_factor (docs/model.md, "RoPE").
+// cos/sin are multiplied by attention_factor (docs/model.md §RoPE).
 struct RopeParams {
   const float* inv_freq = nullptr;  // [dim/2]
   int64_t dim = 0;                  // rotated dims (dr), even
@@ -107,7 +107,7 @@ struct KeySelection {
   int64_t stride = 0;
 };
 
-// MLA dimensions (docs/model.md notation).
+// MLA dimensions (docs/model.md §notation).
 struct MlaDims {
   int64_t n_heads = 0;  // H
   int64_t nope = 0;     // dn
@@ -223,7 +223,7 @@ class Backend {
   // Waits until every op issued so far has finished (CPU: no-op).
   virtual void sync() {}
   // True once the device reported an error that leaves it unusable (CUDA: a kernel fault poisons the context);
-  // every later op fails. The server exits non-zero then (docs/design.md, "CUDA backend").
+  // every later op fails. The server exits non-zero then (docs/design.md §cuda-backend).
   virtual bool device_lost() const { return false; }
   // Free and total bytes of the backend's memory ({0, 0} for host memory: no budget is derived from it).
   virtual std::pair<size_t, size_t> memory_info() const { return {0, 0}; }
@@ -257,7 +257,7 @@ class Backend {
   // y = (x − mean) · rsqrt(var + eps) · w + b   per row (biased variance); x, y [M, D] (may alias).
   virtual void layer_norm(const Tensor& x, const float* w, const float* b, float eps, const Tensor& y) = 0;
   // In-place RoPE on the first p.dim values of each head: head h of row t starts at element h * head_stride of
-  // row t of x; row t has position pos[t]. BF16 x: cos/sin and products rounded (docs/model.md).
+  // row t of x; row t has position pos[t]. BF16 x: cos/sin and products rounded (docs/model.md §bf16).
   virtual void rope(const Tensor& x, int64_t n_heads, int64_t head_stride, const int64_t* pos,
                     const RopeParams& p) = 0;
   // out = SiLU(gate) · up   (out may alias gate or up). BF16 out: out = bf16(bf16(SiLU(gate)) · up).
@@ -267,7 +267,7 @@ class Backend {
   // dst = R(src) (a copy, converting the dtype; src and dst shaped alike, any strides).
   virtual void convert(const Tensor& src, const Tensor& dst);
 
-  // ---------------- MLA attention (docs/model.md, "MLA") ----------------
+  // ---------------- MLA attention (docs/model.md §MLA) ----------------
   // q [S, H·(dn+dr)]: per head q_nope then q_pe (already rotated). Keys/values are cache rows 0..T-1.
   // o [S, H·dv]. score = (q·k)·scale, masked per `sel` (KeySelection), softmax over keys, o = Σ P·v.
   //
@@ -284,7 +284,7 @@ class Backend {
                                       const Tensor& k_pe, int64_t T, const int64_t* q_pos, const KeySelection& sel,
                                       float scale, const Tensor& o) = 0;
 
-  // ---------------- DSA lightning indexer (docs/model.md, "DSA indexer") ----------------
+  // ---------------- DSA lightning indexer (docs/model.md §DSA) ----------------
   // scores[s, t] = Σ_j w[s, j] · ReLU(scale · q[s, j, :]·k[t, :])  for t <= q_pos[s], −inf otherwise.
   // q [S, n_heads·head_dim], w [S, n_heads] (already includes n_heads^-0.5), k [T, head_dim], scores [S, T] fp32.
   virtual void indexer_scores(const Tensor& q, const Tensor& w, const Tensor& k, int64_t n_heads, float scale,
@@ -301,7 +301,7 @@ class Backend {
   virtual void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
                            int32_t* count) = 0;
 
-  // ---------------- MoE (docs/model.md, "MoE") ----------------
+  // ---------------- MoE (docs/model.md §MoE) ----------------
   // logits [M, E] fp32 (x·W_gateᵀ) → s = sigmoid(logits); selection on s + bias (bias [E] or null), group-limited;
   // weights = s[ids] (normalized if norm_topk_prob) · routed_scaling_factor. ids/weights [M, K] in selection order.
   virtual void router(const float* logits, const float* bias, int64_t M, const RouterParams& p, int32_t* ids,
@@ -372,7 +372,7 @@ class Backend {
   virtual void sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowParams* params,
                            const SampleEdit* edits, const uint32_t* allow, const uint32_t* banned, int32_t* ids);
 
-  // ---------------- graphs (decode steps replayed, docs/design.md "CUDA backend") ----------------
+  // ---------------- graphs (decode steps replayed, docs/design.md §cuda-backend) ----------------
   // A backend that can record the ops issued between graph_begin() and graph_end() and replay them later (CUDA
   // graphs) says so here. Recorded ops are not run; they must not allocate, upload, download or sync (the model
   // runs a step eagerly at the same shapes first, so that every one-time setup of its ops has happened). A replay

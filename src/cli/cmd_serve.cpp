@@ -1,4 +1,4 @@
-// latent serve [--model DIR] [--host 127.0.0.1] [--port 8000] ... — the OpenAI-compatible server (spec api.md).
+// latent serve [--model DIR] [--host 127.0.0.1] [--port 8000] ... — the OpenAI-compatible server (docs/api.md).
 // Listens at once (answering 503 model_loading), loads the model with a progress bar on a terminal, logs the
 // precision plan, then serves until SIGINT / SIGTERM, which drain gracefully (--shutdown-timeout).
 #include <pthread.h>
@@ -442,7 +442,7 @@ const CLI::Validator kFraction(
 
 void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOpts>();
-  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (spec api.md)");
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/api.md)");
   cmd->allow_extras();  // unknown flags are answered with the nearest known one (reject_unknown)
   const CLI::Range kPositive(1.0, 1e18), kNonNegative(0.0, 1e18);
   o->model.add_to(cmd);

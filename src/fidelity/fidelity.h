@@ -1,5 +1,5 @@
-// Fidelity: compares two precision plans of one checkpoint (spec quantization.md §6; DESIGN "Fidelity is
-// measurable"). For each prompt: per-layer relative error of the residual stream (candidate vs baseline),
+// Fidelity: compares two precision plans of one checkpoint (docs/quantization.md §errors; docs/fidelity.md).
+// For each prompt: per-layer relative error of the residual stream (candidate vs baseline),
 // KL divergence and top-1 agreement of the next-token distributions along the prompt (teacher-forced), the first
 // step at which the greedy continuations diverge, and whether each continuation fell into a repetition loop.
 #pragma once

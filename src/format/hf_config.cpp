@@ -1,4 +1,4 @@
-// config.json parsing for DeepseekV3 / DeepseekV32 / GlmMoeDsa (spec/model.md §1, §3.3, §4.5).
+// config.json parsing for DeepseekV3 / DeepseekV32 / GlmMoeDsa (docs/model.md §config, §yarn, §IndexShare).
 //
 // Defaults are the transformers config-class defaults. Provenance:
 //   CONFIRMED against transformers 5.17.0 (DeepseekV3Config(), DeepseekV32Config(), GlmMoeDsaConfig() instantiated
@@ -399,7 +399,7 @@ void resolve_indexer_layers(const Fields& f, ModelConfig& c) {
     c.layer_has_indexer.assign(L, true);
     return;
   }
-  // GLM IndexShare (§4.5): indexer_types, else index_topk_pattern, else the freq/offset schedule.
+  // GLM IndexShare (docs/model.md §IndexShare): indexer_types, else index_topk_pattern, else the freq/offset schedule.
   std::vector<std::string> types;
   const char* source = "indexer_types";
   if (f.has("indexer_types")) {

@@ -1,5 +1,5 @@
 // config.json of GlmMoeDsaForCausalLM (glm_moe_dsa), DeepseekV3ForCausalLM (deepseek_v3) and
-// DeepseekV32ForCausalLM (deepseek_v32): every field of shared/spec/model.md §1 with the defaults transformers
+// DeepseekV32ForCausalLM (deepseek_v32): every field of docs/model.md §config with the defaults transformers
 // 5.17 applies, validated with named errors.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -78,11 +78,11 @@ struct ModelConfig {
 
   bool has_indexer() const { return index_n_heads > 0; }
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
-  // Softmax scale of MLA: qk_head_dim^-0.5 times yarn mscale(factor, mscale_all_dim)^2 (spec §3.3).
+  // Softmax scale of MLA: qk_head_dim^-0.5 times yarn mscale(factor, mscale_all_dim)^2 (docs/model.md §yarn).
   double softmax_scale() const;
 };
 
-// ---- RoPE helpers (spec §3.3), computed in double. dim = qk_rope_head_dim. ----
+// ---- RoPE helpers (docs/model.md §RoPE, §yarn), computed in double. dim = qk_rope_head_dim. ----
 // m(f, a) of yarn: 1 if scale <= 1 else 1 + 0.1·a·ln(scale).
 double yarn_get_mscale(double scale, double mscale = 1.0);
 // Yarn correction range [lo, hi] exactly as HF's find_correction_range returns it (floor/ceil when truncate,
@@ -91,7 +91,7 @@ struct YarnRange {
   double lo = 0, hi = 0;
 };
 YarnRange rope_yarn_range(const ModelConfig& c);
-// inv_freq[i], i = 0..dim/2-1, in double (the mathematically exact §3.3 values).
+// inv_freq[i], i = 0..dim/2-1, in double (the mathematically exact values of docs/model.md §yarn).
 std::vector<double> rope_inv_freq(const ModelConfig& c);
 // inv_freq the way HF computes it: every tensor op in fp32 (exponent 2i/dim, pow, reciprocals, ramp) with the
 // same operation order. Bit-exact with transformers 5.17 / torch CPU on the test configs (glibc powf).

@@ -8,7 +8,7 @@
 //
 // F4 (packed E2M1, two codes per byte): the shape normally counts logical elements (byte span = numel / 2). A
 // file whose shape counts packed bytes instead (byte span = numel) is accepted and its last dim is doubled, so
-// TensorInfo::shape always counts logical elements (spec/quantization.md §8: inferred from the byte size).
+// TensorInfo::shape always counts logical elements (docs/quantization.md §encodings: inferred from the byte size).
 #pragma once
 #include <cstdint>
 #include <map>

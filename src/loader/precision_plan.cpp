@@ -1,4 +1,4 @@
-// Per-tensor precision decisions (spec quantization.md §5.5): the safetensors dtype is ground truth, companion
+// Per-tensor precision decisions (docs/quantization.md §detection): the safetensors dtype is ground truth, companion
 // scale tensors decide the scheme, quantization_config only cross-checks (a disagreement is a warning naming the
 // module, never a re-interpretation). User transforms (--quantize) are applied in quant_transform.cpp.
 #include "loader/precision_plan.h"

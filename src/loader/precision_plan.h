@@ -1,7 +1,7 @@
 // PrecisionPlan: for every logical weight of a checkpoint, the format it is stored in (decided from the
 // safetensors dtypes and companion scale tensors — the header dtype is ground truth), the format it is computed
 // in (never lower than stored), and any transform the user asked for (--quantize), with its measured error.
-// shared/spec/quantization.md §0, §5.5, §6.4.
+// docs/quantization.md §policy, §detection, §transforms.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -1,4 +1,4 @@
-// quantization_config of config.json, read only to cross-check what the tensors say (spec quantization.md §5.1).
+// quantization_config of config.json, read only to cross-check what the tensors say (docs/quantization.md §encodings).
 // Families: fp8 (DeepSeek block FP8), quark (AMD, `exclude`), mxfp4 (gpt-oss, `modules_to_not_convert`),
 // compressed-tensors (`ignore`). Unknown quant_method -> Error.
 #pragma once

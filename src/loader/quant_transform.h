@@ -1,6 +1,6 @@
 // User-requested, opt-in weight transforms (--quantize PATTERN=FORMAT). Nothing is transformed without a rule.
 // Every transformed tensor's relative Frobenius error ||W - Q(W)|| / ||W|| is measured here, at load, and a
-// guard refuses transforms above PlanOptions::max_quant_error unless allow_lossy (spec quantization.md §6.4).
+// guard refuses transforms above PlanOptions::max_quant_error unless allow_lossy (docs/quantization.md §transforms).
 #pragma once
 #include <memory>
 #include <string>

@@ -1,4 +1,4 @@
-// The paged latent KV cache (DESIGN.md "One step for many sequences"): the block pool IS the storage.
+// The paged latent KV cache (docs/design.md §engine-contract): the block pool IS the storage.
 //   per layer:                       [num_blocks, block_tokens, dc + dr]  (c after kv_a_layernorm ‖ rotated k_pe)
 //   per layer with its own indexer:  [num_blocks, block_tokens, dI]       (indexer keys after LayerNorm + RoPE)
 // in the cache dtype (= the activation dtype: F32, or BF16 in bf16-activation mode, lossless there since those

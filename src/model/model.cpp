@@ -540,7 +540,7 @@ void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, b
     }
     return;
   }
-  // Dense when every query sees at most index_topk keys (docs/model.md, "DSA indexer"): skip the scores. Otherwise
+  // Dense when every query sees at most index_topk keys (docs/model.md §DSA): skip the scores. Otherwise
   // every token gets a selection row; a sequence with <= index_topk keys selects all its causal keys, which equals
   // dense attention.
   if (!m.any_long) {

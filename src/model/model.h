@@ -1,7 +1,7 @@
 // Model: the forward pass of GlmMoeDsaForCausalLM / DeepseekV3ForCausalLM / DeepseekV32ForCausalLM
-// (shared/spec/model.md §3–§6) written over Backend ops, with the latent KV cache (§3.4) and the DSA indexer key
-// cache (§4). MTP layers (index >= num_hidden_layers) are not part of the forward pass; with
-// ModelOptions::mtp_layers they are loaded for drafting (Model::mtp_draft, model/mtp.cpp).
+// (docs/model.md §forward) written over Backend ops, with the latent KV cache (docs/model.md §absorbed) and the DSA
+// indexer key cache (docs/model.md §DSA). MTP layers (index >= num_hidden_layers) are not part of the forward pass;
+// with ModelOptions::mtp_layers they are loaded for drafting (Model::mtp_draft, model/mtp.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -23,13 +23,13 @@ namespace latent {
 
 enum class AttentionForm {
   Auto,      // weight-absorbed for decode tokens (StepSequence::decode), naive (expanded K/V) for prompt chunks
-  Naive,     // always the naive form (spec §3.2)
-  Absorbed,  // always the weight-absorbed form over the latent cache (spec §3.4)
+  Naive,     // always the naive form (docs/model.md §MLA)
+  Absorbed,  // always the weight-absorbed form over the latent cache (docs/model.md §absorbed)
 };
 
 // The discrete decisions of one forward call, per layer: routed expert ids [S, K] (empty on dense layers) and the
-// DSA selection [S, index_topk] + counts [S] (empty = dense / no own indexer). Diagnostics (spec §8): recording
-// them in one run (e.g. fp32) and forcing them in another (e.g. bf16) separates numeric error from flipped
+// DSA selection [S, index_topk] + counts [S] (empty = dense / no own indexer). Diagnostics (docs/model.md §bf16):
+// recording them in one run (e.g. fp32) and forcing them in another (e.g. bf16) separates numeric error from flipped
 // decisions.
 struct ForwardDecisions {
   std::vector<std::vector<int32_t>> experts;
@@ -37,7 +37,7 @@ struct ForwardDecisions {
 };
 
 struct ModelOptions {
-  bool bf16_activations = false;  // round activations to bf16 where HF bf16 runs do (spec §8)
+  bool bf16_activations = false;  // round activations to bf16 where HF bf16 runs do (docs/model.md §bf16)
   bool disable_indexer = false;   // dense causal MLA on DSA layers (diagnostic: equals DSA when T <= index_topk)
   AttentionForm attention = AttentionForm::Auto;
   // Decode steps as backend graphs (CUDA graphs) where the backend supports them: a step of n single-token decode

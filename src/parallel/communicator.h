@@ -1,5 +1,5 @@
-// Communicator: the collectives the model runs over its ranks (tensor and expert parallelism, DESIGN.md "One step
-// for many sequences"; docs/multi-host.md). One rank = one backend (one GPU, or one CPU backend in tests).
+// Communicator: the collectives the model runs over its ranks (tensor and expert parallelism;
+// docs/design.md §engine-contract, docs/multi-host.md). One rank = one backend (one GPU, or one CPU backend in tests).
 //
 // Process model: ONE process drives every GPU of a host, with ONE thread per rank (ParallelModel,
 // model/parallel_model.h). The scheduler, the tokenizer and the HTTP server exist once; ranks share one address

@@ -4,7 +4,7 @@
 
 namespace latent {
 
-// Spot checks of the compile-time tables against spec/quantization.md §1.1, §2.1, §3.1.
+// Spot checks of the compile-time tables against docs/quantization.md §E2M1, §E8M0, §FP8.
 static_assert(kE4M3FnToF32[0x7E] == 448.0f && kE4M3FnToF32[0x08] == 0.015625f && kE4M3FnToF32[0x01] == 0x1p-9f);
 static_assert(kE5M2ToF32[0x7B] == 57344.0f && kE5M2ToF32[0x01] == 0x1p-16f);
 static_assert(kE4M3FnuzToF32[0x7F] == 240.0f && kE4M3FnuzToF32[0x01] == 0x1p-10f);

@@ -1,10 +1,10 @@
-// Scalar codecs for the small float formats of spec/quantization.md §1–§3: bf16, f16, fp8 (e4m3fn, e5m2,
-// e4m3fnuz, e5m2fnuz), e8m0 (shared MX scale) and e2m1 (MXFP4 element), plus 256-entry fp32 lookup tables for
+// Scalar codecs for the small float formats of docs/quantization.md §bf16, §E2M1, §E8M0, §FP8: bf16, f16, fp8 (e4m3fn,
+// e5m2, e4m3fnuz, e5m2fnuz), e8m0 (shared MX scale) and e2m1 (MXFP4 element), plus 256-entry fp32 lookup tables for
 // kernels. Everything hot is constexpr/inline; the codecs are bit-exact against ml_dtypes (tests/quant).
 //
 // Encoders round to nearest, ties to even (on the code's last mantissa bit), and by default saturate finite
-// overflow (and ±Inf) to ±max finite (spec §1.2, §3.2). Overflow::NonSaturating gives what ml_dtypes / a plain
-// cast gives instead: Inf for e5m2 / f16 / bf16, NaN for e4m3fn (0x7F|sign) and for the fnuz types (0x80).
+// overflow (and ±Inf) to ±max finite (docs/quantization.md §E2M1, §FP8). Overflow::NonSaturating gives what ml_dtypes /
+// a plain cast gives instead: Inf for e5m2 / f16 / bf16, NaN for e4m3fn (0x7F|sign) and for the fnuz types (0x80).
 // NaN inputs always give NaN (e4m3fn 0x7F|sign, e5m2 0x7E|sign, fnuz 0x80); e2m1 has no NaN (NaN -> 0x0).
 // A negative value that rounds to zero keeps its sign (-0: 0x80 fp8, 0x8 e2m1) except in fnuz (no -0: 0x00).
 #pragma once
@@ -17,7 +17,7 @@ namespace latent {
 
 enum class Overflow : uint8_t {
   Saturate,       // |x| beyond max finite (incl. Inf) -> ±max finite. What every quantizer must use.
-  NonSaturating,  // IEEE-style cast: -> ±Inf where the format has it, else NaN (spec §3.2: e4m3fn (464,∞) -> NaN)
+  NonSaturating,  // IEEE-style cast: ±Inf where the format has it, else NaN (e4m3fn > 464: docs/quantization.md §FP8)
 };
 
 enum class Fp8Format : uint8_t {
@@ -207,8 +207,8 @@ const char* fp8_format_name(Fp8Format f);  // "e4m3fn", "e5m2", "e4m3fnuz", "e5m
 inline float fp8_to_f32(Fp8Format f, uint8_t c) { return fp8_table(f)[c]; }
 uint8_t f32_to_fp8(Fp8Format f, float x, Overflow ov = Overflow::Saturate);
 
-// e4m3fn -> e4m3fnuz (spec §3.1): same bits decode to half the value in fnuz, so keep the bits, map -0 (0x80, the
-// fnuz NaN) to 0x00, and the caller doubles every scale. Lossless for all non-NaN codes.
+// e4m3fn -> e4m3fnuz (docs/quantization.md §FP8): same bits decode to half the value in fnuz, so keep the bits, map -0
+// (0x80, the fnuz NaN) to 0x00, and the caller doubles every scale. Lossless for all non-NaN codes.
 constexpr uint8_t e4m3fn_code_to_fnuz(uint8_t c) { return c == 0x80 ? uint8_t(0) : c; }
 void e4m3fn_codes_to_fnuz(uint8_t* codes, int64_t n);
 
@@ -216,7 +216,7 @@ void e4m3fn_codes_to_fnuz(uint8_t* codes, int64_t n);
 // value = 2^(code - 127); 0x00 = 2^-127 exactly (fp32 subnormal 0x00400000, beware FTZ); 0xFF = NaN.
 inline float e8m0_to_f32(uint8_t c) { return kE8M0ToF32[c]; }
 constexpr int e8m0_exponent(uint8_t c) { return int(c) - 127; }  // meaningless for 0xFF (NaN)
-// Code of 2^e, e clamped to [-127, 127] (spec §2.2). Never produces the NaN code.
+// Code of 2^e, e clamped to [-127, 127] (docs/quantization.md §E8M0). Never produces the NaN code.
 constexpr uint8_t e8m0_from_exponent(int e) { return uint8_t((e < -127 ? -127 : e > 127 ? 127 : e) + 127); }
 // llama.cpp's halved convention (GGML_E8M0_TO_FP32_HALF): 2^(code - 128), for its doubled e2m1 table.
 float e8m0_to_f32_half(uint8_t c);

@@ -1,7 +1,8 @@
-// FP8 E4M3 weight quantization at three granularities (spec/quantization.md §3.3) and the matching dequant rows.
+// FP8 E4M3 weight quantization at three granularities (docs/quantization.md §block-fp8) and the matching dequant rows.
 // All scales are fp32 *multipliers*: W[r, c] = e4m3(code[r, c]) * scale (DeepSeek's `weight_scale_inv` too).
 // Quantizers follow the reference ones: scale = amax / 448 over the group, code = e4m3fn(x / scale) with RNE and
-// saturation (spec §3.2). An all-zero group gets scale 1 (codes 0). NaN inputs propagate (NaN codes / scales).
+// saturation (docs/quantization.md §FP8). An all-zero group gets scale 1 (codes 0). NaN inputs propagate
+// (NaN codes / scales).
 //
 // Block FP8 (DeepSeek `quant_method: fp8`, Quark per_block): codes [rows, cols] + scale_inv
 // [ceil(rows/br), ceil(cols/bc)], block (i, j) covers rows [i*br, min(rows, (i+1)*br)) and columns

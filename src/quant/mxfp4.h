@@ -1,4 +1,4 @@
-// MXFP4 (OCP MX, spec/quantization.md §1–§2): blocks of 32 contiguous e2m1 elements along K sharing one e8m0 scale.
+// MXFP4 (OCP MX, docs/quantization.md §MXFP4): blocks of 32 contiguous e2m1 elements along K sharing one e8m0 scale.
 //
 // Row layout used everywhere in latent (and by both checkpoint families, byte for byte):
 //   codes  [rows, K/2]  uint8: byte j holds element 2j in its low nibble and element 2j+1 in its high nibble
@@ -10,7 +10,7 @@
 //   expert `_blocks` viewed as [out, K/2] is exactly the Quark `weight` and `_scales` is exactly `weight_scale`.
 //   (HF then transposes the dequantized [E, out, in] to [E, in, out]; we keep [out, in] rows.)
 // * llama.cpp GGUF `block_mxfp4` differs (17 bytes: scale first, then qs[j] = element j | element j+16 << 4);
-//   mxfp4_block_to_ggml exists to check spec §7 vectors only.
+//   mxfp4_block_to_ggml exists to check the docs/quantization.md §vectors only.
 #pragma once
 #include <cstdint>
 
@@ -21,7 +21,8 @@ namespace latent {
 
 inline constexpr int kMxBlock = 32;  // elements per MX block
 
-// How the shared exponent se of a block is chosen from its amax (spec §2.2); scale = 2^se, se in [-127, 127].
+// How the shared exponent se of a block is chosen from its amax (docs/quantization.md §E8M0); scale = 2^se,
+// se in [-127, 127].
 enum class Mxfp4ScaleRule : uint8_t {
   OcpFloor,   // se = floor(log2 amax) - 2 (OCP spec, microxcaling, llama.cpp)
   Even,       // round amax's mantissa to 2 bits first (bump a binade iff amax/2^floor(log2 amax) >= 1.75), then
@@ -35,8 +36,8 @@ const char* mxfp4_scale_rule_name(Mxfp4ScaleRule r);  // "ocp_floor", "even", "c
 uint8_t mxfp4_scale_code(float amax, Mxfp4ScaleRule rule);
 
 // Quantizes one block x[32]: writes 16 packed bytes (OCP order) and returns the e8m0 scale code.
-// Elements are x * 2^-se rounded RNE (ties to even code) and saturated to ±6 (spec §1.2). A zero result is
-// always written as 0x0 (never -0 = 0x8), so packed bytes match spec §7 and llama.cpp.
+// Elements are x * 2^-se rounded RNE (ties to even code) and saturated to ±6 (docs/quantization.md §E2M1). A zero
+// result is always written as 0x0 (never -0 = 0x8), so packed bytes match docs/quantization.md §vectors and llama.cpp.
 uint8_t quantize_block_mxfp4(const float* x, uint8_t* packed16, Mxfp4ScaleRule rule);
 
 // x[k] -> codes_out[k/2], scales_out[k/32]. Requires k % 32 == 0 (not checked: callers validate).
@@ -65,7 +66,7 @@ QuantWeight view_gpt_oss_mxfp4(const uint8_t* blocks, const uint8_t* scales, int
                                int64_t expert = 0);
 
 // Re-packs one OCP block (16 bytes + scale) as llama.cpp `block_mxfp4` (out[0] = scale, out[1+j] = element j |
-// element j+16 << 4). For cross-checking spec §7 vectors.
+// element j+16 << 4). For cross-checking docs/quantization.md §vectors.
 void mxfp4_block_to_ggml(const uint8_t* packed16, uint8_t scale, uint8_t* ggml17);
 
 }  // namespace latent

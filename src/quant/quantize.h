@@ -1,7 +1,7 @@
 // Whole-matrix quantization and error measurement, for the opt-in `--quantize` transform and `latent plan`:
 // quantize a fp32 (or any QuantWeight, e.g. a bf16 checkpoint view) [rows, cols] matrix into owned codes +
 // scales with a QuantWeight view, and measure the relative Frobenius error ||W - Q(W)||_F / ||W||_F
-// (spec/quantization.md §6.2: bf16 0.166 %, MXFP4 11.50 % OCP floor / 11.19 % even, FP8 ~2.65 % on Gaussians).
+// (docs/quantization.md §errors: bf16 0.166 %, MXFP4 11.50 % OCP floor / 11.19 % even, FP8 ~2.65 % on Gaussians).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -15,7 +15,7 @@ struct QuantizeOptions {
   Mxfp4ScaleRule mxfp4_rule = Mxfp4ScaleRule::OcpFloor;
   int64_t block_rows = 128;  // FP8_E4M3_BLOCK
   int64_t block_cols = 128;
-  bool fnuz = false;         // FP8: store e4m3fnuz codes (same bits, scales doubled; lossless, spec §3.1)
+  bool fnuz = false;         // FP8: store e4m3fnuz codes (same bits, scales doubled: lossless)
 };
 
 struct QuantizedMatrix {

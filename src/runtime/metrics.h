@@ -1,5 +1,5 @@
-// Serving metrics (spec api.md §9) and their Prometheus text exposition (format 0.0.4). Counters and histograms are
-// updated from the scheduler thread and the HTTP threads; gauges are sampled at render time through a callback.
+// Serving metrics (docs/api.md §metrics) and their Prometheus text exposition (format 0.0.4). Counters and histograms
+// are updated from the scheduler thread and the HTTP threads; gauges are sampled at render time through a callback.
 #pragma once
 #include <atomic>
 #include <cstdint>

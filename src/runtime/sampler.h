@@ -1,9 +1,10 @@
-// Token sampling (spec api.md §5.6). Pipeline per step: logit_bias (added) -> repetition_penalty (HF style, over
+// Token sampling (docs/api.md §sampling). Pipeline per step: logit_bias (added) -> repetition_penalty (HF style, over
 // prompt + generated tokens) -> presence / frequency penalties (OpenAI definition, generated tokens only) ->
 // temperature -> top_k -> top_p -> min_p -> sample. temperature == 0 -> greedy argmax (ties -> lowest id), the
 // truncations are ignored. Logprobs are taken after bias, penalties and temperature (temperature 0 -> 1), before
-// truncation (§5.13.3). The draw itself (truncations and the seeded choice) is backend/sampling.h's, shared with
-// Backend::sample_rows: a seeded request draws the same tokens whether its logits are sampled here or on a device.
+// truncation (docs/api.md §logprobs). The draw itself (truncations and the seeded choice) is backend/sampling.h's,
+// shared with Backend::sample_rows: a seeded request draws the same tokens whether its logits are sampled here or
+// on a device.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -1,5 +1,5 @@
-// Continuous-batching scheduler (spec api.md §11). Requests enter a bounded FIFO queue; one engine thread admits
-// them as sequences (one per choice, n > 1 forks the computed prompt) and runs steps in which every decoding
+// Continuous-batching scheduler (docs/api.md §scheduling). Requests enter a bounded FIFO queue; one engine thread
+// admits them as sequences (one per choice, n > 1 forks the computed prompt) and runs steps in which every decoding
 // sequence advances by one token and prompts are prefilled in chunks with the remaining token budget, so a long
 // prompt never stalls running streams. Chunk boundaries are fixed multiples of the chunk size from position 0, so a
 // sequence's computation does not depend on what else is in the batch.

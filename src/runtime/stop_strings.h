@@ -1,4 +1,4 @@
-// Stop strings over a stream of text pieces (spec api.md §5.7.4–5.7.5): output is cut just before the earliest
+// Stop strings over a stream of text pieces (docs/api.md §stop): output is cut just before the earliest
 // occurrence of any stop string (matched across piece boundaries), and a streaming client never sees a partial
 // stop string: text that could still begin a match is held back until it cannot, and flushed at the end.
 #pragma once

@@ -1,4 +1,4 @@
-// The OpenAI error model (spec api.md §3): every non-2xx answer is
+// The OpenAI error model (docs/api.md §errors): every non-2xx answer is
 // {"error": {"message", "type", "param", "code"}} with a string code. ApiError carries one such answer through the
 // validation code to the HTTP layer.
 #pragma once

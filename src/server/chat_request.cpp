@@ -1,4 +1,4 @@
-// POST /v1/chat/completions request validation (spec api.md §5.1, §5.2, §5.4.1, §5.5.1).
+// POST /v1/chat/completions request validation (docs/api.md §chat-request, §messages, §reasoning, §tools).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -239,7 +239,7 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
       if (auto it = k->find(key); it != k->end() && !it->is_null() && !it->is_boolean())
         invalid_type(std::string("chat_template_kwargs.") + key, "a boolean");
     for (auto it = k->begin(); it != k->end(); ++it)
-      if (!it->is_null()) r.chat_template_kwargs[it.key()] = *it;  // null = absent (§1.6)
+      if (!it->is_null()) r.chat_template_kwargs[it.key()] = *it;  // null = absent (docs/api.md §transport)
   }
   if (const ojson* th = get(b, "thinking")) {
     const ojson* t = th->is_object() ? get(*th, "type") : nullptr;
@@ -266,7 +266,7 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
   reject_set(b, "include_stop_str_in_output", " (planned for v2)");
   reject_set(b, "echo", " for chat completions");
 
-  // Cross-field checks (§5.1 notes), in order.
+  // Cross-field checks (docs/api.md §validation-order), in order.
   if (get(b, "stream_options") && !c.stream)
     invalid_value("stream_options", "'stream_options' is only allowed when 'stream' is true.");
   if (r.top_logprobs > 0 && !r.logprobs)

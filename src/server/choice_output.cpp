@@ -70,7 +70,7 @@ void ChoiceOutput::emit_content(const std::string& text, ChoiceDelta& out) {
 
 void ChoiceOutput::add_calls(std::vector<ToolCall>& calls, ChoiceDelta& out) {
   for (auto& c : calls) {
-    if (!cfg_.parallel_tool_calls && !calls_.empty()) continue;  // at most one call (§5.1 parallel_tool_calls)
+    if (!cfg_.parallel_tool_calls && !calls_.empty()) continue;  // at most one call (docs/api.md §tools)
     const int index = static_cast<int>(calls_.size());
     const std::string id = random_call_id();
     ToolCallDelta head;

@@ -1,6 +1,6 @@
-// The output pipeline of one choice (spec api.md §5.4, §5.5, §5.7, §5.10, §5.13): sampled ids -> reasoning split ->
-// streaming detokenization per channel -> stop strings (content channel) -> tool-call parser -> deltas. Streaming and
-// non-streaming responses are both built from these deltas, so they agree by construction.
+// The output pipeline of one choice (docs/api.md §reasoning, §tools, §stop, §usage, §logprobs): sampled ids ->
+// reasoning split -> streaming detokenization per channel -> stop strings (content channel) -> tool-call parser ->
+// deltas. Streaming and non-streaming responses are both built from these deltas, so they agree by construction.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -104,7 +104,7 @@ class ChoiceOutput {
   std::string finish_reason_;
 };
 
-// "call_" + 24 [A-Za-z0-9]; "chatcmpl-"/"cmpl-" + 32 lowercase hex (spec §1.11).
+// "call_" + 24 [A-Za-z0-9]; "chatcmpl-"/"cmpl-" + 32 lowercase hex (docs/api.md §transport).
 std::string random_call_id();
 std::string random_hex(size_t n);
 

@@ -1,4 +1,5 @@
-// POST /v1/completions (spec api.md §6.1), POST /tokenize and /detokenize (§10) request validation.
+// Request validation of POST /v1/completions (docs/api.md §completions), POST /tokenize and /detokenize
+// (docs/api.md §tokenize).
 #include <fmt/format.h>
 
 #include "server/json_fields.h"

@@ -1,4 +1,4 @@
-// Streaming detokenization (spec tokenizer-and-chat.md §2.7). For byte-level tokenizers each id appends fixed bytes:
+// Streaming detokenization (docs/tokenizer.md §decoding). For byte-level tokenizers each id appends fixed bytes:
 // the longest valid UTF-8 prefix is emitted, a valid-but-incomplete code point (<= 3 bytes) is held back, bytes that
 // can never complete become U+FFFD at once (one per maximal invalid subsequence, as Rust from_utf8_lossy / Python
 // errors="replace"). Chunks concatenate to decode(all ids). Other tokenizers re-decode a window of ids and emit the

@@ -1,6 +1,6 @@
-// POST /v1/chat/completions and /v1/completions: validation (spec api.md §3.4 order) and submission on a worker
+// POST /v1/chat/completions and /v1/completions: validation (docs/api.md §validation-order) and submission on a worker
 // thread, then a GenerationRun that the connection drives without blocking: the whole JSON response when all choices
-// finished, or an SSE stream (§5.12, §6.5) written as the engine produces it.
+// finished, or an SSE stream (docs/api.md §streaming) written as the engine produces it.
 #include <chrono>
 #include <ctime>
 
@@ -177,8 +177,8 @@ GenerationRun::Poll GenerationRun::poll(HttpResponse& res, std::string& out, Clo
     return Poll::Respond;
   }
   if (!started_) {
-    // SSE headers go out when the request is scheduled or the first ping is due (§11.3); until then errors keep
-    // their HTTP status.
+    // SSE headers go out when the request is scheduled or the first ping is due (docs/api.md §scheduling); until then
+    // errors keep their HTTP status.
     for (auto& e : ev) {
       if (e.kind == StreamEvent::Kind::Abort) {
         done_ = true;

@@ -1,4 +1,5 @@
-// GET /v1/models[/{id}], /health, /version, /metrics; POST /tokenize, /detokenize (spec api.md §7–§10).
+// GET /v1/models[/{id}], /health, /version, /metrics; POST /tokenize, /detokenize
+// (docs/api.md §models, §health, §metrics, §tokenize).
 #include "server/http_internal.h"
 
 namespace latent::server {

@@ -49,7 +49,7 @@ std::string HfCodec::decode(std::span<const int32_t> ids, bool skip_special) con
 std::string HfCodec::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                  bool add_generation_prompt, const nlohmann::ordered_json& vars,
                                  const std::string* override_source) const {
-  // Template errors are reported without the template's file path (spec api.md §5.3.1).
+  // Template errors are reported without the template's file path (docs/api.md §prompt).
   try {
     if (override_source) {
       const ChatTemplate t = ChatTemplate::from_string(

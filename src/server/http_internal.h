@@ -149,7 +149,7 @@ class GenerationRun {
   double ping_s_;
 };
 
-// Runs a handler body, turning ApiError / other exceptions into the error JSON (§3).
+// Runs a handler body, turning ApiError / other exceptions into the error JSON (docs/api.md §errors).
 template <class F>
 void guarded(HttpContext& ctx, HttpResponse& res, F&& f) {
   try {

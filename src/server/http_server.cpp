@@ -1,10 +1,10 @@
 // The HTTP/1.1 front end over Boost.Beast (request parsing) and Boost.Asio (event loop): a few io threads serve every
 // connection, none is tied to one. Each connection is a Session running on its own strand: it reads the header,
-// checks route / auth / size before the body is read (§2.5, §1.4), reads the body into one buffer, runs the handler
-// (on the io thread for the cheap endpoints, on a small worker pool for the ones that parse and tokenize), and then
-// either writes the answer or drives a GenerationRun: the scheduler thread only queues events and posts a wake-up;
-// the strand turns them into bytes and writes one buffer at a time, so a reader that stops reading holds back its
-// own stream only (and is dropped after --write-timeout, its request cancelled).
+// checks route / auth / size before the body is read (docs/api.md §auth, §transport), reads the body into one buffer,
+// runs the handler (on the io thread for the cheap endpoints, on a small worker pool for the ones that parse and
+// tokenize), and then either writes the answer or drives a GenerationRun: the scheduler thread only queues events and
+// posts a wake-up; the strand turns them into bytes and writes one buffer at a time, so a reader that stops reading
+// holds back its own stream only (and is dropped after --write-timeout, its request cancelled).
 #include "server/http_server.h"
 
 #include <fmt/format.h>
@@ -96,7 +96,7 @@ struct Route {
   const char* path;
   bool prefix;
   const char* allow;  // Allow header
-  bool auth;          // protected (§2.3); /metrics decided by the flag
+  bool auth;          // protected (docs/api.md §auth); /metrics decided by the flag
   Handler handler;
   bool worker;  // parses a body / tokenizes: runs on the worker pool, not on an io thread
 };
@@ -301,7 +301,7 @@ class Session : public std::enable_shared_from_this<Session> {
     head_ = close_after_ = timed_out_ = large_ = head_sent_ = disconnect_ = false;
     parser_.emplace();
     parser_->header_limit(64 * 1024);
-    parser_->body_limit(boost::none);  // the limit is checked after auth (§2.5), then set for the body
+    parser_->body_limit(boost::none);  // the limit is checked after auth (docs/api.md §auth), then set for the body
     if (buf_.size() > 0) return read_header();
     arm(Clock::now() + seconds(ctx_.opt.keep_alive_timeout_s), TimerKind::Idle);
     sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
@@ -507,7 +507,8 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // Notices a client that closes while its generation runs (§11.4): readable + a zero-byte peek is EOF.
+  // Notices a client that closes while its generation runs (docs/api.md §scheduling): readable + a zero-byte
+  // peek is EOF.
   void watch_peer() {
     watching_ = true;
     const uint64_t seq = ++watch_seq_;

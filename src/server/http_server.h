@@ -1,4 +1,4 @@
-// The OpenAI-compatible HTTP server (spec api.md §1–§11), event-driven over Boost.Beast / Asio: a few io threads
+// The OpenAI-compatible HTTP server (docs/api.md), event-driven over Boost.Beast / Asio: a few io threads
 // serve every connection (none is tied to one); routing (404 / 405), auth before the body is read, body size limit,
 // request ids, CORS, OpenAI error JSON for every failure, SSE streaming with backpressure, /metrics, access logs and
 // graceful shutdown. The model-facing work is Service's; the server starts before the model is loaded and answers

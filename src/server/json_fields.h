@@ -1,4 +1,4 @@
-// Typed accessors for request JSON (spec api.md §1.6, §1.7): null means absent; integer fields accept only JSON
+// Typed accessors for request JSON (docs/api.md §transport): null means absent; integer fields accept only JSON
 // integers; number fields any JSON number but booleans. Failures throw ApiError with the field's JSON path.
 #pragma once
 #include <fmt/format.h>

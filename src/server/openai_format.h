@@ -1,5 +1,5 @@
-// JSON shapes of the OpenAI responses (spec api.md §5.10–5.13, §6.4–6.5): usage, logprobs, chat and completion
-// responses and stream chunks.
+// JSON shapes of the OpenAI responses (docs/api.md §usage, §response, §streaming, §logprobs, §completions): usage,
+// logprobs, chat and completion responses and stream chunks.
 #pragma once
 #include <nlohmann/json.hpp>
 

@@ -27,7 +27,7 @@ ReasoningSplitter::Route ReasoningSplitter::route(int32_t token) {
   if (token == t_->think_end) {
     const bool was = state_ == Channel::Reasoning;
     state_ = Channel::Content;
-    // A stray </think> in content is dropped too: it never appears in either field (§5.4.3).
+    // A stray </think> in content is dropped too: it never appears in either field (docs/api.md §reasoning).
     return {was ? Channel::Reasoning : Channel::Content, true};
   }
   if (token == t_->think_start) {

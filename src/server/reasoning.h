@@ -1,4 +1,4 @@
-// Reasoning / content split for `<think>` models (spec api.md §5.4.2–5.4.3), on token ids:
+// Reasoning / content split for `<think>` models (docs/api.md §reasoning), on token ids:
 //  - the initial state comes from the rendered prompt: scanning back to the last assistant header, `<think>` seen
 //    first -> REASONING; `</think>` or nothing -> CONTENT;
 //  - REASONING -> CONTENT on `</think>` (dropped) or on the tool-call start token (kept: the tool parser needs it);

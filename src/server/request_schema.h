@@ -1,8 +1,8 @@
-// Request schemas of the OpenAI endpoints (spec api.md §5.1, §5.2, §5.5.1, §6.1, §10) and their validation: pure
-// functions from a parsed JSON body to a typed request, throwing ApiError with the spec's status, code and param.
-// Checks run in the order of spec §3.4: per-field type / range checks in the order the fields are listed in the
-// spec tables, then the cross-field checks, then the model lookup. Later stages (template rendering, context
-// length, admission) are the handler's.
+// Request schemas of the OpenAI endpoints (docs/api.md §chat-request, §messages, §tools, §completions, §tokenize) and
+// their validation: pure functions from a parsed JSON body to a typed request, throwing ApiError with the contract's
+// status, code and param. Checks run in the order of docs/api.md §validation-order: per-field type / range checks in
+// the order the fields are listed in the field tables, then the cross-field checks, then the model lookup. Later stages
+// (template rendering, context length, admission) are the handler's.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -30,7 +30,7 @@ struct CommonParams {
   bool model_given = false;
   bool stream = false;
   bool include_usage = false;
-  std::optional<int64_t> max_tokens;  // M (§5.8)
+  std::optional<int64_t> max_tokens;  // M (docs/api.md §context-length)
   std::string max_tokens_param;       // the field the client used for M
   std::optional<double> temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
   std::optional<int64_t> top_k;
@@ -111,11 +111,11 @@ CompletionRequest parse_completion_request(const ojson& body, const ValidationCo
 TokenizeRequest parse_tokenize_request(const ojson& body, const ValidationContext& ctx);
 DetokenizeRequest parse_detokenize_request(const ojson& body, const ValidationContext& ctx);
 
-// Template variables derived from the request (§5.3.1, §5.4.1): chat_template_kwargs plus enable_thinking /
-// thinking and reasoning_effort. Keys the client did not set stay absent.
+// Template variables derived from the request (docs/api.md §prompt, §reasoning): chat_template_kwargs plus
+// enable_thinking / thinking and reasoning_effort. Keys the client did not set stay absent.
 ojson chat_template_variables(const ChatRequest& r);
 
-// Model lookup (§3.4): "" -> primary; unknown -> 404 model_not_found.
+// Model lookup (docs/api.md §validation-order): "" -> primary; unknown -> 404 model_not_found.
 std::string resolve_model(const std::string& model, bool given, const ValidationContext& ctx);
 
 }  // namespace latent::server

@@ -148,7 +148,7 @@ std::string Service::render_chat(const ChatRequest& r) const {
   if (!codec_.has_chat_template())
     invalid_value("messages", "This model has no chat template; use /v1/completions or start the server with --chat-template.");
   const ojson vars = chat_template_variables(r);
-  const ojson tools = r.tool_choice == ToolChoice::None ? ojson(nullptr) : r.tools;  // §5.5.2: none -> not rendered
+  const ojson tools = r.tool_choice == ToolChoice::None ? ojson(nullptr) : r.tools;  // none: not rendered (docs/api.md)
   std::string text;
   try {
     text = codec_.render_chat(r.messages, tools, r.add_generation_prompt, vars,
@@ -162,7 +162,7 @@ std::string Service::render_chat(const ChatRequest& r) const {
 }
 
 std::vector<int32_t> Service::chat_prompt_ids(const ChatRequest& r) const {
-  return codec_.encode(render_chat(r), /*add_special_tokens=*/false);  // the template writes the specials (§5.3.2)
+  return codec_.encode(render_chat(r), /*add_special_tokens=*/false);  // the template writes them (docs/api.md §prompt)
 }
 
 size_t max_token_bytes(const TextCodec& codec) {
@@ -242,7 +242,7 @@ int64_t Service::resolve_max_tokens(const CommonParams& c, int64_t P, const std:
     return M;
   }
   int64_t M = C - P;
-  if (!chat) M = std::min<int64_t>(M, 16);  // legacy completions default (§6.1)
+  if (!chat) M = std::min<int64_t>(M, 16);  // legacy completions default (docs/api.md §completions)
   if (opt_.max_output_tokens) M = std::min(M, *opt_.max_output_tokens);
   return std::max<int64_t>(M, 1);
 }

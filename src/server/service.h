@@ -1,6 +1,6 @@
 // Service: the model-facing half of the server. Turns validated requests into prompts (chat template + tokenizer),
-// applies the context-length rules (spec api.md §5.8) and sampling defaults (§5.6.1), submits sequences to the
-// scheduler and hands back a job whose RequestState streams the output. No HTTP here.
+// applies the context-length rules (docs/api.md §context-length) and sampling defaults (docs/api.md §sampling), submits
+// sequences to the scheduler and hands back a job whose RequestState streams the output. No HTTP here.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -98,7 +98,7 @@ class Service {
   ToolFormat tool_format() const { return tool_format_; }
   bool reasoning_enabled() const { return reasoning_enabled_; }
 
-  // Chat template rendering (§5.3, §5.4.1): 400 invalid_value param messages on a template error.
+  // Chat template rendering (docs/api.md §prompt, §reasoning): 400 invalid_value param messages on a template error.
   std::string render_chat(const ChatRequest& r) const;
   std::vector<int32_t> chat_prompt_ids(const ChatRequest& r) const;
 
@@ -141,7 +141,7 @@ class Service {
   std::deque<std::string> grammar_order_;  // oldest first (the cache keeps 64)
 };
 
-// Maps a scheduler refusal to the spec's error (503 overloaded / draining / engine_dead, 400 for too large).
+// Maps a scheduler refusal to its error (docs/api.md §errors: 503 overloaded / draining / engine_dead, 400 too large).
 ApiError rejection_error(const SchedulerRejected& r);
 
 }  // namespace latent::server

@@ -117,7 +117,7 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   m->plan_text = format_plan_text(*m->files.plan, cfg, opt.model_dir, opt.plan.allow_lossy);
   if (opt.parallel.active()) m->plan_text += format_sharding_text(cfg, *m->files.plan, opt.parallel);
 
-  // Ids the model can produce but the tokenizer cannot print are never sampled (spec tokenizer §1).
+  // Ids the model can produce but the tokenizer cannot print are never sampled (docs/tokenizer.md §files).
   const int64_t V = cfg.vocab_size;
   m->banned.assign(static_cast<size_t>(V), false);
   int64_t n_banned = 0;

@@ -1,4 +1,4 @@
-// Constrained-decoding request fields (spec api.md §5.1 response_format; vLLM's guided_* and structured_outputs):
+// Constrained-decoding request fields (docs/api.md §structured-output; vLLM's guided_* and structured_outputs):
 // shape checks only. The grammar itself is compiled by the service (server/service.cpp), which answers 400 for a
 // schema, regex or grammar it cannot compile.
 #include <fmt/format.h>

@@ -1,7 +1,7 @@
-// Tool-call parsers over the content text (spec api.md §5.5.3–5.5.6), streaming: feed() takes text pieces in
+// Tool-call parsers over the content text (docs/api.md §tools), streaming: feed() takes text pieces in
 // generation order and returns the visible text that can be shown now plus every call that just completed; text
 // that may still turn into markup is held back. A call is reported only once it is complete, so streaming and
-// non-streaming give the same calls, and an unterminated call at the end is returned as raw text (§5.5.5).
+// non-streaming give the same calls, and an unterminated call at the end is returned as raw text (docs/api.md §tools).
 //
 // Formats:
 //  - Glm47: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call> (whitespace tolerated around

@@ -1,7 +1,7 @@
-// Added tokens (spec 2.2; huggingface/tokenizers tokenizer/added_vocabulary.rs): leftmost-longest matching over
-// all contents, then per match single_word (drop when a word character touches it), lstrip / rstrip (widen over
-// adjacent whitespace, which then yields no ids). Two matchers: non-normalized tokens against the raw text,
-// normalized ones (contents passed through the normalizer) against the normalized gaps.
+// Added tokens (docs/tokenizer.md §added-tokens; huggingface/tokenizers tokenizer/added_vocabulary.rs):
+// leftmost-longest matching over all contents, then per match single_word (drop when a word character touches it),
+// lstrip / rstrip (widen over adjacent whitespace, which then yields no ids). Two matchers: non-normalized tokens
+// against the raw text, normalized ones (contents passed through the normalizer) against the normalized gaps.
 #pragma once
 #include <cstdint>
 #include <string>

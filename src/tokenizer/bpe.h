@@ -1,4 +1,4 @@
-// The BPE model of tokenizer.json (spec 2.5; huggingface/tokenizers models/bpe): vocab, merge ranks over
+// The BPE model of tokenizer.json (docs/tokenizer.md §BPE; huggingface/tokenizers models/bpe): vocab, merge ranks over
 // (left id, right id) pairs, ignore_merges, byte_fallback, unk_token / fuse_unk, continuing_subword_prefix,
 // end_of_word_suffix; a sharded per-word cache. dropout must be null or 0.
 #pragma once

@@ -1,4 +1,4 @@
-// IncrementalDetokenizer: text for a stream of generated ids (spec 2.7).
+// IncrementalDetokenizer: text for a stream of generated ids (docs/tokenizer.md §decoding).
 //
 // With a ByteLevel decoder (GLM, DeepSeek, Kimi) each id contributes fixed bytes; pending bytes are emitted as
 // soon as they are valid UTF-8. Only a valid-but-incomplete code-point prefix at the end (at most 3 bytes) is

@@ -1,6 +1,6 @@
 // Tokenizer: a Hugging Face tokenizer.json (BPE family: GLM-4.5 ... GLM-5, DeepSeek-V3 / R1 / V3.1 / V3.2,
 // Kimi-K2 conversions) plus tokenizer_config.json, reproducing PyPI `tokenizers` token for token
-// (spec/tokenizer-and-chat.md section 2).
+// (docs/tokenizer.md).
 //
 // encode: added tokens are split out first (non-normalized ones from the raw text, normalized ones from the
 // normalized gaps), then normalizer -> pre-tokenizer -> BPE on each gap, then the post-processor when

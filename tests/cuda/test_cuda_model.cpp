@@ -119,7 +119,7 @@ TEST_P(CudaModel, Fp32MatchesTransformers) {
 // and rows whose two best logits are a near-tie may swap: the tiny random models are full of those. Required: the
 // same top-1 on every row the reference decides clearly (best − second ≥ 5 % of the row's max |logit|, far above
 // the bf16 noise), ≥ 90 % of all rows, and an RMS relative error ≤ 5e-2 (bf16 keeps 8 bits: 3.9e-3 per rounding,
-// compounded over the layers). The demo model below is the spec's criterion (top-1 ≥ 99 %).
+// compounded over the layers). The demo model below is docs/cuda.md §testing's criterion (top-1 ≥ 99 %).
 TEST_P(CudaModel, Bf16MatchesRefEmulation) {
   const std::string name = GetParam(), gold = repo() + "/tests/golden/" + name;
   const std::vector<int32_t> ids = read_tokens(gold + "/tokens.json");
@@ -159,7 +159,7 @@ TEST_P(CudaModel, Bf16MatchesRefEmulation) {
   EXPECT_LE(rel, 5e-2);
 }
 
-// The spec's bf16 criterion (cuda.md §3) on the trained demo model (models/latent-demo, MXFP4 experts): CUDA bf16
+// The bf16 criterion of docs/cuda.md §testing on the trained demo model (models/latent-demo, MXFP4 experts): CUDA bf16
 // against the ref backend's bf16 emulation over 8 fixture conversations (prompt + transformers' greedy
 // continuation, one prefill each): top-1 ≥ 99 % of the rows; the relative error of every layer's hidden state is
 // printed.

@@ -1,5 +1,5 @@
-// config.json parsing: spec/model.md §1 fields, transformers defaults, yarn (§3.3), layer typing, IndexShare (§4.5),
-// named validation errors.
+// config.json parsing: docs/model.md §config fields, transformers defaults, yarn (docs/model.md §yarn), layer typing,
+// IndexShare, named validation errors.
 #include "format/hf_config.h"
 
 #include <gtest/gtest.h>
@@ -50,7 +50,7 @@ void expect_error(const json& j, const std::vector<std::string>& needles) {
   }
 }
 
-// Independent fp64 yarn of spec §3.3 (written from the spec, not from the implementation).
+// Independent fp64 yarn of docs/model.md §yarn (written from the document, not from the implementation).
 std::vector<double> spec_yarn_inv_freq(double theta, int dim, double f, double l0, double bf, double bs) {
   auto corr = [&](double r) { return dim * std::log(l0 / (2 * std::numbers::pi * r)) / (2 * std::log(theta)); };
   double lo = std::max(std::floor(corr(bf)), 0.0);
@@ -101,7 +101,7 @@ void expect_tiny_common(const ModelConfig& c) {
   EXPECT_TRUE(c.rope.truncate);
   EXPECT_FALSE(c.rope.attention_factor.has_value());
   EXPECT_TRUE(c.rope_interleave);
-  // §9: scale = 48^-0.5 · m(4,0.8)² ≈ 0.178128, attention_factor = m(4,1)/m(4,0.8) ≈ 1.02496.
+  // docs/model.md §tiny-models: scale = 48^-0.5 · m(4,0.8)² ≈ 0.178128, attention_factor = m(4,1)/m(4,0.8) ≈ 1.02496.
   const double m08 = 1 + 0.08 * std::log(4.0), m1 = 1 + 0.1 * std::log(4.0);
   EXPECT_NEAR(c.softmax_scale(), m08 * m08 / std::sqrt(48.0), 1e-15);
   EXPECT_NEAR(c.softmax_scale(), 0.178128, 5e-7);
@@ -122,7 +122,7 @@ void expect_tiny_common(const ModelConfig& c) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// §9 tiny configs
+// Tiny configs (docs/model.md §tiny-models)
 
 TEST(HfConfig, TinyGlm) {
   ModelConfig c = parse(load_json("glm_tiny.json"));
@@ -157,7 +157,7 @@ TEST(HfConfig, TinyV3) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Real-size configs (values of spec §1)
+// Real-size configs (values of docs/model.md §config)
 
 ModelConfig parse_file(const std::string& name) {
   std::ifstream in(data_path(name));

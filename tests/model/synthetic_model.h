@@ -1,5 +1,5 @@
 // Synthetic tiny checkpoints for engine-internal tests: writes config.json + model.safetensors (random weights,
-// fixed seed) in a fresh temp directory, with the real HF tensor names (spec §2.1).
+// fixed seed) in a fresh temp directory, with the real HF tensor names (docs/model.md §tensors).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-// The batched step over the paged cache (DESIGN.md "One step for many sequences"):
+// The batched step over the paged cache (docs/design.md §engine-contract):
 //  * batch invariance: a sequence's logits are bit-identical whatever else is in the step (other sequences, their
 //    lengths, its position in the batch), on both CPU backends, fp32 and bf16;
 //  * paged = contiguous: block sizes 1, 3, 16 and 64 give the same logits;

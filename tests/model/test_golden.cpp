@@ -181,8 +181,8 @@ TEST_P(Golden, GreedyGeneration) {
   EXPECT_EQ(got, want);
 }
 
-// bf16-activation mode (spec §8). On these tiny random models bf16 rounding flips router / DSA top-k decisions
-// (HF's own bf16 run agrees with its fp32 argmax on only 88-96 % of the rows, meta.json "bf16"), so the
+// bf16-activation mode (docs/model.md §bf16). On these tiny random models bf16 rounding flips router / DSA top-k
+// decisions (HF's own bf16 run agrees with its fp32 argmax on only 88-96 % of the rows, meta.json "bf16"), so the
 // criterion is checked with the discrete decisions of our fp32 run forced into the bf16 run; the free-running
 // bf16 figures (vs HF fp32 and vs HF bf16) are printed for information. The 99 % criterion is applied to rows whose
 // fp32 top-1 is not a near tie (margin >= 1 % of max|logit|).

@@ -1,4 +1,4 @@
-"""tools/quantize_np.py against the reference vectors of shared/spec/quantization.md §7
+"""tools/quantize_np.py against the reference vectors of docs/quantization.md §vectors
 (and cross-checks against ml_dtypes). Needs numpy + ml_dtypes only."""
 import os
 import sys
@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import quantize_np as q  # noqa: E402
 
 
-# ---------------------------------------------------------------- E2M1 (§1, §7)
+# ---------------------------------------------------------------- E2M1 (docs/quantization.md §E2M1)
 E2M1_CASES = [  # value, rne, ties-away, toward-zero (llama.cpp)
     (0.3, 1, 1, 1), (-0.7, 9, 9, 9), (1.1, 2, 2, 2), (1.25, 2, 3, 2), (-2.6, 0xD, 0xD, 0xD),
     (3.5, 6, 6, 5), (5.0, 6, 7, 6), (6.2, 7, 7, 7), (100.0, 7, 7, 7), (-0.25, 0, 9, 0),
@@ -44,7 +44,7 @@ def test_e2m1_rne_is_nearest():
     assert np.all(err <= best + 1e-12)
 
 
-# ---------------------------------------------------------------- E8M0 (§2, §7)
+# ---------------------------------------------------------------- E8M0 (docs/quantization.md §E8M0)
 def test_e8m0_decode_vectors():
     d = q.e8m0_decode(np.array([0x00, 0x01, 0x7A, 0x7E, 0x7F, 0x80, 0x85, 0xFE, 0xFF], np.uint8))
     assert d[0].view(np.uint32) == 0x00400000
@@ -74,7 +74,7 @@ def test_mxfp4_small_block_elements():
     assert list(deq) == [0.046875, -0.01171875, 0.0234375, 0.0078125]
 
 
-# ---------------------------------------------------------------- full MXFP4 block (§7)
+# ---------------------------------------------------------------- full MXFP4 block (docs/quantization.md §vectors)
 BLOCK = ((np.arange(32) - 16) / 4).astype(np.float32)[None, :]
 
 
@@ -108,7 +108,7 @@ def test_mxfp4_saturation_and_shapes():
     assert 0.05 < rel < 0.2
 
 
-# ---------------------------------------------------------------- E4M3FN (§3, §7)
+# ---------------------------------------------------------------- E4M3FN (docs/quantization.md §FP8)
 E4M3_CASES = [(1.0, 0x38), (0.5, 0x30), (2.0, 0x40), (-2.0, 0xC0), (-1.5, 0xBC), (240.0, 0x77),
               (256.0, 0x78), (448.0, 0x7E), (0.1, 0x1D), (0.3, 0x2A), (np.pi, 0x45), (1.0625, 0x38),
               (1.1875, 0x3A), (2.0 ** -6, 0x08), (2.0 ** -9, 0x01), (2.0 ** -10, 0x00),
@@ -152,7 +152,7 @@ def test_fp8_block_ragged():
     deq = q.fp8_block_dequantize(codes, sinv)
     rel = np.linalg.norm(deq - w) / np.linalg.norm(w)
     assert 0.01 < rel < 0.04
-    # code 0x38 in block (1,1) with scale_inv 0.0025 -> 0.0025 (spec §7)
+    # code 0x38 in block (1,1) with scale_inv 0.0025 -> 0.0025 (docs/quantization.md §vectors)
     c2 = codes.copy(); c2[130, 140] = 0x38
     s2 = sinv.copy(); s2[1, 1] = 0.0025
     assert q.fp8_block_dequantize(c2, s2)[130, 140] == np.float32(0.0025)

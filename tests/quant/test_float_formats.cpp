@@ -1,5 +1,5 @@
 // Scalar codecs: every code and a few thousand encode samples against ml_dtypes (tests/data/quant, made by
-// tools/gen_quant_tables.py), saturation, f16/bf16 exhaustively, and the spec §7 vectors.
+// tools/gen_quant_tables.py), saturation, f16/bf16 exhaustively, and the docs/quantization.md §vectors.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -207,7 +207,7 @@ TEST(FloatFormats, F16Exhaustive) {
 #endif
 }
 
-// ---- spec/quantization.md §7 ----------------------------------------------------------------------------------
+// ---- docs/quantization.md §vectors ---------------------------------------------------------------------------
 
 TEST(SpecVectors, E2M1EncodeRne) {
   const std::pair<float, uint8_t> v[] = {{0.3f, 0x1}, {-0.7f, 0x9}, {1.1f, 0x2},  {1.25f, 0x2}, {-2.6f, 0xD},
@@ -218,7 +218,7 @@ TEST(SpecVectors, E2M1EncodeRne) {
   EXPECT_EQ(f32_to_e2m1(0.25f), 0x0);
   EXPECT_EQ(f32_to_e2m1(-0.25f) & 0x7, 0x0);
   EXPECT_EQ(f32_to_e2m1(-INFINITY), 0xF);
-  // §1.1 table
+  // the E2M1 table (docs/quantization.md §E2M1)
   const float vals[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0f, -0.5, -1, -1.5, -2, -3, -4, -6};
   for (int c = 0; c < 16; ++c) EXPECT_EQ(bits(e2m1_to_f32(uint8_t(c))), bits(vals[c])) << c;
 }

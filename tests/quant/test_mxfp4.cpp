@@ -1,4 +1,5 @@
-// MXFP4: scale rules, block quantization, packing (OCP / Quark / gpt-oss / ggml), dequant rows — spec §1–§2, §7.
+// MXFP4: scale rules, block quantization, packing (OCP / Quark / gpt-oss / ggml), dequant rows
+// (docs/quantization.md §MXFP4, §vectors).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,5 @@
-// WeightFormat plumbing, quantize_matrix, and the spec §6.2 round-trip errors on Gaussian data (±0.3 points).
+// WeightFormat plumbing, quantize_matrix, and the round-trip errors of docs/quantization.md §errors on Gaussian
+// data (±0.3 points).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -88,7 +89,7 @@ TEST(Quantize, PlainFormatsAndBf16Source) {
   EXPECT_EQ(rel_error(src, src), 0.0);
 }
 
-// Spec §6.2 (4096x4096, sigma 1). 1024x1024 here keeps Debug+ASan fast; sampling noise is ~0.01 points.
+// docs/quantization.md §errors (4096x4096, sigma 1). 1024x1024 here keeps Debug+ASan fast; sampling noise ~0.01 pt.
 TEST(Quantize, GaussianRoundTripErrorMatchesSpec) {
   const int64_t rows = 1024, cols = 1024;
   std::vector<float> w(static_cast<size_t>(rows * cols));

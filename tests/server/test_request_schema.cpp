@@ -1,5 +1,6 @@
-// Request validation (spec api.md §3, §5.1, §5.2, §5.5.1, §6.1, §10): a table of malformed requests, each with the
-// status, code and param the spec requires, plus the accepted shapes and the template-variable rules of §5.4.1.
+// Request validation (docs/api.md §errors, §chat-request, §messages, §tools, §completions, §tokenize): a table of
+// malformed requests, each with the status, code and param the contract requires, plus the accepted shapes and the
+// template-variable rules of docs/api.md §reasoning.
 #include <gtest/gtest.h>
 
 #include "server/api_error.h"
@@ -270,7 +271,8 @@ std::vector<Row> cases() {
   bad(Ep::Detokenize, R"({"tokens":"1 2"})", "invalid_type", "tokens");
   bad(Ep::Detokenize, R"({"tokens":[1,1000]})", "invalid_value", "tokens[1]");
   bad(Ep::Detokenize, R"({"tokens":[1,"2"]})", "invalid_type", "tokens[1]");
-  // --- validation order (§3.4): the first failing field in spec order wins --------------------------------------
+  // --- validation order (docs/api.md §validation-order): the first failing field in table order wins
+  // --------------------------------------
   bad(Ep::Chat, R"({"messages":[],"temperature":9})", "invalid_value", "messages");
   bad(Ep::Chat, R"({"model":"nope","messages":[{"role":"user","content":"x"}],"temperature":9})", "invalid_value", "temperature");
   bad(Ep::Chat, chat(R"("temperature":9,"n":0)"), "invalid_value", "temperature");

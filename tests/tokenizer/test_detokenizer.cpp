@@ -1,4 +1,4 @@
-// IncrementalDetokenizer (spec 2.7): pieces are valid UTF-8 and never end inside a character; their
+// IncrementalDetokenizer (docs/tokenizer.md §decoding): pieces are valid UTF-8 and never end inside a character; their
 // concatenation equals decode(all ids) for any split; the listed edge cases.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-"""OCP MXFP4 (Quark layout) quantizer used for the latent-demo experts (spec/quantization.md §1, §2).
+"""OCP MXFP4 (Quark layout) quantizer used for the latent-demo experts (docs/quantization.md §E2M1, §E8M0, §MXFP4).
 
 Blocks of 32 contiguous elements along the last (input) axis; shared scale e8m0 with the OCP floor rule
 se = floor(log2(amax)) - 2 (all-zero block: code 0); elements E2M1 rounded to nearest, ties to even code,

@@ -10,11 +10,11 @@ import os
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-# GLM-5 split regex (spec/tokenizer-and-chat.md §2.3).
+# GLM-5 split regex (docs/tokenizer.md §pre-tokenizers).
 GLM_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-# (content, special) in GLM-5 order (spec §3.1; multimodal and FIM tokens omitted).
+# (content, special) in GLM-5 order (docs/tokenizer.md §glm-chat; multimodal and FIM tokens omitted).
 ADDED = [("<|endoftext|>", True), ("[MASK]", True), ("[gMASK]", True), ("[sMASK]", True), ("<sop>", True),
          ("<eop>", True), ("<|system|>", True), ("<|user|>", True), ("<|assistant|>", True),
          ("<|observation|>", True), ("<think>", False), ("</think>", False), ("<tool_call>", False),

@@ -1,4 +1,4 @@
-// MLA decode attention in the bf16 mode, as FlashMLA structures it (docs/design.md, "CUDA backend"):
+// MLA decode attention in the bf16 mode, as FlashMLA structures it (docs/design.md §cuda-backend):
 //   A. absorb:   q_lat[i, h, :] = W_UK[h]ᵀ · q_nope[i, h, :]   for every token and head of the step (kv_b read once
 //                per step, not per token and head), rounded to bf16;
 //   B. attend:   per (token, tile of 64 heads, split of the keys) one block: the query tile [64 heads × (dc + dr)]

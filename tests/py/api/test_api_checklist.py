@@ -1,4 +1,4 @@
-"""Spec api.md §15 conformance checklist, black-box, with the official openai client against `latent serve`."""
+"""The docs/api.md §checklist conformance checks, black-box, with the official openai client against `latent serve`."""
 import json
 import re
 
@@ -50,7 +50,8 @@ def collect_stream(stream):
     return chunks, content, reasoning, calls, finish
 
 
-# 1 + 2: error envelope and every row of the §3.3 table we can reproduce from outside -------------------------------
+# 1 + 2: error envelope and every row of the docs/api.md §errors table we can reproduce from outside
+# -------------------------------
 
 def test_error_table(server):
     assert_error(*server.json("POST", "/v1/chat/completions", "{nope"), 400, "invalid_json", None)

@@ -1,6 +1,6 @@
 """Concurrency: 16 parallel greedy streams give exactly what each gives alone; a client that disconnects (streaming
-or not) frees its sequence and KV blocks (spec §11.4, visible in /metrics); the queue limit answers 503; SIGTERM
-drains; seeded sampling is unaffected by concurrent load (spec §12.2)."""
+or not) frees its sequence and KV blocks (docs/api.md §scheduling, visible in /metrics); the queue limit answers 503;
+SIGTERM drains; seeded sampling is unaffected by concurrent load (docs/api.md §determinism)."""
 import json
 import socket
 import threading
