@@ -1,7 +1,9 @@
 // latent fidelity [--model DIR] [--baseline RULE …] [--candidate RULE …] [--quantize RULE …] [--max-quant-error E]
-//                [--allow-lossy] [--prompts FILE] [--chat] [--max-tokens N] [--json] [--plot FILE.png]
+//                [--allow-lossy] [--prompts FILE] [--chat] [--max-tokens N] [--mtp-drafts K] [--json]
+//                [--plot FILE.png]
 // Compares two precision plans of one checkpoint layer by layer (src/fidelity). Without --candidate: the founding
-// comparison, *.kv_b_proj=mxfp4 against the checkpoint as stored.
+// comparison, *.kv_b_proj=mxfp4 against the checkpoint as stored. With an MTP layer in the checkpoint, also each
+// plan's MTP draft acceptance per draft position (K positions, default 3).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -140,6 +142,7 @@ void register_fidelity(CLI::App& app) {
     std::string prompts, plot, plot_scale = "linear";
     std::vector<std::string> baseline, candidate;
     int64_t max_tokens = 32;
+    int64_t mtp_drafts = -1;  // -1: the default (3 when the checkpoint has an MTP layer, else 0)
     bool json = false, chat = false;
   };
   auto o = std::make_shared<Opts>();
@@ -153,6 +156,9 @@ void register_fidelity(CLI::App& app) {
   cmd->add_option("--prompts", o->prompts, "File: one prompt per line, text or 'ids: 1 2 3'");
   cmd->add_flag("--chat", o->chat, "Render each text prompt as a user message through the chat template");
   cmd->add_option("--max-tokens", o->max_tokens, "Greedy continuation length (default 32)");
+  cmd->add_option("--mtp-drafts", o->mtp_drafts,
+                  "Draft positions of the MTP acceptance, measured when the checkpoint has an MTP layer (default 3; "
+                  "0 = off)");
   cmd->add_flag("--json", o->json, "Print every number as JSON (the comparison line goes to stderr)");
   cmd->add_option("--plot", o->plot, "Write a per-layer error chart (PNG) and its data beside it (F.json)");
   cmd->add_option("--plot-scale", o->plot_scale, "y axis of the chart: linear (default) or symlog");
@@ -192,6 +198,11 @@ void register_fidelity(CLI::App& app) {
     std::fflush(o->json ? stderr : stdout);
 
     const ModelConfig cfg = load_model_config(dir);
+    if (o->mtp_drafts < -1 || o->mtp_drafts > 16) fail("--mtp-drafts must be in [0, 16] (got {})", o->mtp_drafts);
+    if (o->mtp_drafts > 0 && cfg.num_nextn_predict_layers < 1)
+      fail("--mtp-drafts {}: the checkpoint has no MTP layer (config.json num_nextn_predict_layers {})", o->mtp_drafts,
+           cfg.num_nextn_predict_layers);
+    fo.mtp_drafts = cfg.num_nextn_predict_layers < 1 ? 0 : o->mtp_drafts < 0 ? 3 : o->mtp_drafts;
     Prompts pr = load_prompts(o->prompts, dir, cfg, o->chat);
     fo.stop_ids = cfg.eos_token_ids;
     const FidelityReport rep = run_fidelity(dir, pr.ids, pr.labels, fo);

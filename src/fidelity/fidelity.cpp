@@ -10,6 +10,7 @@
 #include "loader/quant_config.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/mtp_probe.h"
 
 namespace latent {
 
@@ -43,6 +44,35 @@ double kl_divergence(const float* lp, const float* lq, int64_t n) {
   return std::max(0.0, kl);
 }
 
+void MtpAcceptance::add(const MtpAcceptance& o) {
+  if (proposed.size() < o.proposed.size()) {
+    proposed.resize(o.proposed.size(), 0);
+    accepted.resize(o.accepted.size(), 0);
+  }
+  for (size_t j = 0; j < o.proposed.size(); ++j) {
+    proposed[j] += o.proposed[j];
+    accepted[j] += o.accepted[j];
+  }
+}
+
+MtpAcceptance mtp_acceptance(const std::vector<int32_t>& cont, const std::vector<int32_t>& drafts, int64_t k) {
+  const int64_t n = static_cast<int64_t>(cont.size());
+  if (k < 1 || static_cast<int64_t>(drafts.size()) != n * k)
+    fail("mtp acceptance: {} drafts for {} positions x {}", drafts.size(), n, k);
+  MtpAcceptance a;
+  a.proposed.assign(static_cast<size_t>(k), 0);
+  a.accepted.assign(static_cast<size_t>(k), 0);
+  for (int64_t q = 0; q < n; ++q) {
+    bool ok = true;
+    for (int64_t j = 1; j <= k && q + j < n; ++j) {
+      ok = ok && drafts[static_cast<size_t>(q * k + j - 1)] == cont[static_cast<size_t>(q + j)];
+      ++a.proposed[static_cast<size_t>(j - 1)];
+      a.accepted[static_cast<size_t>(j - 1)] += ok ? 1 : 0;
+    }
+  }
+  return a;
+}
+
 namespace {
 
 // Index of the rule that decides entry e (the last matching one, as apply_quantize_rules does), -1 when none.
@@ -57,9 +87,11 @@ struct LinearName {
   std::string module, name;
 };
 
-std::vector<LinearName> linear_names(const std::string& dir) {
+std::vector<LinearName> linear_names(const std::string& dir, int64_t mtp_layers) {
   std::vector<LinearName> v;
-  const ModelFiles f = open_model_files(dir, {});
+  PlanOptions po;
+  po.mtp_layers = mtp_layers;
+  const ModelFiles f = open_model_files(dir, po);
   for (const auto& e : f.plan->entries())
     if (e.is_linear && !e.skipped) v.push_back({e.module, e.name});
   return v;
@@ -93,6 +125,7 @@ Side open_side(const std::string& dir, const std::vector<LinearName>& stored, co
   po.quantize.insert(po.quantize.end(), side.begin(), side.end());
   po.max_quant_error = opt.max_quant_error;
   po.allow_lossy = true;  // the guard below applies to the shared rules only
+  po.mtp_layers = opt.mtp_drafts > 0 ? 1 : 0;
   Side s;
   s.files = open_model_files(dir, po);
   std::vector<std::string> offenders;
@@ -116,7 +149,9 @@ Side open_side(const std::string& dir, const std::vector<LinearName>& stored, co
          offenders.size(), opt.max_quant_error, list);
   }
   s.backend = make_backend(opt.backend, opt.threads);
-  s.model = std::make_unique<Model>(*s.files.cfg, *s.files.plan, *s.backend);
+  ModelOptions mo;
+  mo.mtp_layers = po.mtp_layers;
+  s.model = std::make_unique<Model>(*s.files.cfg, *s.files.plan, *s.backend, mo);
   return s;
 }
 
@@ -126,7 +161,8 @@ FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std:
                             const std::vector<std::string>& labels, const FidelityOptions& opt) {
   if (prompts.empty()) fail("fidelity: no prompts");
   std::vector<LinearName> stored;  // the Linear weights' names, to resolve overlapping rules (only with --quantize)
-  if (!opt.shared.empty()) stored = linear_names(model_dir);
+  if (opt.mtp_drafts < 0 || opt.mtp_drafts > 16) fail("fidelity: MTP draft positions must be in [0, 16] (got {})", opt.mtp_drafts);
+  if (!opt.shared.empty()) stored = linear_names(model_dir, opt.mtp_drafts > 0 ? 1 : 0);
   Side base = open_side(model_dir, stored, opt.baseline, "--baseline", opt);
   Side cand = open_side(model_dir, stored, opt.candidate, "--candidate", opt);
   const ModelConfig& cfg = *base.files.cfg;
@@ -138,6 +174,16 @@ FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std:
   rep.baseline_transforms = base.transforms;
   rep.candidate_transforms = cand.transforms;
   rep.mean_layer_rel_error.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), 0.0);
+  rep.mtp_drafts = opt.mtp_drafts;
+  // One plan's drafts along prompt + its own greedy continuation, from the continuation's first token on.
+  auto mtp_along = [&](Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& cont) {
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), cont.begin(), cont.end());
+    const int64_t k = opt.mtp_drafts;
+    if (cont.size() < 2) return mtp_acceptance(cont, std::vector<int32_t>(cont.size() * static_cast<size_t>(k)), k);
+    const MtpAlong a = mtp_drafts_along(m, seq, static_cast<int64_t>(prompt.size()), k, false);
+    return mtp_acceptance(cont, a.drafts, k);
+  };
 
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     const auto& ids = prompts[pi];
@@ -151,7 +197,7 @@ FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std:
     std::vector<float> lb(static_cast<size_t>(T * V)), lc(static_cast<size_t>(T * V));
     std::vector<float> hb, hc;
     {
-      KvCache cb(cfg), cc(cfg);
+      KvCache cb(cfg, 64, base.model->mtp_layers()), cc(cfg, 64, cand.model->mtp_layers());
       base.model->forward(ids, cb, lb.data(), true, &hb);
       cand.model->forward(ids, cc, lc.data(), true, &hc);
     }
@@ -194,6 +240,12 @@ FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std:
       pf.diverge_step = static_cast<int64_t>(n);
     pf.loop_baseline = find_longest_loop(pf.greedy_baseline);
     pf.loop_candidate = find_longest_loop(pf.greedy_candidate);
+    if (opt.mtp_drafts > 0) {
+      pf.mtp_baseline = mtp_along(*base.model, ids, pf.greedy_baseline);
+      pf.mtp_candidate = mtp_along(*cand.model, ids, pf.greedy_candidate);
+      rep.mtp_baseline.add(pf.mtp_baseline);
+      rep.mtp_candidate.add(pf.mtp_candidate);
+    }
     rep.prompts.push_back(std::move(pf));
   }
   return rep;
@@ -245,6 +297,18 @@ std::string fidelity_table(const FidelityReport& r) {
                                                                              : std::to_string(p.diverge_step),
                        p.loop_baseline ? "yes" : "no", loop_str(p.loop_candidate));
   }
+  if (r.mtp_drafts > 0) {
+    out += fmt::format("\nMTP draft acceptance (greedy; the drafts at every position of each plan's own greedy "
+                       "continuation; position j counts when drafts 1..j all match)\n");
+    out += fmt::format("  {:<9} {:>22} {:>22} {:>12}\n", "position", "baseline", "candidate", "difference");
+    for (size_t j = 0; j < static_cast<size_t>(r.mtp_drafts); ++j) {
+      auto cell = [j](const MtpAcceptance& a) {
+        return fmt::format("{:.1f}% ({}/{})", 100.0 * a.rate(j), a.accepted[j], a.proposed[j]);
+      };
+      out += fmt::format("  {:<9} {:>22} {:>22} {:>+9.1f} pp\n", j + 1, cell(r.mtp_baseline), cell(r.mtp_candidate),
+                         100.0 * (r.mtp_candidate.rate(j) - r.mtp_baseline.rate(j)));
+    }
+  }
   return out;
 }
 
@@ -267,6 +331,13 @@ nlohmann::json fidelity_json(const FidelityReport& r) {
     if (!l) return nullptr;
     return {{"period", l->period}, {"span", l->span}, {"start", l->start}};
   };
+  auto mtp = [](const MtpAcceptance& a) -> nlohmann::json {
+    if (a.proposed.empty()) return nullptr;
+    nlohmann::json rates = nlohmann::json::array();
+    for (size_t i = 0; i < a.proposed.size(); ++i)
+      rates.push_back(a.proposed[i] ? nlohmann::json(a.rate(i)) : nlohmann::json(nullptr));
+    return {{"proposed", a.proposed}, {"accepted", a.accepted}, {"acceptance", rates}};
+  };
   nlohmann::json j;
   j["model"] = r.model_dir;
   j["max_quant_error"] = r.max_quant_error;
@@ -285,7 +356,24 @@ nlohmann::json fidelity_json(const FidelityReport& r) {
                             {"greedy_candidate", p.greedy_candidate},
                             {"diverge_step", p.diverge_step < 0 ? nlohmann::json(nullptr) : nlohmann::json(p.diverge_step)},
                             {"loop_baseline", loop(p.loop_baseline)},
-                            {"loop_candidate", loop(p.loop_candidate)}});
+                            {"loop_candidate", loop(p.loop_candidate)},
+                            {"mtp_baseline", mtp(p.mtp_baseline)},
+                            {"mtp_candidate", mtp(p.mtp_candidate)}});
+  }
+  if (r.mtp_drafts > 0) {
+    nlohmann::json diff = nlohmann::json::array();
+    for (size_t i = 0; i < static_cast<size_t>(r.mtp_drafts); ++i)
+      diff.push_back(r.mtp_candidate.rate(i) - r.mtp_baseline.rate(i));
+    j["mtp"] = {{"draft_positions", r.mtp_drafts},
+                {"definition",
+                 "greedy; at every position of each plan's own greedy continuation the MTP layer drafts k tokens "
+                 "(recursively); draft j is proposed while its target token is in the continuation and accepted "
+                 "when drafts 1..j all equal the continuation"},
+                {"baseline", mtp(r.mtp_baseline)},
+                {"candidate", mtp(r.mtp_candidate)},
+                {"difference", diff}};
+  } else {
+    j["mtp"] = nullptr;
   }
   return j;
 }

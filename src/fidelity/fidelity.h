@@ -1,7 +1,9 @@
 // Fidelity: compares two precision plans of one checkpoint (docs/quantization.md §errors; docs/fidelity.md).
 // For each prompt: per-layer relative error of the residual stream (candidate vs baseline),
 // KL divergence and top-1 agreement of the next-token distributions along the prompt (teacher-forced), the first
-// step at which the greedy continuations diverge, and whether each continuation fell into a repetition loop.
+// step at which the greedy continuations diverge, and whether each continuation fell into a repetition loop; and,
+// when the checkpoint has an MTP layer, each plan's MTP draft acceptance per draft position (mtp_drafts_along:
+// teacher-forced along the plan's own greedy continuation, see MtpAcceptance).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -29,6 +31,22 @@ struct FidelityOptions {
   int threads = 0;
   std::string backend = "cpu";  // "cpu" or "cuda" (--device)
   std::vector<int64_t> stop_ids;        // greedy continuations end at one of these (EOS); empty = never
+  // Draft positions of the MTP acceptance (0: not measured). The checkpoint must have an MTP layer when > 0; it is
+  // then part of both plans (their rules apply to it too).
+  int64_t mtp_drafts = 0;
+};
+
+// MTP draft acceptance of one plan, greedy, per draft position j = 1..k: at every position q of the plan's own
+// greedy continuation g_0 .. g_{n-1} (slot q pairs the main model's head-input row of q-1 with the token at q; the
+// first slot is that of g_0), the MTP layer makes k recursive drafts; draft j proposes the token at q + j and is
+// counted (proposed) while that token is in the continuation, and accepted when drafts 1..j all equal the
+// continuation's tokens: what greedy verification would accept there. accepted[j-1] / proposed[j-1].
+struct MtpAcceptance {
+  std::vector<int64_t> proposed, accepted;  // [k]
+  double rate(size_t j) const {
+    return proposed[j] ? static_cast<double>(accepted[j]) / static_cast<double>(proposed[j]) : 0.0;
+  }
+  void add(const MtpAcceptance& o);
 };
 
 struct TensorError {
@@ -47,6 +65,7 @@ struct PromptFidelity {
   std::vector<int32_t> greedy_baseline, greedy_candidate;
   int64_t diverge_step = -1;  // first index where the continuations differ; -1 when equal over the shorter length
   std::optional<LoopInfo> loop_baseline, loop_candidate;
+  MtpAcceptance mtp_baseline, mtp_candidate;  // empty vectors when not measured
 };
 
 struct FidelityReport {
@@ -55,6 +74,8 @@ struct FidelityReport {
   std::vector<TensorError> baseline_transforms, candidate_transforms;
   std::vector<PromptFidelity> prompts;
   std::vector<double> mean_layer_rel_error;  // over prompts
+  int64_t mtp_drafts = 0;                     // 0: no MTP acceptance measured
+  MtpAcceptance mtp_baseline, mtp_candidate;  // over all prompts
 };
 
 // Builds both plans (the guard applies to opt.shared only: fidelity measures lossy side rules on purpose) and runs
@@ -70,5 +91,8 @@ nlohmann::json fidelity_json(const FidelityReport& r);
 // Numerics shared with tests.
 double relative_error(const float* ref, const float* x, size_t n);     // ||x - ref|| / ||ref||
 double kl_divergence(const float* logits_p, const float* logits_q, int64_t n);  // KL(softmax p || softmax q)
+// The acceptance of one continuation from the drafts after each of its slots (drafts[q][j-1] proposes
+// continuation[q + j]; rows q = 0 .. n-1, k columns), as MtpAcceptance defines it.
+MtpAcceptance mtp_acceptance(const std::vector<int32_t>& continuation, const std::vector<int32_t>& drafts, int64_t k);
 
 }  // namespace latent

@@ -36,7 +36,7 @@ int32_t sample(const float* logits, int64_t n, double temperature, std::mt19937_
 }  // namespace
 
 namespace {
-KvCache make_cache(Model& m) { return KvCache(m.config()); }
+KvCache make_cache(Model& m) { return KvCache(m.config(), 64, m.mtp_layers()); }  // pools the step validates
 ParallelKvCache make_cache(ParallelModel& m) { return ParallelKvCache(m.config(), m.ranks()); }
 
 template <class M>

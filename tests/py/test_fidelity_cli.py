@@ -8,6 +8,7 @@ import subprocess
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,3 +229,74 @@ def test_chart_symlog_and_many_prompts(tmp_path):
     assert [e["label"] for e in d["legend"]] == ["min..max over the 9 prompts", "mean over the 9 prompts"]
     w, h, _ = read_png(png)
     assert (w, h) == (d["width"], d["height"])
+
+
+# --- MTP draft acceptance ----------------------------------------------------------------------------------------
+
+MTP_TINY = ROOT / "tests" / "models" / "glm5-tiny-mxfp4-mtp"
+
+
+def mtp_fidelity(*args, model=MTP_TINY, check=True):
+    p = subprocess.run([LATENT, "fidelity", "--model", model, *map(str, args)], capture_output=True, text=True,
+                       timeout=600)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_mtp_acceptance_of_both_plans(tmp_path):
+    """A checkpoint with an MTP layer: each plan's greedy draft acceptance per position and their difference, with
+    the founding candidate (whose rule transforms the MTP layer's kv_b_proj too); position 1 equals the acceptance
+    recomputed from the MTP layer's logits along the plan's own continuation (`latent logits --mtp-out`)."""
+    n_new = 12
+    r = json.loads(mtp_fidelity("--candidate", FOUNDING, "--max-tokens", n_new, "--json").stdout)
+    kvb = [t["name"] for t in r["candidate_transforms"]]
+    assert len(kvb) == 5 and "model.layers.4.self_attn.kv_b_proj.weight" in kvb
+    m = r["mtp"]
+    assert m["draft_positions"] == 3 and "own greedy continuation" in m["definition"]
+    for side in ("baseline", "candidate"):
+        s, key = m[side], "greedy_" + side
+        # draft j is proposed at every continuation position whose j-th successor is in the continuation
+        want = [sum(max(0, len(p[key]) - j) for p in r["prompts"]) for j in (1, 2, 3)]
+        assert s["proposed"] == want and want[0] > 0
+        assert all(0 <= a <= q for a, q in zip(s["accepted"], s["proposed"]))
+        assert s["accepted"] == sorted(s["accepted"], reverse=True)  # a chain: j accepted needs 1..j-1
+        assert s["acceptance"] == [pytest.approx(a / q) for a, q in zip(s["accepted"], s["proposed"])]
+        per = [p["mtp_" + side] for p in r["prompts"]]
+        assert [sum(x["proposed"][j] for x in per) for j in range(3)] == s["proposed"]
+        assert [sum(x["accepted"][j] for x in per) for j in range(3)] == s["accepted"]
+    assert m["difference"] == [pytest.approx(c - b) for b, c in zip(m["baseline"]["acceptance"], m["candidate"]["acceptance"])]
+    # position 1 from the MTP logits of every slot of prompt + continuation (the candidate's plan too)
+    for side, extra in (("baseline", []), ("candidate", ["--quantize", FOUNDING, "--allow-lossy"])):
+        acc = 0
+        for p in r["prompts"]:
+            prompt, cont = p["prompt_tokens"], p["greedy_" + side]
+            toks = " ".join(map(str, prompt + cont))
+            q = subprocess.run([LATENT, "logits", "--model", MTP_TINY, "--tokens", toks, "--out", tmp_path / "l.npy",
+                                "--mtp-out", tmp_path / "m.npy", *extra], capture_output=True, text=True)
+            assert q.returncode == 0, q.stderr
+            lg = np.load(tmp_path / "m.npy")
+            T = len(prompt)
+            acc += sum(int(lg[T + i].argmax()) == cont[i + 1] for i in range(len(cont) - 1))
+        assert acc == m[side]["accepted"][0], side
+    table = mtp_fidelity("--candidate", FOUNDING, "--max-tokens", n_new).stdout
+    assert "MTP draft acceptance" in table
+    rows = [line.split() for line in table.splitlines() if line.strip()[:2] in ("1 ", "2 ", "3 ") and "pp" in line]
+    assert len(rows) == 3 and rows[0][1] == f"{100 * m['baseline']['acceptance'][0]:.1f}%"
+
+
+def test_mtp_acceptance_flags():
+    # the same plan twice: the same drafts, difference 0
+    r = json.loads(mtp_fidelity("--candidate", "none", "--max-tokens", 8, "--mtp-drafts", 2, "--json").stdout)
+    m = r["mtp"]
+    assert m["draft_positions"] == 2 and m["baseline"] == m["candidate"] and m["difference"] == [0.0, 0.0]
+    # off, and without an MTP layer: no MTP section (null), and asking for it is a clear error
+    r = json.loads(mtp_fidelity("--max-tokens", 4, "--mtp-drafts", 0, "--json").stdout)
+    assert r["mtp"] is None and all(p["mtp_baseline"] is None for p in r["prompts"])
+    assert "MTP draft acceptance" not in mtp_fidelity("--max-tokens", 4, "--mtp-drafts", 0).stdout
+    r = json.loads(mtp_fidelity("--max-tokens", 4, "--json", model=TINY).stdout)
+    assert r["mtp"] is None
+    p = mtp_fidelity("--mtp-drafts", 2, model=TINY, check=False)
+    assert p.returncode == 1 and "the checkpoint has no MTP layer" in p.stderr
+    p = mtp_fidelity("--mtp-drafts", 17, check=False)
+    assert p.returncode == 1 and "--mtp-drafts must be in [0, 16]" in p.stderr

@@ -105,3 +105,29 @@ def test_tools_reproduce_the_committed_mtp_models_and_fixtures(tmp_path):
         want = np.load(GOLDEN / name / "mtp_logits.npy")
         assert np.abs(got - want).max() < 1e-5
         assert meta["drafts"] == json.loads((GOLDEN / name / "mtp_draft.json").read_text())["drafts"]
+
+
+@pytest.mark.parametrize("model", MTP_MODELS)
+def test_logits_mtp_out_matches_the_reference_fixture(model, tmp_path):
+    """`latent logits --mtp-out`: the MTP layer's logits of every slot of the fixture's tokens (the golden prompt and
+    the main model's greedy next token) are the numpy reference's (tests/golden/<model>/mtp_logits.npy)."""
+    toks = json.loads((GOLDEN / model / "mtp_draft.json").read_text())["tokens"]
+    run("logits", "--model", MODELS / model, "--tokens", " ".join(map(str, toks)), "--out", tmp_path / "l.npy",
+        "--mtp-out", tmp_path / "m.npy")
+    got, want = np.load(tmp_path / "m.npy"), np.load(GOLDEN / model / "mtp_logits.npy")
+    assert got.shape == want.shape == (len(toks), 256)
+    assert np.abs(got - want).max() <= 2e-4 * max(1.0, np.abs(want).max())
+    p = run("logits", "--model", MODELS / "glm5-tiny", "--tokens", "1 2", "--out", tmp_path / "l.npy",
+            "--mtp-out", tmp_path / "m.npy", check=False)
+    assert p.returncode != 0 and "--mtp-out: the checkpoint has no MTP layer" in p.stderr
+
+
+def test_demo_check_mtp_script():
+    """tools/demo/check_mtp.py (what a trained demo MTP layer must pass) on a tiny MTP model: reference agreement
+    of `latent logits --mtp-out` and speculation = no speculation."""
+    p = subprocess.run([sys.executable, str(ROOT / "tools" / "demo" / "check_mtp.py"), str(MODELS / "glm5-tiny-mtp"),
+                        "--latent", LATENT, "--base", str(MODELS / "glm5-tiny"), "--prompt-tokens", "5 9 33 2 7 100 3",
+                        "--max-tokens", "20"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "all checks passed" in p.stdout and "[main tensors] " in p.stdout
+    assert p.stdout.count("same tokens as without") == 3
