@@ -237,7 +237,7 @@ TEST(CudaDispatch, GroupedMatmulBf16TensorCores) {
       {{Fmt::BF16, Fmt::Fp8Channel, Fmt::Fp8Tensor, Fmt::Mxfp4, Fmt::BF16, Fmt::Fp8Block}, true},
       {{Fmt::BF16, Fmt::F32, Fmt::Mxfp4, Fmt::BF16, Fmt::Mxfp4, Fmt::BF16}, false},
       {{Fmt::Fp8BlockOdd, Fmt::Fp8Block, Fmt::BF16, Fmt::BF16, Fmt::BF16, Fmt::BF16}, false}};
-  const int64_t counts[] = {3, 0, 17, 65, 1, 130};  // one group of each kernel class, an empty one, tile edges
+  const int64_t counts[] = {3, 0, 17, 65, 1, 1030};  // each kernel class, an empty group, tile edges; > 1024 rows: the tensor-core path
   for (const Case& c : cases) {
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 160}, {200, 1024 + 32}, {129, 4096}}) {
       const int64_t G = static_cast<int64_t>(c.fmts.size());

@@ -246,9 +246,11 @@ class CudaBackend final : public Backend {
                       const Tensor& y, const Epilogue& ep = {}) override {
     if (n_groups <= 0 || x.rows <= 0) return;
     const int64_t R = x.rows, N = y.cols;
-    // Every group at most 16 rows (few rows in all, or moe_experts over at most 16 tokens: a group is one expert's
-    // tokens): the skinny grouped kernels, x in its dtype, the epilogue at the store.
-    if ((R <= cuda::kSmallMaxRows || small_groups_) && !(ep.glu && ep.gate)) {
+    // Few rows in all (the routed experts of a decode batch: at most kWarpGroupedMaxRows (token, expert) pairs, a
+    // few per expert): the warp-per-row grouped kernels, x in its dtype, the epilogue at the store; larger calls
+    // (prefill) the tensor-core kernels. Decided here, not in moe_experts, so that every caller of grouped_matmul
+    // (and a wrapping backend such as the bench's counter) takes the same kernels.
+    if (R <= kWarpGroupedMaxRows && !(ep.glu && ep.gate)) {
       int64_t rows = 0, cols = 0;
       const cuda::WDesc* table = group_table(w, n_groups, rows, cols);
       if (!table) return;
@@ -418,18 +420,6 @@ class CudaBackend final : public Backend {
   }
 
   // ---------------- decode blocks ----------------
-  // The routed experts of a decode batch (at most kWarpGroupedMaxTokens tokens): the grouped matmuls take the
-  // warp-per-row kernels whatever the pair count (an expert's group has at most that many rows); larger batches
-  // (prefill) the tensor-core kernels of the default composition.
-  void moe_experts(const MoeLayer& L, const Tensor& x, const MoeScratch& s, const Tensor& y,
-                   bool include_shared) override {
-    struct Scope {
-      bool& f;
-      ~Scope() { f = false; }
-    } scope{small_groups_};
-    small_groups_ = x.rows <= kWarpGroupedMaxTokens;
-    Backend::moe_experts(L, x, s, y, include_shared);
-  }
   // bf16 mode over a bf16 pool: the FlashMLA-structured kernels of cuda_mla_decode.cu (absorption GEMMs, tensor-core
   // attention with split keys, LSE combine, output absorption); other shapes and the fp32 mode: the generic kernel.
   void mla_decode_attention(const MlaLayer& L, const Tensor& q, const KvPool& pool, const StepSeqs& seqs,
@@ -538,8 +528,7 @@ class CudaBackend final : public Backend {
 
   // ---- typed-tensor scratch ----
   enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpSlots };
-  bool small_groups_ = false;  // moe_experts of a decode batch: the warp-per-row grouped kernels
-  static constexpr int64_t kWarpGroupedMaxTokens = 128;
+  static constexpr int64_t kWarpGroupedMaxRows = 1024;  // 128 decode tokens x top-8
   // Device scratch slot of at least n floats (grow-only; a growth during a graph capture is an engine error: the
   // eager step at the graph's shape grows every slot first).
   float* tmp_f32(int slot, int64_t n, const char* what) {

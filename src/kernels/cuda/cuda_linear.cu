@@ -893,11 +893,13 @@ template <class XT>
 void grouped_small_t(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, const XT* x,
                      int64_t ldx, const SmallOut& out, int32_t* lists, int32_t* counts, cudaStream_t st) {
   const unsigned grid = static_cast<unsigned>(sm_count() * 16);
-  // Class 0 (one token), 1 (2 .. 16), 2 (more: decode batches of many tokens): a warp per (group, row).
-  warp_grouped_kernel<1, XT, 1><<<grid, 256, 0, st>>>(table, offsets, lists, counts, rows, x, ldx, out);
-  warp_grouped_kernel<4, XT, 1><<<grid, 256, 0, st>>>(table, offsets, lists + n_groups, counts + 1, rows, x, ldx, out);
-  warp_grouped_kernel<8, XT, 1><<<grid, 256, 0, st>>>(table, offsets, lists + 2 * n_groups, counts + 2, rows, x, ldx,
-                                                      out);
+  // Class 0 (one token), 1 (2 .. 16), 2 (more): a warp per (group, 2 or 4 rows). Several rows per warp share each
+  // load of the activations (one row per warp re-read x once per weight row: more bytes than the weights).
+  warp_grouped_kernel<1, XT, 2><<<grid, 256, 0, st>>>(table, offsets, lists, counts, (rows + 1) / 2, x, ldx, out);
+  warp_grouped_kernel<4, XT, 4><<<grid, 256, 0, st>>>(table, offsets, lists + n_groups, counts + 1, (rows + 3) / 4, x,
+                                                      ldx, out);
+  warp_grouped_kernel<8, XT, 4><<<grid, 256, 0, st>>>(table, offsets, lists + 2 * n_groups, counts + 2,
+                                                      (rows + 3) / 4, x, ldx, out);
 }
 }  // namespace
 

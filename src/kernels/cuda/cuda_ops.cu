@@ -143,8 +143,11 @@ __global__ void epilogue_kernel(const float* acc, const float* gacc, const float
   }
 }
 
-// One block per token: sigmoid + bias in parallel, then thread 0 selects (group scores, groups, experts) exactly
-// as the ref: repeated arg-max with strict '>' takes ties in ascending index order.
+// One block per token: sigmoid + bias in parallel; thread 0 masks the groups not kept (group scores, groups);
+// warp 0 then selects the experts: K rounds of a warp arg-max (larger score, ties to the lower index), which is
+// exactly the ref's repeated scan with strict '>' (the first maximum among the experts not yet taken). A score that
+// is NaN breaks that equivalence (the scan's comparisons are not a total order), so a token with one takes the ref's
+// serial scan; so do more than 64 experts per lane (E > 2048).
 __global__ void router_kernel(const float* logits, const float* bias, int64_t E, int64_t G, int64_t topk_group,
                               int64_t K, bool norm, float scaling, int32_t* ids, float* weights) {
   extern __shared__ float sm[];
@@ -158,10 +161,9 @@ __global__ void router_kernel(const float* logits, const float* bias, int64_t E,
     b[e] = __fadd_rn(s[e], bias ? bias[e] : 0.0f);
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
   const float kNegInf = __uint_as_float(0xFF800000u);
   const int64_t gsize = E / G;
-  if (G > 1 && topk_group < G) {
+  if (threadIdx.x == 0 && G > 1 && topk_group < G) {
     for (int64_t g = 0; g < G; ++g) {
       float top1 = kNegInf, top2 = kNegInf;
       for (int64_t e = g * gsize; e < (g + 1) * gsize; ++e) {
@@ -186,18 +188,54 @@ __global__ void router_kernel(const float* logits, const float* bias, int64_t E,
     for (int64_t e = 0; e < E; ++e)
       if (gs[e / gsize] == gs[e / gsize]) b[e] = kNegInf;  // group not kept
   }
-  float sum = 0.0f;
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = static_cast<int>(threadIdx.x);
   int32_t* idm = ids + m * K;
-  for (int64_t k = 0; k < K; ++k) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int64_t j = 0; j < k; ++j) taken |= idm[j] == e;
-      if (taken) continue;
-      if (best < 0 || b[e] > b[best]) best = e;
+  bool nan = false;
+  for (int64_t e = lane; e < E; e += 32) nan |= b[e] != b[e];
+  float sum = 0.0f;
+  if (__any_sync(0xffffffffu, nan) || E > 64 * 32) {
+    if (lane != 0) return;
+    for (int64_t k = 0; k < K; ++k) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t j = 0; j < k; ++j) taken |= idm[j] == e;
+        if (taken) continue;
+        if (best < 0 || b[e] > b[best]) best = e;
+      }
+      idm[k] = static_cast<int32_t>(best);
+      sum = __fadd_rn(sum, s[best]);
     }
-    idm[k] = static_cast<int32_t>(best);
-    sum = __fadd_rn(sum, s[best]);
+  } else {
+    uint64_t taken = 0;  // bit j: expert lane + 32 j taken
+    for (int64_t k = 0; k < K; ++k) {
+      float bv = kNegInf;
+      int bi = -1;
+      int j = 0;
+      for (int64_t e = lane; e < E; e += 32, ++j) {
+        if ((taken >> j) & 1u) continue;
+        if (bi < 0 || b[e] > bv) {
+          bv = b[e];
+          bi = static_cast<int>(e);
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (bi >= 0 && bi % 32 == lane) taken |= uint64_t{1} << (bi / 32);
+      if (lane == 0) idm[k] = bi;
+      sum = __fadd_rn(sum, s[bi]);
+    }
+    __syncwarp();
+    if (lane != 0) return;
   }
   for (int64_t k = 0; k < K; ++k) {
     float wv = s[idm[k]];
