@@ -759,11 +759,12 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
                     smp_ids_);
     be_.download(ids, smp_ids_, sizeof(int32_t) * static_cast<size_t>(rows));
   };
-  if (!w_.mtp.empty()) ensure_mtp_buffers(std::max(N, decode_graph_bucket(static_cast<int64_t>(st.seqs.size()))), 1);
+  const GraphShape gs = graph_eligible(st, sh.max_ctx, sh.max_blocks, logits, hidden);
+  if (!w_.mtp.empty()) ensure_mtp_buffers(std::max(N, gs.B * gs.T), 1);
   kept_rows_ = 0;
 
-  if (graph_eligible(st, sh.max_ctx, sh.max_blocks, logits, hidden)) {
-    graph_step(st, cache, logits, sh.any_long);
+  if (gs.B > 0) {
+    graph_step(st, cache, logits, sh.any_long, gs, rows);
     sample();
     if (!w_.mtp.empty()) kept_rows_ = N;
     return;
@@ -883,44 +884,53 @@ void Model::decoder_layer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers
 // ---------------------------------------------------------------------------------------------------------------
 // Decode graphs
 // ---------------------------------------------------------------------------------------------------------------
-bool Model::graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
-                           const std::vector<float>* hidden) const {
+Model::GraphShape Model::graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
+                                        const std::vector<float>* hidden) const {
   // Single rank only: the in-process communicator cannot be recorded in a graph (NCCL could; not done yet).
   if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || (!logits && !sampling_step_) || hidden ||
-      rank_.parallel.ranks > 1)
-    return false;
-  if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return false;
-  if (max_ctx > res_ctx_ || max_blocks > res_blocks_) return false;  // (DSA selection runs in the graph too)
-  const int64_t B = decode_graph_bucket(static_cast<int64_t>(st.seqs.size()));
-  if (B > res_seqs_ || B > res_tokens_) return false;
-  for (const StepSequence& q : st.seqs)
-    if (!q.decode || q.n_tokens != 1 || q.start < 1 || q.logits != LogitRows::Last) return false;
-  return true;
+      rank_.parallel.ranks > 1 || st.seqs.empty())
+    return {};
+  if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return {};
+  if (max_ctx > res_ctx_ || max_blocks > res_blocks_) return {};  // (DSA selection runs in the graph too)
+  // Every sequence decodes T tokens: T = 1 wanting its last row, or a verify step (the last token and T - 1
+  // drafts) wanting every row.
+  const int64_t T = st.seqs.front().n_tokens;
+  if (T < 1) return {};
+  for (const StepSequence& q : st.seqs) {
+    if (!q.decode || q.n_tokens != T || q.start < 1) return {};
+    if (T == 1 ? q.logits == LogitRows::None : q.logits != LogitRows::All) return {};
+  }
+  const int64_t B = graph_seqs_for(static_cast<int64_t>(st.seqs.size()), T);
+  if (B > res_seqs_ || B * T > res_tokens_) return {};
+  return {B, T};
 }
 
 void Model::drop_graphs() {
-  for (const auto& g : graphs_) be_.graph_release(g.second);
+  for (const GraphEntry& g : graphs_) be_.graph_release(g.id);
   graphs_.clear();
   graph_ws_ = nullptr;
   graph_pools_.clear();
 }
 
-int64_t Model::graph_kernels(int64_t bucket) const {
+int64_t Model::graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
   int64_t n = 0;  // the DSA-selection graph when there is one (the longer step)
-  for (const auto& [k, id] : graphs_)
-    if (k / 2 == bucket) n = std::max(n, be_.graph_kernels(id));
+  for (const GraphEntry& g : graphs_)
+    if (g.B == seqs && g.T == rows_per_seq) n = std::max(n, be_.graph_kernels(g.id));
   return n;
 }
 
-// A decode step of S sequences in the graph of B = decode_graph_bucket(S): the workspace is carved at the graph's
-// fixed shape (B tokens and sequences, the reserved context and block-table width), the metadata of the S real
-// sequences and of B − S padding sequences (a copy of sequence 0's first key at position 0, nothing stored: slot
-// −1) is uploaded in one copy, then the graph is replayed. The first step of a bucket runs eagerly at that shape
-// (every one-time setup of the ops happens there) and is then recorded.
-void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long) {
-  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = decode_graph_bucket(S), V = cfg_.vocab_size;
+// A decode step of S sequences of T tokens each in the graph of B = graph_seqs_for(S, T) sequences: the workspace
+// is carved at the graph's fixed shape (B · T tokens, B sequences, the reserved context and block-table width), the
+// metadata of the S real sequences and of B − S padding sequences (T copies of sequence 0's first key at position
+// 0, nothing stored: slot −1) is uploaded in one copy, then the graph is replayed. The real rows come first in the
+// flat order, as in the eager step: the logits rows (and the head-input rows kept for the MTP draft step) of the
+// real sequences are the first rows of the graph's. The first step of a shape runs eagerly at that shape (every
+// one-time setup of the ops happens there) and is then recorded.
+void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long, GraphShape g,
+                       int64_t rows) {
+  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = g.B, T = g.T, NB = B * T, V = cfg_.vocab_size;
   const int64_t bt = cache.block_tokens(), MB = res_blocks_;
-  const Dims d = dims_for(B, B, res_ctx_, MB, B);
+  const Dims d = dims_for(NB, B, res_ctx_, MB, NB);
   ensure_workspace(d);
   thread_local std::vector<const void*> pools;
   pools.clear();
@@ -935,9 +945,9 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
   }
   Buffers b{};
   carve(d, ws_, b);
-  // Host image of the metadata bytes [b.tokens, b.slots + B): the arrays are consecutive in the workspace.
+  // Host image of the metadata bytes [b.tokens, b.slots + NB): the arrays are consecutive in the workspace.
   char* const base = reinterpret_cast<char*>(b.tokens);
-  const size_t bytes = static_cast<size_t>(reinterpret_cast<char*>(b.slots + B) - base);
+  const size_t bytes = static_cast<size_t>(reinterpret_cast<char*>(b.slots + NB) - base);
   if (graph_meta_.size() < bytes) graph_meta_.resize(bytes);
   std::fill(graph_meta_.begin(), graph_meta_.begin() + static_cast<std::ptrdiff_t>(bytes), char{0});
   auto at = [&](auto* dev) {
@@ -950,30 +960,32 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
   for (int64_t s = 0; s < B; ++s) {
     const bool real = s < S;
     const StepSequence& q = st.seqs[real ? s : 0];
-    const int64_t need = (q.start + 1 + bt - 1) / bt;
+    const int64_t need = real ? (q.start + T + bt - 1) / bt : 1;
     for (int64_t j = 0; j < need; ++j) h_bt[s * MB + j] = q.blocks[j];
-    h_qb[s] = static_cast<int32_t>(s);
-    h_rows[s] = static_cast<int32_t>(s);
-    h_tok[s] = real ? st.tokens[s] : 0;
-    h_ctx[s] = real ? static_cast<int32_t>(q.start + 1) : 1;
-    h_pos[s] = real ? q.start : 0;
-    h_slot[s] = real ? static_cast<int64_t>(q.blocks[q.start / bt]) * bt + q.start % bt : -1;
-    StepSequence& p = pad_seqs_[static_cast<size_t>(s)];
-    p.start = h_pos[s];
-    p.n_tokens = 1;
-    p.decode = true;
-    p.logits = LogitRows::Last;
+    h_qb[s] = static_cast<int32_t>(s * T);
+    h_ctx[s] = real ? static_cast<int32_t>(q.start + T) : 1;
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t r = s * T + i, p = q.start + i;
+      h_rows[r] = static_cast<int32_t>(r);
+      h_tok[r] = real ? st.tokens[static_cast<size_t>(r)] : 0;
+      h_pos[r] = real ? p : 0;
+      h_slot[r] = real ? static_cast<int64_t>(q.blocks[p / bt]) * bt + p % bt : -1;
+    }
+    StepSequence& ps = pad_seqs_[static_cast<size_t>(s)];
+    ps.start = h_pos[s * T];
+    ps.n_tokens = T;
+    ps.decode = true;
+    ps.logits = LogitRows::All;
   }
-  h_qb[B] = static_cast<int32_t>(B);
+  h_qb[B] = static_cast<int32_t>(NB);
   be_.upload(base, graph_meta_.data(), bytes);
 
-  const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(B)), pad_seqs_};
-  Meta m(pst, B, B, res_ctx_, MB, B, any_long, h_qb, h_ctx, b);
+  const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(NB)), pad_seqs_};
+  Meta m(pst, NB, B, res_ctx_, MB, NB, any_long, h_qb, h_ctx, b);
   m.graph = true;
-  const int64_t key = 2 * B + (any_long ? 1 : 0);
   int id = -1;
-  for (const auto& [k, gid] : graphs_)
-    if (k == key) id = gid;
+  for (const GraphEntry& e : graphs_)
+    if (e.B == B && e.T == T && e.any_long == any_long) id = e.id;
   if (id < 0) {
     forward_step(pst, cache, m, b, nullptr, nullptr, true);  // eager at the graph's shape (logits in b.lg)
     be_.sync();
@@ -987,13 +999,13 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
       }
       throw;
     }
-    graphs_.emplace_back(key, be_.graph_end());
+    graphs_.push_back({B, T, any_long, be_.graph_end()});
     ++graph_captures_;
   } else {
     be_.graph_replay(id);
     ++graph_replays_;
   }
-  if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(S * V));
+  if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(rows * V));
   last_lg_ = b.lg;
 }
 
