@@ -271,8 +271,9 @@ def write_full(out, seed, fast=False, mtp=False):
     c["quantization_config"] = qn.quark_mxfp4_config("floor")
     c["quantization_config"]["exclude"] += [f"re:model.layers.{l}.*" for l in range(1, c["first_k_dense_replace"])]
     name = "glm5-shape-mxfp4"
-    if mtp:  # the same main tensors (same seed, same order) and one MTP layer after them
+    if mtp:  # the same main tensors (same seed, same order) and one MTP layer after them (its eh_proj bf16)
         c["num_nextn_predict_layers"] = 1
+        c["quantization_config"]["exclude"].append("re:.*eh_proj$")
         name += "-mtp"
     write_streaming(os.path.join(out, name), c, full_specs(GLM5_FULL, 1 if mtp else 0), seed, fast)
 
