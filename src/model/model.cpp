@@ -311,6 +311,12 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
   take(b.lrows, d.R);
   take(b.pos, N);
   take(b.slots, N);
+  // (consecutive with the metadata above: a draft pass uploads them in the same copy, stage_step)
+  b.mtp_idx = b.mtp_hrows = nullptr;
+  if (!w_.mtp.empty()) {
+    take(b.mtp_idx, 2 * N);
+    take(b.mtp_hrows, N);
+  }
   tensor(b.h, N, D, A);
   tensor(b.x, N, D, A);
   tensor(b.y, N, D, A);
@@ -358,23 +364,19 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
   take(b.lg, d.R * std::max(c.vocab_size, sd_.vocab_chunk));
   b.lgall = nullptr;
   if (sd_.vocab_split) take(b.lgall, d.R * sd_.vocab_chunk * rank_.parallel.ranks);
-  b.mtp_idx = b.mtp_hrows = nullptr;
   b.mtp_in = b.mtp_cat = Tensor{};
   if (!w_.mtp.empty()) {
     tensor(b.mtp_in, 2 * N, D, A);
     tensor(b.mtp_cat, N, 2 * D, A);
-    take(b.mtp_idx, 2 * N);
-    take(b.mtp_hrows, N);
   }
   return (off + 63) / 64 * 64;
 }
 
 void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64_t max_blocks) {
   const Dims d = dims_for(max_tokens, max_seqs, max_ctx, max_blocks, max_tokens);
-  // Host staging of the step metadata, at its largest.
-  const size_t n32 = static_cast<size_t>(d.N + (d.S + 1) + d.S + d.S * d.MB + d.R);
-  if (host_i32_.size() < n32) host_i32_.resize(n32);
-  if (host_i64_.size() < static_cast<size_t>(2 * d.N)) host_i64_.resize(static_cast<size_t>(2 * d.N));
+  // Host image of the step metadata (stage_step), at its largest: every array and its alignment.
+  const size_t meta = static_cast<size_t>(4 * (d.N + (d.S + 1) + d.S + d.S * d.MB + d.R + 3 * d.N) + 8 * 2 * d.N + 64 * 10);
+  if (stage_host_.size() < meta) stage_host_.resize(meta);
   Buffers b{};
   const size_t need = carve(d, nullptr, b);
   if (need > ws_cap_) replace_workspace(need);
@@ -681,24 +683,39 @@ Model::StepShape Model::validate_step(const Step& st, const PagedKvCache& cache,
   return sh;
 }
 
-Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b) {
+Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b,
+                              std::span<const int32_t> mtp_hrows) {
   const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
   const int64_t bt = cache.block_tokens(), max_blocks = sh.max_blocks, rows = sh.rows;
   const Dims d = dims_for(N, S, sh.max_ctx, max_blocks, rows);
   ensure_workspace(d);
   carve(d, ws_, b);
 
-  // Host staging of the metadata, then one upload per array.
-  const size_t n32 = static_cast<size_t>(N + (S + 1) + S + S * max_blocks + std::max<int64_t>(rows, 1));
-  if (host_i32_.size() < n32) host_i32_.resize(n32);
-  if (host_i64_.size() < static_cast<size_t>(2 * N)) host_i64_.resize(static_cast<size_t>(2 * N));
-  int32_t* h_tok = host_i32_.data();
-  int32_t* h_qb = h_tok + N;
-  int32_t* h_ctx = h_qb + S + 1;
-  int32_t* h_bt = h_ctx + S;
-  int32_t* h_rows = h_bt + S * max_blocks;
-  int64_t* h_pos = host_i64_.data();
-  int64_t* h_slot = h_pos + N;
+  // The metadata arrays [b.tokens, b.slots + N) (and a draft pass's [b.mtp_idx, b.mtp_hrows + N) after them) are
+  // consecutive in the workspace: staged as one host image and uploaded in one copy (every upload synchronizes
+  // the device's stream).
+  char* const base = reinterpret_cast<char*>(b.tokens);
+  const bool with_mtp = !mtp_hrows.empty();
+  if (with_mtp && static_cast<int64_t>(mtp_hrows.size()) != N)
+    fail("model: {} MTP hidden rows for {} tokens", mtp_hrows.size(), N);
+  const size_t bytes = static_cast<size_t>((with_mtp ? reinterpret_cast<char*>(b.mtp_hrows + N)
+                                                     : reinterpret_cast<char*>(b.slots + N)) - base);
+  if (stage_host_.size() < bytes) stage_host_.resize(bytes);
+  auto host_of = [&](auto* dev) {
+    return reinterpret_cast<decltype(dev)>(stage_host_.data() + (reinterpret_cast<char*>(dev) - base));
+  };
+  int32_t *h_tok = host_of(b.tokens), *h_qb = host_of(b.q_begin), *h_ctx = host_of(b.ctx_len);
+  int32_t *h_bt = host_of(b.btab), *h_rows = host_of(b.lrows);
+  int64_t *h_pos = host_of(b.pos), *h_slot = host_of(b.slots);
+  if (with_mtp) {
+    // The MTP concat as a row gather over [enorm rows; hnorm rows]: output row 2i = row i, row 2i+1 = row N + i.
+    int32_t *h_idx = host_of(b.mtp_idx), *h_hr = host_of(b.mtp_hrows);
+    for (int64_t i = 0; i < N; ++i) {
+      h_idx[2 * i] = static_cast<int32_t>(i);
+      h_idx[2 * i + 1] = static_cast<int32_t>(N + i);
+      h_hr[i] = mtp_hrows[static_cast<size_t>(i)];
+    }
+  }
   std::copy(st.tokens.begin(), st.tokens.end(), h_tok);
   if (sd_.vocab_split)  // vocab-parallel embedding: local row, or the zero row for another rank's token
     for (int64_t i = 0; i < N; ++i)
@@ -723,13 +740,7 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
     at += q.n_tokens;
   }
   h_qb[S] = static_cast<int32_t>(at);
-  be_.upload(b.tokens, h_tok, sizeof(int32_t) * N);
-  be_.upload(b.q_begin, h_qb, sizeof(int32_t) * (S + 1));
-  be_.upload(b.ctx_len, h_ctx, sizeof(int32_t) * S);
-  be_.upload(b.btab, h_bt, sizeof(int32_t) * S * max_blocks);
-  if (rows > 0) be_.upload(b.lrows, h_rows, sizeof(int32_t) * rows);
-  be_.upload(b.pos, h_pos, sizeof(int64_t) * N);
-  be_.upload(b.slots, h_slot, sizeof(int64_t) * N);
+  be_.upload(base, stage_host_.data(), bytes);
   return Meta(st, N, S, sh.max_ctx, max_blocks, rows, sh.any_long, h_qb, h_ctx, b);
 }
 

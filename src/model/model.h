@@ -211,8 +211,10 @@ class Model {
     bool any_long = false;
   };
   StepShape validate_step(const Step& st, const PagedKvCache& cache, int64_t layers_needed) const;
-  // Carves the workspace for the step and uploads its metadata (tokens, positions, slots, block tables, rows).
-  Meta stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b);
+  // Carves the workspace for the step and uploads its metadata (tokens, positions, slots, block tables, rows; for
+  // an MTP draft pass also the hidden rows it gathers, one per token, and the concat's row order) in one copy.
+  Meta stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b,
+                  std::span<const int32_t> mtp_hrows = {});
   // Decoder layer l over the step's residual stream b.h: x = norm(h) unless `input_normed` (the previous layer
   // fused it), h += o_proj(attention(x)), x = norm(h), h += ffn(x) — fused with the next norm into x when
   // next_norm is given.
@@ -254,7 +256,6 @@ class Model {
   int64_t mtp_prev_cap_ = 0;
   int32_t* mtp_ids_dev_ = nullptr;             // [mtp_prev_cap_] draft ids of a pass
   SampleRowParams* mtp_params_dev_ = nullptr;  // [mtp_prev_cap_] greedy rows
-  std::vector<int32_t> mtp_host_i32_;
   // The decode blocks' view of each layer (backend/backend.h), built once after the weights are prepared.
   std::vector<MlaLayer> mla_;
   std::vector<MoeLayer> moe_;
@@ -267,8 +268,7 @@ class Model {
   char* ws_ = nullptr;
   size_t ws_cap_ = 0;
   int64_t ws_grows_ = 0;
-  std::vector<int32_t> host_i32_;  // host staging of step metadata (grow-only)
-  std::vector<int64_t> host_i64_;
+  std::vector<char> stage_host_;  // host image of a step's metadata (stage_step; grow-only)
   RankContext rank_;
   ShardDims sd_;
   ShardStorage shard_store_;
