@@ -561,6 +561,125 @@ void bench_decode_matrix(const std::string& dir, Model& m, bench::CountingBacken
     }
 }
 
+// Speculative decoding: the cost of a verify step (every sequence's last token and k drafts, k + 1 rows of logits
+// sampled on the device, in a CUDA graph) against a plain decode step (one token per sequence) at the same
+// context, and of the draft step after it (the MTP layer: one slot per sequence from the verify's last row, k greedy
+// drafts; only when the checkpoint has an MTP layer), bf16 activations. The sequences hold `ctx` tokens of KV (the
+// pools filled with a constant, as bench_decode_ctx); every step runs at the same positions (the cost does not
+// depend on what was accepted). Goal (issue 25): verify / decode <= 1.15 at batch 1 on the GLM-5 shape.
+struct VerifyResult {
+  double decode_s = 0, verify_s = 0, draft_s = 0;
+  int64_t verify_replays = 0, steps = 0;
+};
+VerifyResult bench_verify_one(Model& m, Backend& be, int64_t batch, int64_t ctx, int64_t k) {
+  const ModelConfig& c = m.config();
+  const int64_t bt = 64, steps = 16, warm = 3, V = c.vocab_size, T = k + 1;
+  const bool mtp = m.mtp_layers() > 0;
+  const int64_t per_seq = (ctx + T + k + 2 + bt - 1) / bt;
+  m.reserve(std::max<int64_t>(batch * T + batch, 256), batch, per_seq * bt, per_seq);
+  PagedKvCache cache(c, be, batch * per_seq, bt, m.cache_dtype(), m.mtp_layers());
+  for (int64_t l = 0; l < cache.num_layers(); ++l)
+    for (const KvPool* p : {&cache.latent(l), &cache.index(l)})
+      if (p->data) be.fill(Tensor(p->data, p->dtype, p->rows(), p->width), 0.01f);
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
+  for (int64_t s = 0; s < batch; ++s)
+    for (int64_t j = 0; j < per_seq; ++j) tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + j));
+  std::vector<StepSequence> seqs(static_cast<size_t>(batch));
+  std::vector<int32_t> tokens, ids(static_cast<size_t>(batch * T)), drafts(static_cast<size_t>(batch * k));
+  std::vector<SampleRowParams> rows(static_cast<size_t>(batch * T));
+  for (SampleRowParams& r : rows) r.temperature = 0.0f;  // greedy
+  auto step = [&](int64_t n) {
+    tokens.assign(static_cast<size_t>(batch * n), 0);
+    for (int64_t s = 0; s < batch; ++s) {
+      StepSequence& q = seqs[static_cast<size_t>(s)];
+      q.start = ctx;
+      q.n_tokens = n;
+      q.blocks = tables[static_cast<size_t>(s)];
+      q.logits = n == 1 ? LogitRows::Last : LogitRows::All;
+      q.decode = true;
+      for (int64_t j = 0; j < n; ++j)
+        tokens[static_cast<size_t>(s * n + j)] = static_cast<int32_t>((s * 7919 + j * 131 + 13) % V);
+    }
+    SampleBatch sb;
+    sb.rows = rows.data();
+    sb.n_rows = batch * n;
+    m.step(Step{tokens, seqs}, cache, nullptr, nullptr, &sb, ids.data());
+  };
+  std::vector<MtpSequence> ms(static_cast<size_t>(batch));
+  auto draft = [&] {
+    for (int64_t s = 0; s < batch; ++s) {
+      MtpSequence& q = ms[static_cast<size_t>(s)];
+      q.start = ctx + 1;
+      q.n_slots = 1;
+      q.tokens = std::span<const int32_t>(ids.data() + s * T, 1);  // the token sampled from the first row
+      q.hidden_row = s * T;
+      q.blocks = tables[static_cast<size_t>(s)];
+      q.n_draft = static_cast<int32_t>(k);
+      q.decode = true;
+    }
+    m.mtp_draft(ms, cache, drafts.data());
+  };
+  VerifyResult r;
+  r.steps = steps;
+  for (int64_t i = 0; i < warm; ++i) step(1);  // the first captures the decode graph
+  be.sync();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) step(1);
+  be.sync();
+  r.decode_s = seconds_since(t0) / static_cast<double>(steps);
+  for (int64_t i = 0; i < warm; ++i) {  // the first captures the verify graph
+    step(T);
+    if (mtp) draft();
+  }
+  be.sync();
+  const int64_t rep0 = m.graph_replays();
+  double tv = 0, td = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    step(T);  // (the ids download waits for the step)
+    const auto b = std::chrono::steady_clock::now();
+    if (mtp) draft();
+    tv += std::chrono::duration<double>(b - a).count();
+    td += seconds_since(b);
+  }
+  r.verify_replays = m.graph_replays() - rep0;
+  r.verify_s = tv / static_cast<double>(steps);
+  r.draft_s = td / static_cast<double>(steps);
+  return r;
+}
+
+void bench_verify(const std::string& dir, Backend& be, const std::vector<int64_t>& batches,
+                  const std::vector<int64_t>& ctxs, const std::vector<int64_t>& ks) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ModelConfig probe = load_model_config(dir);
+  PlanOptions po;
+  po.mtp_layers = probe.num_nextn_predict_layers > 0 ? 1 : 0;
+  ModelFiles files = open_model_files(dir, po);
+  files.cfg->max_position_embeddings = std::max<int64_t>(files.cfg->max_position_embeddings, 65536 + 64);
+  ModelOptions o;
+  o.bf16_activations = true;
+  o.mtp_layers = po.mtp_layers;
+  Model m(*files.cfg, *files.plan, be, o);
+  std::printf("verify %s: loaded in %.1f s%s\n", dir.c_str(), seconds_since(t0),
+              po.mtp_layers ? " (with its MTP layer: the draft step is timed too)"
+                            : " (no MTP layer: tools/make_bench_model.py --mtp adds one; the draft step is not timed)");
+  std::printf("%-28s %5s %6s %3s %10s %10s %8s %10s %14s %8s\n", "verify (bf16, graphs)", "batch", "ctx", "k",
+              "decode ms", "verify ms", "ratio", "draft ms", "verify+draft", "graphed");
+  for (int64_t ctx : ctxs)
+    for (int64_t k : ks)
+      for (int64_t batch : batches) {
+        const VerifyResult r = bench_verify_one(m, be, batch, ctx, k);
+        std::printf("%-28s %5lld %6lld %3lld %10.3f %10.3f %7.3fx %10.3f %13.3fx %8s\n", dir.c_str(),
+                    static_cast<long long>(batch), static_cast<long long>(ctx), static_cast<long long>(k),
+                    r.decode_s * 1e3, r.verify_s * 1e3, r.verify_s / r.decode_s, r.draft_s * 1e3,
+                    (r.verify_s + r.draft_s) / r.decode_s, r.verify_replays >= r.steps ? "yes" : "NO");
+        std::fflush(stdout);
+      }
+  std::printf("ratio: a verify step of k + 1 tokens per sequence over a decode step (goal <= 1.15x at k = 1, batch 1, "
+              "GLM-5 shape); verify+draft: with the MTP draft step after it; graphed: every timed verify step "
+              "replayed a CUDA graph\n");
+}
+
 // Sampling: Backend::sample_rows on the device against the host path (download [rows, V] fp32 logits, then the
 // host Sampler per row), per step, for greedy / temperature 1 / top_k 50 + top_p 0.9 rows.
 SamplingParams sample_mode(int mode) {
@@ -719,6 +838,37 @@ int main(int argc, char** argv) {
     std::printf("ctx %s: loaded in %.1f s (%.2f GB of weights on the GPU)\n", argv[2], seconds_since(t0),
                 decode_weight_bytes(m, m.config().n_routed_experts > 0 ? 1 << 20 : 1) / 1e9);
     bench_decode_matrix(argv[2], m, cb, batches, ctxs, profile);
+    return 0;
+  }
+  // cuda_bench verify <dir> [--batch 1,64] [--ctx 1024] [--k 1]: speculative decoding's verify step (k + 1 tokens
+  // per sequence) against a decode step, and the MTP draft step when the checkpoint has one (bf16, graphs).
+  if (argc > 2 && std::string(argv[1]) == "verify") {
+    std::vector<int64_t> batches{1, 64}, ctxs{1024}, ks{1};
+    auto list = [](const char* s) {
+      std::vector<int64_t> v;
+      for (const char* p = s; *p;) {
+        v.push_back(std::atoll(p));
+        while (*p && *p != ',') ++p;
+        if (*p) ++p;
+      }
+      return v;
+    };
+    for (int i = 3; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--batch" && i + 1 < argc) batches = list(argv[++i]);
+      else if (a == "--ctx" && i + 1 < argc) ctxs = list(argv[++i]);
+      else if (a == "--k" && i + 1 < argc) ks = list(argv[++i]);
+      else {
+        std::fprintf(stderr, "cuda_bench verify: unknown argument '%s'\n", a.c_str());
+        return 2;
+      }
+    }
+    for (int64_t k : ks)
+      if (k < 1) {
+        std::fprintf(stderr, "cuda_bench verify: --k must be >= 1\n");
+        return 2;
+      }
+    bench_verify(argv[2], *be, batches, ctxs, ks);
     return 0;
   }
   // cuda_bench decode <dir> [batch ...]: the batched decode step, graphs and eager, both activation modes.

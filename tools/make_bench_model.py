@@ -3,7 +3,7 @@
 no torch). Not committed: bench/README.md says how to make them.
 
   build/venv/bin/python tools/make_bench_model.py [--out build/bench-models] [--seed 0]
-      [--shape glm5|deepseek_v3|all|glm5-full|deepseek-v3-fp8|deepseek-v3-bf16] [--fast]
+      [--shape glm5|deepseek_v3|all|glm5-full|deepseek-v3-fp8|deepseek-v3-bf16] [--fast] [--mtp]
 
 Writes two model directories per shape (the tensor layout of the tiny test models, larger dimensions):
   <shape>-bench-bf16    every tensor bf16 (e_score_correction_bias fp32)
@@ -143,37 +143,50 @@ def v3_specs(c, fp8):
     return S
 
 
-def full_specs(c):
-    """(name, dtype, shape) of every tensor of the GLM-5-shape checkpoint, in file order."""
-    D, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+def full_layer_specs(c, l):
+    """(name, dtype, shape) of decoder layer l of the GLM-5-shape checkpoint (l = num_hidden_layers: its MTP layer,
+    a MoE block with its own indexer, then enorm, hnorm, eh_proj and shared_head.norm; the embedding and the head
+    are the main model's, as GLM-5 stores them)."""
+    D, L = c["hidden_size"], c["num_hidden_layers"]
     H, dn, dr, dv = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
     dq, dc, E, Im, I = c["q_lora_rank"], c["kv_lora_rank"], c["n_routed_experts"], c["moe_intermediate_size"], \
         c["intermediate_size"]
     nI, dI = c["index_n_heads"], c["index_head_dim"]
+    p, a = f"model.layers.{l}.", f"model.layers.{l}.self_attn."
+    S = [(p + "input_layernorm.weight", "NORM", [D]), (p + "post_attention_layernorm.weight", "NORM", [D]),
+         (a + "q_a_proj.weight", "BF16", [dq, D]), (a + "q_b_proj.weight", "BF16", [H * (dn + dr), dq]),
+         (a + "kv_a_proj_with_mqa.weight", "BF16", [dc + dr, D]),
+         (a + "kv_b_proj.weight", "BF16", [H * (dn + dv), dc]), (a + "o_proj.weight", "BF16", [D, H * dv]),
+         (a + "q_a_layernorm.weight", "NORM", [dq]), (a + "kv_a_layernorm.weight", "NORM", [dc]),
+         (a + "indexer.wq_b.weight", "BF16", [nI * dI, dq]), (a + "indexer.wk.weight", "BF16", [dI, D]),
+         (a + "indexer.weights_proj.weight", "BF16", [nI, D]), (a + "indexer.k_norm.weight", "NORM", [dI]),
+         (a + "indexer.k_norm.bias", "BIAS", [dI])]
+    m = p + "mlp."
+    mlp = lambda q, inter: [(q + "gate_proj.weight", "BF16", [inter, D]), (q + "up_proj.weight", "BF16", [inter, D]),
+                            (q + "down_proj.weight", "BF16", [D, inter])]
+    if l < c["first_k_dense_replace"]:
+        S += mlp(m, I)
+    else:
+        S += [(m + "gate.weight", "BF16", [E, D]), (m + "gate.e_score_correction_bias", "F32", [E])]
+        for e in range(E):
+            q = f"{m}experts.{e}."
+            for n, (r, k) in (("gate_proj", (Im, D)), ("up_proj", (Im, D)), ("down_proj", (D, Im))):
+                S += [(q + n + ".weight", "U8", [r, k // 2]), (q + n + ".weight_scale", "SCALE", [r, k // 32])]
+        S += mlp(m + "shared_experts.", Im * c["n_shared_experts"])
+    if l >= L:
+        S += [(p + "enorm.weight", "NORM", [D]), (p + "hnorm.weight", "NORM", [D]),
+              (p + "eh_proj.weight", "BF16", [D, 2 * D]), (p + "shared_head.norm.weight", "NORM", [D])]
+    return S
+
+
+def full_specs(c, mtp=0):
+    """(name, dtype, shape) of every tensor of the GLM-5-shape checkpoint, in file order; the mtp MTP layers come
+    last, so that the main tensors' bytes do not depend on them (the random stream reaches them first)."""
+    D, V, L = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
     S = [("model.embed_tokens.weight", "BF16", [V, D]), ("lm_head.weight", "BF16", [V, D]),
          ("model.norm.weight", "NORM", [D])]
-    for l in range(L):
-        p, a = f"model.layers.{l}.", f"model.layers.{l}.self_attn."
-        S += [(p + "input_layernorm.weight", "NORM", [D]), (p + "post_attention_layernorm.weight", "NORM", [D]),
-              (a + "q_a_proj.weight", "BF16", [dq, D]), (a + "q_b_proj.weight", "BF16", [H * (dn + dr), dq]),
-              (a + "kv_a_proj_with_mqa.weight", "BF16", [dc + dr, D]),
-              (a + "kv_b_proj.weight", "BF16", [H * (dn + dv), dc]), (a + "o_proj.weight", "BF16", [D, H * dv]),
-              (a + "q_a_layernorm.weight", "NORM", [dq]), (a + "kv_a_layernorm.weight", "NORM", [dc]),
-              (a + "indexer.wq_b.weight", "BF16", [nI * dI, dq]), (a + "indexer.wk.weight", "BF16", [dI, D]),
-              (a + "indexer.weights_proj.weight", "BF16", [nI, D]), (a + "indexer.k_norm.weight", "NORM", [dI]),
-              (a + "indexer.k_norm.bias", "BIAS", [dI])]
-        m = p + "mlp."
-        mlp = lambda q, inter: [(q + "gate_proj.weight", "BF16", [inter, D]), (q + "up_proj.weight", "BF16", [inter, D]),
-                                (q + "down_proj.weight", "BF16", [D, inter])]
-        if l < c["first_k_dense_replace"]:
-            S += mlp(m, I)
-        else:
-            S += [(m + "gate.weight", "BF16", [E, D]), (m + "gate.e_score_correction_bias", "F32", [E])]
-            for e in range(E):
-                q = f"{m}experts.{e}."
-                for n, (r, k) in (("gate_proj", (Im, D)), ("up_proj", (Im, D)), ("down_proj", (D, Im))):
-                    S += [(q + n + ".weight", "U8", [r, k // 2]), (q + n + ".weight_scale", "SCALE", [r, k // 32])]
-            S += mlp(m + "shared_experts.", Im * c["n_shared_experts"])
+    for l in range(L + mtp):
+        S += full_layer_specs(c, l)
     return S
 
 
@@ -253,11 +266,16 @@ def write_streaming(d, config, specs, seed, fast):
     print(f"wrote {d}: {off / 1e9:.1f} GB")
 
 
-def write_full(out, seed, fast=False):
+def write_full(out, seed, fast=False, mtp=False):
     c = dict(GLM5_FULL)
     c["quantization_config"] = qn.quark_mxfp4_config("floor")
     c["quantization_config"]["exclude"] += [f"re:model.layers.{l}.*" for l in range(1, c["first_k_dense_replace"])]
-    write_streaming(os.path.join(out, "glm5-shape-mxfp4"), c, full_specs(GLM5_FULL), seed, fast)
+    name = "glm5-shape-mxfp4"
+    if mtp:  # the same main tensors (same seed, same order) and one MTP layer after them (its eh_proj bf16)
+        c["num_nextn_predict_layers"] = 1
+        c["quantization_config"]["exclude"].append("re:.*eh_proj$")
+        name += "-mtp"
+    write_streaming(os.path.join(out, name), c, full_specs(GLM5_FULL, 1 if mtp else 0), seed, fast)
 
 
 def write_v3(out, seed, fp8, fast=False):
@@ -349,9 +367,15 @@ def main():
                          "(~28 GB, block FP8) / deepseek-v3-bf16 (4 layers, 64 experts, ~23 GB): DeepSeek-V3 shapes")
     ap.add_argument("--fast", action="store_true",
                     help="large tensors as slices of a random pool (disk-speed writing; values still random)")
+    ap.add_argument("--mtp", action="store_true",
+                    help="glm5-full only: also one MTP layer (num_nextn_predict_layers 1; model.layers.8: a MoE block "
+                         "with its indexer, enorm, hnorm, eh_proj, shared_head.norm) after the unchanged main tensors, "
+                         "into glm5-shape-mxfp4-mtp (speculative decoding: cuda_bench verify)")
     a = ap.parse_args()
+    if a.mtp and a.shape != "glm5-full":
+        ap.error("--mtp is supported for --shape glm5-full only")
     if a.shape == "glm5-full":
-        write_full(a.out, a.seed, a.fast)
+        write_full(a.out, a.seed, a.fast, a.mtp)
         return
     if a.shape.startswith("deepseek-v3-"):
         write_v3(a.out, a.seed, a.shape.endswith("fp8"), a.fast)

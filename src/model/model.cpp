@@ -311,6 +311,12 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
   take(b.lrows, d.R);
   take(b.pos, N);
   take(b.slots, N);
+  // (consecutive with the metadata above: a draft pass uploads them in the same copy, stage_step)
+  b.mtp_idx = b.mtp_hrows = nullptr;
+  if (!w_.mtp.empty()) {
+    take(b.mtp_idx, 2 * N);
+    take(b.mtp_hrows, N);
+  }
   tensor(b.h, N, D, A);
   tensor(b.x, N, D, A);
   tensor(b.y, N, D, A);
@@ -358,23 +364,19 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
   take(b.lg, d.R * std::max(c.vocab_size, sd_.vocab_chunk));
   b.lgall = nullptr;
   if (sd_.vocab_split) take(b.lgall, d.R * sd_.vocab_chunk * rank_.parallel.ranks);
-  b.mtp_idx = b.mtp_hrows = nullptr;
   b.mtp_in = b.mtp_cat = Tensor{};
   if (!w_.mtp.empty()) {
     tensor(b.mtp_in, 2 * N, D, A);
     tensor(b.mtp_cat, N, 2 * D, A);
-    take(b.mtp_idx, 2 * N);
-    take(b.mtp_hrows, N);
   }
   return (off + 63) / 64 * 64;
 }
 
 void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64_t max_blocks) {
   const Dims d = dims_for(max_tokens, max_seqs, max_ctx, max_blocks, max_tokens);
-  // Host staging of the step metadata, at its largest.
-  const size_t n32 = static_cast<size_t>(d.N + (d.S + 1) + d.S + d.S * d.MB + d.R);
-  if (host_i32_.size() < n32) host_i32_.resize(n32);
-  if (host_i64_.size() < static_cast<size_t>(2 * d.N)) host_i64_.resize(static_cast<size_t>(2 * d.N));
+  // Host image of the step metadata (stage_step), at its largest: every array and its alignment.
+  const size_t meta = static_cast<size_t>(4 * (d.N + (d.S + 1) + d.S + d.S * d.MB + d.R + 3 * d.N) + 8 * 2 * d.N + 64 * 10);
+  if (stage_host_.size() < meta) stage_host_.resize(meta);
   Buffers b{};
   const size_t need = carve(d, nullptr, b);
   if (need > ws_cap_) replace_workspace(need);
@@ -681,24 +683,39 @@ Model::StepShape Model::validate_step(const Step& st, const PagedKvCache& cache,
   return sh;
 }
 
-Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b) {
+Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b,
+                              std::span<const int32_t> mtp_hrows) {
   const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
   const int64_t bt = cache.block_tokens(), max_blocks = sh.max_blocks, rows = sh.rows;
   const Dims d = dims_for(N, S, sh.max_ctx, max_blocks, rows);
   ensure_workspace(d);
   carve(d, ws_, b);
 
-  // Host staging of the metadata, then one upload per array.
-  const size_t n32 = static_cast<size_t>(N + (S + 1) + S + S * max_blocks + std::max<int64_t>(rows, 1));
-  if (host_i32_.size() < n32) host_i32_.resize(n32);
-  if (host_i64_.size() < static_cast<size_t>(2 * N)) host_i64_.resize(static_cast<size_t>(2 * N));
-  int32_t* h_tok = host_i32_.data();
-  int32_t* h_qb = h_tok + N;
-  int32_t* h_ctx = h_qb + S + 1;
-  int32_t* h_bt = h_ctx + S;
-  int32_t* h_rows = h_bt + S * max_blocks;
-  int64_t* h_pos = host_i64_.data();
-  int64_t* h_slot = h_pos + N;
+  // The metadata arrays [b.tokens, b.slots + N) (and a draft pass's [b.mtp_idx, b.mtp_hrows + N) after them) are
+  // consecutive in the workspace: staged as one host image and uploaded in one copy (every upload synchronizes
+  // the device's stream).
+  char* const base = reinterpret_cast<char*>(b.tokens);
+  const bool with_mtp = !mtp_hrows.empty();
+  if (with_mtp && static_cast<int64_t>(mtp_hrows.size()) != N)
+    fail("model: {} MTP hidden rows for {} tokens", mtp_hrows.size(), N);
+  const size_t bytes = static_cast<size_t>((with_mtp ? reinterpret_cast<char*>(b.mtp_hrows + N)
+                                                     : reinterpret_cast<char*>(b.slots + N)) - base);
+  if (stage_host_.size() < bytes) stage_host_.resize(bytes);
+  auto host_of = [&](auto* dev) {
+    return reinterpret_cast<decltype(dev)>(stage_host_.data() + (reinterpret_cast<char*>(dev) - base));
+  };
+  int32_t *h_tok = host_of(b.tokens), *h_qb = host_of(b.q_begin), *h_ctx = host_of(b.ctx_len);
+  int32_t *h_bt = host_of(b.btab), *h_rows = host_of(b.lrows);
+  int64_t *h_pos = host_of(b.pos), *h_slot = host_of(b.slots);
+  if (with_mtp) {
+    // The MTP concat as a row gather over [enorm rows; hnorm rows]: output row 2i = row i, row 2i+1 = row N + i.
+    int32_t *h_idx = host_of(b.mtp_idx), *h_hr = host_of(b.mtp_hrows);
+    for (int64_t i = 0; i < N; ++i) {
+      h_idx[2 * i] = static_cast<int32_t>(i);
+      h_idx[2 * i + 1] = static_cast<int32_t>(N + i);
+      h_hr[i] = mtp_hrows[static_cast<size_t>(i)];
+    }
+  }
   std::copy(st.tokens.begin(), st.tokens.end(), h_tok);
   if (sd_.vocab_split)  // vocab-parallel embedding: local row, or the zero row for another rank's token
     for (int64_t i = 0; i < N; ++i)
@@ -723,13 +740,7 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
     at += q.n_tokens;
   }
   h_qb[S] = static_cast<int32_t>(at);
-  be_.upload(b.tokens, h_tok, sizeof(int32_t) * N);
-  be_.upload(b.q_begin, h_qb, sizeof(int32_t) * (S + 1));
-  be_.upload(b.ctx_len, h_ctx, sizeof(int32_t) * S);
-  be_.upload(b.btab, h_bt, sizeof(int32_t) * S * max_blocks);
-  if (rows > 0) be_.upload(b.lrows, h_rows, sizeof(int32_t) * rows);
-  be_.upload(b.pos, h_pos, sizeof(int64_t) * N);
-  be_.upload(b.slots, h_slot, sizeof(int64_t) * N);
+  be_.upload(base, stage_host_.data(), bytes);
   return Meta(st, N, S, sh.max_ctx, max_blocks, rows, sh.any_long, h_qb, h_ctx, b);
 }
 
@@ -759,11 +770,12 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
                     smp_ids_);
     be_.download(ids, smp_ids_, sizeof(int32_t) * static_cast<size_t>(rows));
   };
-  if (!w_.mtp.empty()) ensure_mtp_buffers(std::max(N, decode_graph_bucket(static_cast<int64_t>(st.seqs.size()))), 1);
+  const GraphShape gs = graph_eligible(st, sh.max_ctx, sh.max_blocks, logits, hidden);
+  if (!w_.mtp.empty()) ensure_mtp_buffers(std::max(N, gs.B * gs.T), 1);
   kept_rows_ = 0;
 
-  if (graph_eligible(st, sh.max_ctx, sh.max_blocks, logits, hidden)) {
-    graph_step(st, cache, logits, sh.any_long);
+  if (gs.B > 0) {
+    graph_step(st, cache, logits, sh.any_long, gs, rows);
     sample();
     if (!w_.mtp.empty()) kept_rows_ = N;
     return;
@@ -883,44 +895,53 @@ void Model::decoder_layer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers
 // ---------------------------------------------------------------------------------------------------------------
 // Decode graphs
 // ---------------------------------------------------------------------------------------------------------------
-bool Model::graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
-                           const std::vector<float>* hidden) const {
+Model::GraphShape Model::graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
+                                        const std::vector<float>* hidden) const {
   // Single rank only: the in-process communicator cannot be recorded in a graph (NCCL could; not done yet).
   if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || (!logits && !sampling_step_) || hidden ||
-      rank_.parallel.ranks > 1)
-    return false;
-  if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return false;
-  if (max_ctx > res_ctx_ || max_blocks > res_blocks_) return false;  // (DSA selection runs in the graph too)
-  const int64_t B = decode_graph_bucket(static_cast<int64_t>(st.seqs.size()));
-  if (B > res_seqs_ || B > res_tokens_) return false;
-  for (const StepSequence& q : st.seqs)
-    if (!q.decode || q.n_tokens != 1 || q.start < 1 || q.logits != LogitRows::Last) return false;
-  return true;
+      rank_.parallel.ranks > 1 || st.seqs.empty())
+    return {};
+  if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return {};
+  if (max_ctx > res_ctx_ || max_blocks > res_blocks_) return {};  // (DSA selection runs in the graph too)
+  // Every sequence decodes T tokens: T = 1 wanting its last row, or a verify step (the last token and T - 1
+  // drafts) wanting every row.
+  const int64_t T = st.seqs.front().n_tokens;
+  if (T < 1) return {};
+  for (const StepSequence& q : st.seqs) {
+    if (!q.decode || q.n_tokens != T || q.start < 1) return {};
+    if (T == 1 ? q.logits == LogitRows::None : q.logits != LogitRows::All) return {};
+  }
+  const int64_t B = graph_seqs_for(static_cast<int64_t>(st.seqs.size()), T);
+  if (B > res_seqs_ || B * T > res_tokens_) return {};
+  return {B, T};
 }
 
 void Model::drop_graphs() {
-  for (const auto& g : graphs_) be_.graph_release(g.second);
+  for (const GraphEntry& g : graphs_) be_.graph_release(g.id);
   graphs_.clear();
   graph_ws_ = nullptr;
   graph_pools_.clear();
 }
 
-int64_t Model::graph_kernels(int64_t bucket) const {
+int64_t Model::graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
   int64_t n = 0;  // the DSA-selection graph when there is one (the longer step)
-  for (const auto& [k, id] : graphs_)
-    if (k / 2 == bucket) n = std::max(n, be_.graph_kernels(id));
+  for (const GraphEntry& g : graphs_)
+    if (g.B == seqs && g.T == rows_per_seq) n = std::max(n, be_.graph_kernels(g.id));
   return n;
 }
 
-// A decode step of S sequences in the graph of B = decode_graph_bucket(S): the workspace is carved at the graph's
-// fixed shape (B tokens and sequences, the reserved context and block-table width), the metadata of the S real
-// sequences and of B − S padding sequences (a copy of sequence 0's first key at position 0, nothing stored: slot
-// −1) is uploaded in one copy, then the graph is replayed. The first step of a bucket runs eagerly at that shape
-// (every one-time setup of the ops happens there) and is then recorded.
-void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long) {
-  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = decode_graph_bucket(S), V = cfg_.vocab_size;
+// A decode step of S sequences of T tokens each in the graph of B = graph_seqs_for(S, T) sequences: the workspace
+// is carved at the graph's fixed shape (B · T tokens, B sequences, the reserved context and block-table width), the
+// metadata of the S real sequences and of B − S padding sequences (T copies of sequence 0's first key at position
+// 0, nothing stored: slot −1) is uploaded in one copy, then the graph is replayed. The real rows come first in the
+// flat order, as in the eager step: the logits rows (and the head-input rows kept for the MTP draft step) of the
+// real sequences are the first rows of the graph's. The first step of a shape runs eagerly at that shape (every
+// one-time setup of the ops happens there) and is then recorded.
+void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long, GraphShape g,
+                       int64_t rows) {
+  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = g.B, T = g.T, NB = B * T, V = cfg_.vocab_size;
   const int64_t bt = cache.block_tokens(), MB = res_blocks_;
-  const Dims d = dims_for(B, B, res_ctx_, MB, B);
+  const Dims d = dims_for(NB, B, res_ctx_, MB, NB);
   ensure_workspace(d);
   thread_local std::vector<const void*> pools;
   pools.clear();
@@ -935,9 +956,9 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
   }
   Buffers b{};
   carve(d, ws_, b);
-  // Host image of the metadata bytes [b.tokens, b.slots + B): the arrays are consecutive in the workspace.
+  // Host image of the metadata bytes [b.tokens, b.slots + NB): the arrays are consecutive in the workspace.
   char* const base = reinterpret_cast<char*>(b.tokens);
-  const size_t bytes = static_cast<size_t>(reinterpret_cast<char*>(b.slots + B) - base);
+  const size_t bytes = static_cast<size_t>(reinterpret_cast<char*>(b.slots + NB) - base);
   if (graph_meta_.size() < bytes) graph_meta_.resize(bytes);
   std::fill(graph_meta_.begin(), graph_meta_.begin() + static_cast<std::ptrdiff_t>(bytes), char{0});
   auto at = [&](auto* dev) {
@@ -950,30 +971,32 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
   for (int64_t s = 0; s < B; ++s) {
     const bool real = s < S;
     const StepSequence& q = st.seqs[real ? s : 0];
-    const int64_t need = (q.start + 1 + bt - 1) / bt;
+    const int64_t need = real ? (q.start + T + bt - 1) / bt : 1;
     for (int64_t j = 0; j < need; ++j) h_bt[s * MB + j] = q.blocks[j];
-    h_qb[s] = static_cast<int32_t>(s);
-    h_rows[s] = static_cast<int32_t>(s);
-    h_tok[s] = real ? st.tokens[s] : 0;
-    h_ctx[s] = real ? static_cast<int32_t>(q.start + 1) : 1;
-    h_pos[s] = real ? q.start : 0;
-    h_slot[s] = real ? static_cast<int64_t>(q.blocks[q.start / bt]) * bt + q.start % bt : -1;
-    StepSequence& p = pad_seqs_[static_cast<size_t>(s)];
-    p.start = h_pos[s];
-    p.n_tokens = 1;
-    p.decode = true;
-    p.logits = LogitRows::Last;
+    h_qb[s] = static_cast<int32_t>(s * T);
+    h_ctx[s] = real ? static_cast<int32_t>(q.start + T) : 1;
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t r = s * T + i, p = q.start + i;
+      h_rows[r] = static_cast<int32_t>(r);
+      h_tok[r] = real ? st.tokens[static_cast<size_t>(r)] : 0;
+      h_pos[r] = real ? p : 0;
+      h_slot[r] = real ? static_cast<int64_t>(q.blocks[p / bt]) * bt + p % bt : -1;
+    }
+    StepSequence& ps = pad_seqs_[static_cast<size_t>(s)];
+    ps.start = h_pos[s * T];
+    ps.n_tokens = T;
+    ps.decode = true;
+    ps.logits = LogitRows::All;
   }
-  h_qb[B] = static_cast<int32_t>(B);
+  h_qb[B] = static_cast<int32_t>(NB);
   be_.upload(base, graph_meta_.data(), bytes);
 
-  const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(B)), pad_seqs_};
-  Meta m(pst, B, B, res_ctx_, MB, B, any_long, h_qb, h_ctx, b);
+  const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(NB)), pad_seqs_};
+  Meta m(pst, NB, B, res_ctx_, MB, NB, any_long, h_qb, h_ctx, b);
   m.graph = true;
-  const int64_t key = 2 * B + (any_long ? 1 : 0);
   int id = -1;
-  for (const auto& [k, gid] : graphs_)
-    if (k == key) id = gid;
+  for (const GraphEntry& e : graphs_)
+    if (e.B == B && e.T == T && e.any_long == any_long) id = e.id;
   if (id < 0) {
     forward_step(pst, cache, m, b, nullptr, nullptr, true);  // eager at the graph's shape (logits in b.lg)
     be_.sync();
@@ -987,13 +1010,13 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
       }
       throw;
     }
-    graphs_.emplace_back(key, be_.graph_end());
+    graphs_.push_back({B, T, any_long, be_.graph_end()});
     ++graph_captures_;
   } else {
     be_.graph_replay(id);
     ++graph_replays_;
   }
-  if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(S * V));
+  if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(rows * V));
   last_lg_ = b.lg;
 }
 

@@ -40,9 +40,10 @@ struct ModelOptions {
   bool bf16_activations = false;  // round activations to bf16 where HF bf16 runs do (docs/model.md §bf16)
   bool disable_indexer = false;   // dense causal MLA on DSA layers (diagnostic: equals DSA when T <= index_topk)
   AttentionForm attention = AttentionForm::Auto;
-  // Decode steps as backend graphs (CUDA graphs) where the backend supports them: a step of n single-token decode
-  // sequences (each wanting its last row of logits, no DSA selection needed, within the reserve() limits) runs in
-  // the graph captured for decode_graph_bucket(n) sequences, padded. Outputs equal the eager run's.
+  // Decode steps as backend graphs (CUDA graphs) where the backend supports them: a step of n decode sequences of
+  // t tokens each (t = 1: each wanting its last row of logits; t > 1, a speculative verify step of the last token
+  // and t - 1 drafts: every row), within the reserve() limits, runs in the graph captured for
+  // graph_seqs_for(n, t) sequences of t tokens, padded. Outputs equal the eager run's bit for bit.
   bool graphs = true;
   // Diagnostics: fill *record_decisions during forward(); or replay *force_decisions (recorded by a call with the
   // same tokens and cache length) instead of routing / top-k selection. Routing weights are still computed from
@@ -75,6 +76,17 @@ struct MtpSequence {
   int32_t n_draft = 0;               // 0: only fill the slots
   bool decode = true;                // absorbed attention form (false: the naive form, for long prompt chunks)
 };
+
+// The sequences of the graph that runs a decode step of n sequences of t tokens each (Model::step): the batch
+// padded to decode_graph_bucket(n), unless its tokens would then round to another token bucket than the real
+// step's n · t (kernels decide their launch shapes from decode_graph_bucket of the token count and from the
+// skinny-kernel limit of 16 rows: a padded step must compute every row as the eager one does), in which case n
+// itself (one graph per batch size).
+inline int64_t graph_seqs_for(int64_t n, int64_t t) {
+  const int64_t b = decode_graph_bucket(n), pad = b * t, real = n * t;
+  if (pad == real || (pad <= 16 && decode_graph_bucket(pad) == decode_graph_bucket(real))) return b;
+  return n;
+}
 
 // Which logits rows a sequence of a step wants: none, its last token's, or every token's (teacher forcing).
 enum class LogitRows : uint8_t { None, Last, All };
@@ -150,11 +162,11 @@ class Model {
   // (counted by workspace_grows(); the server reserves its limits at load so that it never grows).
   void reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64_t max_blocks);
   int64_t workspace_grows() const { return ws_grows_; }
-  // Decode-graph counters: graphs captured, steps replayed from a graph; kernel launches in the graph of a bucket
-  // (0 when none is captured).
+  // Decode-graph counters: graphs captured, steps replayed from a graph (decode and verify steps); kernel launches
+  // in the graph of `seqs` sequences of `rows_per_seq` tokens (graph_seqs_for; 0 when none is captured).
   int64_t graph_captures() const { return graph_captures_; }
   int64_t graph_replays() const { return graph_replays_; }
-  int64_t graph_kernels(int64_t bucket) const;
+  int64_t graph_kernels(int64_t seqs, int64_t rows_per_seq = 1) const;
   int64_t workspace_bytes() const { return static_cast<int64_t>(ws_cap_); }
   // The cache dtype of this model's activation mode (F32, or BF16 with bf16 activations).
   DType cache_dtype() const { return opt_.bf16_activations ? DType::BF16 : DType::F32; }
@@ -185,9 +197,13 @@ class Model {
   // capture: record the ops into a backend graph (logits stay in the workspace, nothing is downloaded).
   void forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
                     std::vector<float>* hidden, bool capture = false);
-  bool graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
-                      const std::vector<float>* hidden) const;
-  void graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long);
+  // The graph shape of a step: B sequences of T tokens each (B = 0: the step runs eagerly).
+  struct GraphShape {
+    int64_t B = 0, T = 0;
+  };
+  GraphShape graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
+                            const std::vector<float>* hidden) const;
+  void graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long, GraphShape g, int64_t rows);
   void drop_graphs();
   // Shape of a validated step: max context, max block-table length, logits rows, some DSA selection needed.
   struct StepShape {
@@ -195,8 +211,10 @@ class Model {
     bool any_long = false;
   };
   StepShape validate_step(const Step& st, const PagedKvCache& cache, int64_t layers_needed) const;
-  // Carves the workspace for the step and uploads its metadata (tokens, positions, slots, block tables, rows).
-  Meta stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b);
+  // Carves the workspace for the step and uploads its metadata (tokens, positions, slots, block tables, rows; for
+  // an MTP draft pass also the hidden rows it gathers, one per token, and the concat's row order) in one copy.
+  Meta stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b,
+                  std::span<const int32_t> mtp_hrows = {});
   // Decoder layer l over the step's residual stream b.h: x = norm(h) unless `input_normed` (the previous layer
   // fused it), h += o_proj(attention(x)), x = norm(h), h += ffn(x) — fused with the next norm into x when
   // next_norm is given.
@@ -238,7 +256,6 @@ class Model {
   int64_t mtp_prev_cap_ = 0;
   int32_t* mtp_ids_dev_ = nullptr;             // [mtp_prev_cap_] draft ids of a pass
   SampleRowParams* mtp_params_dev_ = nullptr;  // [mtp_prev_cap_] greedy rows
-  std::vector<int32_t> mtp_host_i32_;
   // The decode blocks' view of each layer (backend/backend.h), built once after the weights are prepared.
   std::vector<MlaLayer> mla_;
   std::vector<MoeLayer> moe_;
@@ -251,8 +268,7 @@ class Model {
   char* ws_ = nullptr;
   size_t ws_cap_ = 0;
   int64_t ws_grows_ = 0;
-  std::vector<int32_t> host_i32_;  // host staging of step metadata (grow-only)
-  std::vector<int64_t> host_i64_;
+  std::vector<char> stage_host_;  // host image of a step's metadata (stage_step; grow-only)
   RankContext rank_;
   ShardDims sd_;
   ShardStorage shard_store_;
@@ -260,7 +276,12 @@ class Model {
   // Decode graphs: the reserve() limits they are shaped by, the graph id per bucket, and what they recorded
   // pointers into (a new workspace or KV pool drops them).
   int64_t res_tokens_ = 0, res_seqs_ = 0, res_ctx_ = 0, res_blocks_ = 0;
-  std::vector<std::pair<int64_t, int>> graphs_;  // (2 · bucket + DSA selection, backend graph id)
+  struct GraphEntry {
+    int64_t B = 0, T = 0;
+    bool any_long = false;  // with the DSA selection
+    int id = -1;            // backend graph id
+  };
+  std::vector<GraphEntry> graphs_;
   const void* graph_ws_ = nullptr;
   std::vector<const void*> graph_pools_;  // every pool's data pointer
   int64_t graph_captures_ = 0, graph_replays_ = 0;

@@ -57,16 +57,9 @@ void Model::mtp_pass(std::span<const MtpSequence> /*seqs*/, const void* hidden_s
   const StepShape sh = validate_step(st, cache, L + 1);
   ensure_mtp_buffers(0, sh.rows);
   Buffers b{};
-  const Meta m = stage_step(st, cache, sh, b);
-  // The concat as a row gather over [enorm rows; hnorm rows]: output row 2i = row i, row 2i+1 = row N + i (the
-  // [2N, D] result read as [N, 2D]).
-  mtp_host_i32_.resize(static_cast<size_t>(2 * N));
-  for (int64_t i = 0; i < N; ++i) {
-    mtp_host_i32_[static_cast<size_t>(2 * i)] = static_cast<int32_t>(i);
-    mtp_host_i32_[static_cast<size_t>(2 * i + 1)] = static_cast<int32_t>(N + i);
-  }
-  be_.upload(b.mtp_idx, mtp_host_i32_.data(), sizeof(int32_t) * static_cast<size_t>(2 * N));
-  be_.upload(b.mtp_hrows, hrows.data(), sizeof(int32_t) * static_cast<size_t>(N));
+  // The metadata with the hidden rows and the concat's row gather (stage_step), in one upload: the concat
+  // [enorm rows; hnorm rows] gathered as row 2i = row i, row 2i+1 = row N + i (the [2N, D] result read as [N, 2D]).
+  const Meta m = stage_step(st, cache, sh, b, hrows);
   const Tensor in = b.mtp_in.with_rows(2 * N), e = in.row_slice(0, N), hh = in.row_slice(N, N);
   const Tensor src(const_cast<void*>(hidden_src), act_, std::max(kept_cap_, mtp_prev_cap_) + 1, D);
   be_.embedding(mt.embed, b.tokens, e);

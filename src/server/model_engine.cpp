@@ -67,10 +67,15 @@ int64_t ModelEngine::configure(int64_t budget_bytes, int64_t block_tokens, int64
   rank_caches_.clear();
   rank_cache_ptrs_.clear();
   const int64_t max_blocks = (max_context + block_tokens - 1) / block_tokens;
-  if (pm_)
+  if (pm_) {
     pm_->reserve(max_batch_tokens, max_seqs, max_context, max_blocks);
-  else
-    model_.reserve(max_batch_tokens, max_seqs, max_context, max_blocks);
+  } else {
+    // A draft step's first pass writes the draft layer's slots of every token of the step plus one per sequence
+    // (the slot before a step's first token pairs with the previous step's row): reserved too, so that it never
+    // grows the workspace (which would drop the decode graphs).
+    const int64_t draft_tokens = model_.mtp_layers() > 0 ? max_seqs : 0;
+    model_.reserve(max_batch_tokens + draft_tokens, max_seqs, max_context, max_blocks);
+  }
   if (budget_bytes <= 0) {
     const auto [free_b, total_b] = model_.backend().memory_info();
     if (total_b == 0) fail("--kv-cache-bytes auto: the {} backend has no device memory to size it from",
@@ -148,8 +153,9 @@ ModelEngine::Crossover ModelEngine::speculation_crossover(int64_t k, int64_t max
   for (int64_t j = 0; j <= k; ++j, a *= alpha) expect += a;
   c.max_batch = -1;
   std::vector<std::vector<int32_t>> tables;
-  std::vector<int32_t> toks, drafts;
+  std::vector<int32_t> toks, drafts, ids;
   std::vector<float> logits;
+  std::vector<SampleRowParams> greedy;
   for (int64_t b = 1; b <= max_seqs; b *= 2) {
     if (b * per_seq > cache_->num_blocks() || b * (k + 1) > max_batch_tokens_ || b * ctx > max_batch_tokens_) break;
     tables.assign(static_cast<size_t>(b), {});
@@ -169,9 +175,26 @@ ModelEngine::Crossover ModelEngine::speculation_crossover(int64_t k, int64_t max
         it.all_logits = all;
         it.decode = decode;
       }
-      logits.resize(static_cast<size_t>(b * n * V));
+      // As the scheduler runs them: on a device the rows are sampled there and only the ids come back (downloading
+      // k + 1 rows of logits per sequence would charge the verify step with a transfer the server never makes).
+      const int64_t n_rows = all ? b * n : b;
+      const bool on_device = samples_on_device();
+      if (on_device) {
+        greedy.assign(static_cast<size_t>(n_rows), SampleRowParams{});
+        for (SampleRowParams& r : greedy) r.temperature = 0.0f;
+        ids.assign(static_cast<size_t>(n_rows), 0);
+      } else {
+        logits.resize(static_cast<size_t>(n_rows * V));
+      }
       const auto t0 = std::chrono::steady_clock::now();
-      step(items, logits.data());
+      if (on_device) {
+        SampleBatch sb;
+        sb.rows = greedy.data();
+        sb.n_rows = n_rows;
+        step_sampled(items, sb, ids.data());
+      } else {
+        step(items, logits.data());
+      }
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     run(ctx, 0, false, false);  // the contexts
