@@ -336,7 +336,9 @@ TEST_P(CudaVerifyGraphs, EqualEagerBitForBit) {
           draft_both(ms, "the draft step after the verify", step);
         }
         const int64_t caps = mg.graph_captures() - captures0;
-        EXPECT_TRUE(caps == 1 || (caps == 2 && cfg.has_indexer())) << "batch " << n << " T " << T << ": " << caps;
+        // At most one graph per (padded sequence count, T, DSA selection); none when an earlier batch size of the
+        // loop padded to the same graph (batch 5 and 8 share the bucket of 8).
+        EXPECT_LE(caps, cfg.has_indexer() ? 2 : 1) << "batch " << n << " T " << T << ": " << caps;
         EXPECT_EQ(mg.graph_replays() - replays0 + caps, steps) << "batch " << n << " T " << T;
         EXPECT_GT(mg.graph_kernels(graph_seqs_for(n, T), T), 0) << "batch " << n << " T " << T;
         EXPECT_EQ(me.graph_replays(), 0);
