@@ -125,7 +125,7 @@ void matmul_epilogue_case(CaseCtx& c, Ep ep, Act a) {
       for (int64_t M : Ms) {
         const std::vector<float> x = c.rng.normals(M * K), bias = c.rng.normals(N), gate = c.rng.normals(M * N, 2.0f),
                                  res = c.rng.normals(M * N, 3.0f);
-        c.check(std::string(fmt_name(f)) + " N " + S(N) + " K " + S(K) + " M " + S(M), [&](Arena& A) {
+        c.check(std::string(fmt_name(f)) + " N " + S(N) + " K " + S(K) + " M " + S(M), [&, N = N, K = K](Arena& A) {
           const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
           const QuantWeight* gp[1] = {&wgd};
           const Tensor xt = A.up(x, a.x, M, K);
@@ -421,7 +421,7 @@ void silu_mul_case(CaseCtx& c, DType t) {
       g[2] = kNaN;
     }
     const std::string sh = S(R) + "x" + S(C);
-    c.check(sh, [&](Arena& A) {
+    c.check(sh, [&, R = R, C = C](Arena& A) {
       const Tensor gt = A.up(g, t, R, C), ut = A.up(u, t, R, C), o = A.tensor(t, R, C);
       A.be.silu_mul(gt, ut, o);
       const Tensor g2 = A.up(g, t, R, C), u2 = A.up(u, t, R, C);
@@ -429,7 +429,7 @@ void silu_mul_case(CaseCtx& c, DType t) {
       A.be.silu_mul(gt, u2, u2);  // out aliases up
       return Outs{A.result("out", o), A.result("out=gate", g2), A.result("out=up", u2)};
     });
-    c.check(sh + " strided", [&](Arena& A) {
+    c.check(sh + " strided", [&, R = R, C = C](Arena& A) {
       const Tensor gt = A.up(g, t, R, C, C + 3), ut = A.up(u, t, R, C, C + 1), o = A.tensor(t, R, C, C + 2);
       A.be.silu_mul(gt, ut, o);
       return Outs{A.result("out", o)};
@@ -444,7 +444,7 @@ void add_case(CaseCtx& c, DType t) {
       x[3] = kNaN;
       y[4] = kInf;
     }
-    c.check(S(R) + "x" + S(C), [&](Arena& A) {
+    c.check(S(R) + "x" + S(C), [&, R = R, C = C](Arena& A) {
       const Tensor yt = A.up(y, t, R, C), y2 = A.up(y, t, R, C, C + 4), xt = A.up(x, t, R, C, C + 1);
       A.be.add(yt, A.up(x, t, R, C));
       A.be.add(y2, xt);
@@ -462,7 +462,7 @@ void convert_case(CaseCtx& c, DType from, DType to) {
       x[2] = 3.4e38f;  // rounds to +inf in bf16
       x[3] = 1.0f + 1.0f / 256;  // a tie (nearest even)
     }
-    c.check(S(R) + "x" + S(C), [&](Arena& A) {
+    c.check(S(R) + "x" + S(C), [&, R = R, C = C](Arena& A) {
       const Tensor s = A.up(x, from, R, C), d = A.tensor(to, R, C);
       const Tensor s2 = A.up(x, from, R, C, C + 3), d2 = A.tensor(to, R, C, C + 2);
       A.be.convert(s, d);
@@ -476,7 +476,7 @@ void scale_case(CaseCtx& c, DType t) {
   for (const auto& [R, C] : kShapes) {
     std::vector<float> x = c.rng.normals(R * C);
     if (R * C >= 7) x[5] = kNaN;
-    c.check(S(R) + "x" + S(C), [&](Arena& A) {
+    c.check(S(R) + "x" + S(C), [&, R = R, C = C](Arena& A) {
       const Tensor xt = A.up(x, t, R, C), x2 = A.up(x, t, R, C, C + 3);
       A.be.scale(xt, 0.37f);
       A.be.scale(x2, -3.0f);
@@ -487,7 +487,7 @@ void scale_case(CaseCtx& c, DType t) {
 
 void fill_case(CaseCtx& c, DType t) {
   for (const auto& [R, C] : kShapes)
-    c.check(S(R) + "x" + S(C), [&](Arena& A) {
+    c.check(S(R) + "x" + S(C), [&, R = R, C = C](Arena& A) {
       const Tensor xt = A.tensor(t, R, C), x2 = A.tensor(t, R, C, C + 3), x3 = A.tensor(t, R, C);
       A.be.fill(xt, -2.75f);
       A.be.fill(x2, 0.0f);
@@ -501,7 +501,7 @@ void gather_rows_case(CaseCtx& c, DType from, DType to) {
     const std::vector<float> src = c.rng.normals(R * D);
     std::vector<int32_t> rows(static_cast<size_t>(n));
     for (int32_t& r : rows) r = static_cast<int32_t>(c.rng.integer(0, R - 1));
-    c.check("R " + S(R) + " D " + S(D) + " n " + S(n), [&](Arena& A) {
+    c.check("R " + S(R) + " D " + S(D) + " n " + S(n), [&, R = R, D = D, n = n](Arena& A) {
       const Tensor s = A.up(src, from, R, D, D + 2), d = A.tensor(to, n, D), d2 = A.tensor(to, n, D, D + 5);
       const int32_t* rd = A.up(rows);
       A.be.gather_rows(s, rd, d);
@@ -1143,7 +1143,7 @@ void moe_experts_case(CaseCtx& c, Fmt f, DType t) {
       std::vector<float> w(static_cast<size_t>(M * K));
       for (float& v : w) v = c.rng.uniform(0.05f, 1.0f);
       const std::vector<float> x = c.rng.normals(M * h.D);
-      c.check("experts " + S(e0) + ".." + S(e1) + " M " + S(M), [&](Arena& A) {
+      c.check("experts " + S(e0) + ".." + S(e1) + " M " + S(M), [&, e0 = e0, e1 = e1](Arena& A) {
         MoeHost::Dev v;
         h.up(A, t, M, e0, e1, v);
         A.be.upload(v.s.ids, ids.data(), ids.size() * sizeof(int32_t));
