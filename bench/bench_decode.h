@@ -19,8 +19,14 @@ struct DecodeBatch {
 
   // ctx: the most tokens a sequence will hold (prompt + decode steps).
   DecodeBatch(int64_t vocab_size, int64_t n, int64_t prompt_tokens, int64_t ctx, int64_t bt)
-      : vocab(vocab_size), batch(n), prompt(prompt_tokens), block_tokens(bt), blocks_per_seq((ctx + bt - 1) / bt),
-        blocks(static_cast<size_t>(n)), seqs(static_cast<size_t>(n)), logits(static_cast<size_t>(n * vocab_size)) {
+      : vocab(vocab_size),
+        batch(n),
+        prompt(prompt_tokens),
+        block_tokens(bt),
+        blocks_per_seq((ctx + bt - 1) / bt),
+        blocks(static_cast<size_t>(n)),
+        seqs(static_cast<size_t>(n)),
+        logits(static_cast<size_t>(n * vocab_size)) {
     for (int64_t s = 0; s < batch; ++s) {
       for (int64_t j = 0; j < blocks_per_seq; ++j) blocks[s].push_back(static_cast<int32_t>(s * blocks_per_seq + j));
       for (int64_t t = 0; t < prompt; ++t) tokens.push_back(static_cast<int32_t>((s * 7919 + t * 31 + 13) % vocab));

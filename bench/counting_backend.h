@@ -18,7 +18,6 @@
 
 namespace latent::bench {
 
-
 inline int64_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }  // the KV pools: F32 or BF16
 
 inline uint64_t scale_bytes(const QuantWeight& w, int64_t rows) {
@@ -36,8 +35,9 @@ inline uint64_t weight_bytes(const QuantWeight& w, int64_t rows) {
 }
 
 enum Op { kMatmul, kGrouped, kEmbed, kNorm, kRope, kElem, kAttn, kIndexer, kRouter, kScatter, kKv, kData, kOps };
-inline const char* kOpNames[kOps] = {"matmul", "grouped_matmul", "embedding", "norms",   "rope",    "elementwise",
-                              "mla_attention", "indexer+topk", "router", "scatter_add", "kv_cache", "data"};
+inline const char* kOpNames[kOps] = {"matmul", "grouped_matmul", "embedding",     "norms",
+                                     "rope",   "elementwise",    "mla_attention", "indexer+topk",
+                                     "router", "scatter_add",    "kv_cache",      "data"};
 
 // Forwards every op to the backend under test (so the model runs exactly as on that backend), counting the bytes
 // and FLOPs each op must move and, with --profile, its wall time.
@@ -225,8 +225,8 @@ class CountingBackend final : public Backend {
   }
   void indexer_scores(const Tensor& q, const Tensor& w, const Tensor& k, int64_t n_heads, float scale,
                       const int64_t* q_pos, float* scores) override {
-    add_flops(kIndexer, 2.0 * static_cast<double>(q.rows) * static_cast<double>(k.rows) *
-                            static_cast<double>(n_heads) * static_cast<double>(k.cols));
+    add_flops(kIndexer, 2.0 * static_cast<double>(q.rows) * static_cast<double>(k.rows) * static_cast<double>(n_heads) *
+                            static_cast<double>(k.cols));
     T t(this, kIndexer);
     b_.indexer_scores(q, w, k, n_heads, scale, q_pos, scores);
   }
@@ -334,8 +334,8 @@ class CountingBackend final : public Backend {
     for (int64_t g = 0; g < n_groups; ++g)
       if (offsets[g + 1] > offsets[g]) {
         weight_bytes_read += weight_bytes(*w[g], w[g]->rows);
-        add_flops(kGrouped, 2.0 * static_cast<double>(offsets[g + 1] - offsets[g]) *
-                                static_cast<double>(w[g]->rows) * static_cast<double>(w[g]->cols));
+        add_flops(kGrouped, 2.0 * static_cast<double>(offsets[g + 1] - offsets[g]) * static_cast<double>(w[g]->rows) *
+                                static_cast<double>(w[g]->cols));
       }
   }
   static std::string label(const char* op, const QuantWeight& w, int64_t M, bool glu) {

@@ -5,8 +5,8 @@
 // must move (weights + scales; activations are negligible at these M) over the median-free mean time of `iters`
 // back-to-back launches measured with a host clock after a sync.
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
 #include <cuda_runtime_api.h>
+#include "backend/backend.h"
 
 #include "bench_decode.h"
 #include "counting_backend.h"
@@ -120,20 +120,21 @@ void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, 
     const double t = seconds_since(t0) / iters;
     const double gbs = static_cast<double>(h.bytes()) / t / 1e9;
     const double tflops = 2.0 * static_cast<double>(M * rows * cols) / t / 1e12;
-    std::printf("%-28s %-8s x %-4s %6lld x %-6lld %6.1f MB  M=%-4lld %9.2f us  %7.0f GB/s (%4.1f%% of 4310)  %7.2f TFLOP/s\n",
-                label, std::string(weight_format_name(f)).c_str(), std::string(dtype_name(act)).c_str(),
-                static_cast<long long>(rows),
-                static_cast<long long>(cols), h.bytes() / 1e6, static_cast<long long>(M), t * 1e6, gbs,
-                100.0 * gbs / 4310.0, tflops);
+    std::printf(
+        "%-28s %-8s x %-4s %6lld x %-6lld %6.1f MB  M=%-4lld %9.2f us  %7.0f GB/s (%4.1f%% of 4310)  %7.2f TFLOP/s\n",
+        label, std::string(weight_format_name(f)).c_str(), std::string(dtype_name(act)).c_str(),
+        static_cast<long long>(rows), static_cast<long long>(cols), h.bytes() / 1e6, static_cast<long long>(M), t * 1e6,
+        gbs, 100.0 * gbs / 4310.0, tflops);
   }
   be.dealloc(xd.data);
   be.dealloc(yd.data);
 }
 
 // Prefill matmul of the bf16 activation mode (Backend::matmul_bf16: cuBLASLt with bf16 operands for BF16 weights
-// and MXFP4 weights dequantized whole to bf16 first; FP8 weights take the exact kernels) against the exact fp32 path (matmul: the skinny kernel ≤ 16 rows, the
-// 64×64 tiled kernel above), TFLOP/s against the H200's dense bf16 peak: 990 (datasheet) and 790 (cuBLAS 8192³
-// measured here, docs/cuda.md). Weights rotate over copies ≥ 512 MB (no L2 reuse between calls); x is bf16 values.
+// and MXFP4 weights dequantized whole to bf16 first; FP8 weights take the exact kernels) against the exact fp32 path
+// (matmul: the skinny kernel ≤ 16 rows, the 64×64 tiled kernel above), TFLOP/s against the H200's dense bf16 peak: 990
+// (datasheet) and 790 (cuBLAS 8192³ measured here, docs/cuda.md). Weights rotate over copies ≥ 512 MB (no L2 reuse
+// between calls); x is bf16 values.
 void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols) {
   const HostWeight h = make(f, rows, cols);
   const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
@@ -149,9 +150,7 @@ void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows,
   for (int64_t M : {int64_t{17}, int64_t{32}, int64_t{64}, int64_t{512}, int64_t{2048}}) {
     double t[2] = {0.0, 0.0};
     for (int path = 0; path < 2; ++path) {
-      auto run = [&](size_t i) {
-        be.matmul(ws[i % copies], (path == 0 ? xf : xb).with_rows(M), yd.with_rows(M));
-      };
+      auto run = [&](size_t i) { be.matmul(ws[i % copies], (path == 0 ? xf : xb).with_rows(M), yd.with_rows(M)); };
       const int iters = path == 0 ? (M >= 512 ? 2 : 10) : (M >= 512 ? 20 : 60);
       for (size_t i = 0; i < 2; ++i) run(i);
       be.sync();
@@ -162,11 +161,12 @@ void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows,
     }
     const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(rows) * static_cast<double>(cols);
     const double tf = flop / t[1] / 1e12;
-    std::printf("prefill %-20s %-8s %5lld x %-5lld M=%-5lld exact %9.1f us %6.1f TFLOP/s | bf16 mode %8.1f us "
-                "%6.1f TFLOP/s = %4.1f%% of 990, %4.1f%% of 790 (%5.1fx)\n",
-                label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows),
-                static_cast<long long>(cols), static_cast<long long>(M), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6,
-                tf, 100.0 * tf / 990.0, 100.0 * tf / 790.0, t[0] / t[1]);
+    std::printf(
+        "prefill %-20s %-8s %5lld x %-5lld M=%-5lld exact %9.1f us %6.1f TFLOP/s | bf16 mode %8.1f us "
+        "%6.1f TFLOP/s = %4.1f%% of 990, %4.1f%% of 790 (%5.1fx)\n",
+        label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows), static_cast<long long>(cols),
+        static_cast<long long>(M), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6, tf, 100.0 * tf / 990.0,
+        100.0 * tf / 790.0, t[0] / t[1]);
   }
   be.dealloc(xf.data);
   be.dealloc(xb.data);
@@ -203,12 +203,12 @@ void bench_grouped_prefill(Backend& be, WeightFormat f, int64_t E, int64_t token
     t[path] = seconds_since(t0) / iters;
   }
   const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(rows) * static_cast<double>(cols);
-  std::printf("grouped prefill %s %lld experts, %lld tokens x top-%lld (%lld rows each), [%lld x %lld]: fp32 tiled "
-              "%.1f us %.1f TFLOP/s | bf16 tensor cores %.1f us %.1f TFLOP/s (%.1fx)\n",
-              std::string(weight_format_name(f)).c_str(), static_cast<long long>(E), static_cast<long long>(tokens),
-              static_cast<long long>(top_k), static_cast<long long>(n / E), static_cast<long long>(rows),
-              static_cast<long long>(cols), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6, flop / t[1] / 1e12,
-              t[0] / t[1]);
+  std::printf(
+      "grouped prefill %s %lld experts, %lld tokens x top-%lld (%lld rows each), [%lld x %lld]: fp32 tiled "
+      "%.1f us %.1f TFLOP/s | bf16 tensor cores %.1f us %.1f TFLOP/s (%.1fx)\n",
+      std::string(weight_format_name(f)).c_str(), static_cast<long long>(E), static_cast<long long>(tokens),
+      static_cast<long long>(top_k), static_cast<long long>(n / E), static_cast<long long>(rows),
+      static_cast<long long>(cols), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6, flop / t[1] / 1e12, t[0] / t[1]);
   be.dealloc(offd);
   be.dealloc(xf.data);
   be.dealloc(xb.data);
@@ -222,7 +222,7 @@ void run_prefill_benches(Backend& be) {
   bench_prefill(be, "fp8 block 7168x2048", WeightFormat::FP8_E4M3_BLOCK, 7168, 2048);
   bench_prefill(be, "mxfp4 expert GLM-5", WeightFormat::MXFP4, 2048, 6144);
   bench_prefill(be, "mxfp4 expert down", WeightFormat::MXFP4, 6144, 2048);
-  bench_grouped_prefill(be, WeightFormat::MXFP4, 256, 2048, 8, 2048, 6144);  // GLM-5 gate/up, 2048-token chunk
+  bench_grouped_prefill(be, WeightFormat::MXFP4, 256, 2048, 8, 2048, 6144);           // GLM-5 gate/up, 2048-token chunk
   bench_grouped_prefill(be, WeightFormat::FP8_E4M3_BLOCK, 256, 2048, 8, 2048, 7168);  // DeepSeek-V3 gate/up
 }
 
@@ -256,7 +256,8 @@ void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64
   std::vector<int64_t*> offs;
   for (int k = 0; k < sets; ++k) {
     std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
-    for (int64_t e = 0; e < E; ++e) off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? 1 : 0);
+    for (int64_t e = 0; e < E; ++e)
+      off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? 1 : 0);
     auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
     be.upload(d, off.data(), off.size() * 8);
     offs.push_back(d);
@@ -273,11 +274,11 @@ void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64
   be.sync();
   const double t = seconds_since(t0) / iters;
   const double bytes = static_cast<double>(active) * static_cast<double>(h.bytes());
-  std::printf("grouped_matmul %s x %s %lld experts, %lld active x 1 token, [%lld x %lld]: %.2f us, %.0f GB/s (%.1f%%)\n",
-              std::string(weight_format_name(f)).c_str(), std::string(dtype_name(act)).c_str(),
-              static_cast<long long>(E), static_cast<long long>(active),
-              static_cast<long long>(rows), static_cast<long long>(cols), t * 1e6, bytes / t / 1e9,
-              100.0 * bytes / t / 1e9 / 4310.0);
+  std::printf(
+      "grouped_matmul %s x %s %lld experts, %lld active x 1 token, [%lld x %lld]: %.2f us, %.0f GB/s (%.1f%%)\n",
+      std::string(weight_format_name(f)).c_str(), std::string(dtype_name(act)).c_str(), static_cast<long long>(E),
+      static_cast<long long>(active), static_cast<long long>(rows), static_cast<long long>(cols), t * 1e6,
+      bytes / t / 1e9, 100.0 * bytes / t / 1e9 / 4310.0);
 }
 
 void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
@@ -307,8 +308,12 @@ void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
     be.upload(p, v.data(), v.size() * sizeof(v[0]));
     return p;
   };
-  StepSeqs seqs{batch, static_cast<int32_t*>(up(qb)), static_cast<int32_t*>(up(cl)), static_cast<int32_t*>(up(table)),
-                blocks_per_seq, ctx};
+  StepSeqs seqs{batch,
+                static_cast<int32_t*>(up(qb)),
+                static_cast<int32_t*>(up(cl)),
+                static_cast<int32_t*>(up(table)),
+                blocks_per_seq,
+                ctx};
   const MlaDims d{H, dn, dr, dv, dc};
   const Tensor qd = upload_act(be, q, batch, H * (dn + dr), DType::BF16);
   const int64_t* posd = static_cast<int64_t*>(up(pos));
@@ -378,7 +383,8 @@ double decode_weight_bytes(const Model& m, int64_t batch) {
   const ModelConfig& c = m.config();
   double b = weight_bytes(w.lm_head);
   for (const LayerWeights& lw : w.layers) {
-    for (const QuantWeight* q : {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.kv_b, &lw.attn.o}) b += weight_bytes(*q);
+    for (const QuantWeight* q : {&lw.attn.q_a, &lw.attn.q_b, &lw.attn.kv_a, &lw.attn.kv_b, &lw.attn.o})
+      b += weight_bytes(*q);
     if (lw.indexer.present) b += weight_bytes(lw.indexer.wk) + weight_bytes(lw.indexer.weights_proj);
     auto mlp = [](const MlpWeights& e) { return weight_bytes(e.gate) + weight_bytes(e.up) + weight_bytes(e.down); };
     if (lw.is_moe) {
@@ -425,9 +431,8 @@ void bench_decode(const std::string& dir, Model& m, Backend& be, bool bf16, int6
     std::printf(", %lld kernels per step (%.1f per layer), launch floor %.1f us (%.0f %% of the step), replays %lld",
                 static_cast<long long>(kernels), static_cast<double>(kernels) / L, kernels * 2.6,
                 100.0 * kernels * 2.6e-6 / t, static_cast<long long>(m.graph_replays()));
-  std::printf(", %.1f MB read per step, memory floor %.1f us = %.1f %% of the step (%s)\n", bytes / 1e6,
-              floor_s * 1e6, 100.0 * floor_s / t,
-              batch == 1 ? "exact at batch 1" : "distinct experts: uniform-routing expectation");
+  std::printf(", %.1f MB read per step, memory floor %.1f us = %.1f %% of the step (%s)\n", bytes / 1e6, floor_s * 1e6,
+              100.0 * floor_s / t, batch == 1 ? "exact at batch 1" : "distinct experts: uniform-routing expectation");
 }
 
 // Decode at real contexts (issue: GPU decode at the roofline). `batch` sequences that already hold `ctx` tokens of
@@ -482,7 +487,8 @@ CtxResult bench_decode_ctx(const std::string& dir, Model& m, bench::CountingBack
       if (p->data) cb.fill(Tensor(p->data, p->dtype, p->rows(), p->width), 0.01f);
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
   for (int64_t s = 0; s < batch; ++s)
-    for (int64_t j = 0; j < per_seq; ++j) tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + j));
+    for (int64_t j = 0; j < per_seq; ++j)
+      tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + j));
   std::vector<StepSequence> seqs(static_cast<size_t>(batch));
   std::vector<int32_t> tokens(static_cast<size_t>(batch)), ids(static_cast<size_t>(batch));
   std::vector<SampleRowParams> rows(static_cast<size_t>(batch));
@@ -547,16 +553,16 @@ CtxResult bench_decode_ctx(const std::string& dir, Model& m, bench::CountingBack
 void bench_decode_matrix(const std::string& dir, Model& m, bench::CountingBackend& cb,
                          const std::vector<int64_t>& batches, const std::vector<int64_t>& ctxs, bool profile) {
   const double L = static_cast<double>(m.config().num_hidden_layers);
-  std::printf("%-28s %5s %6s %10s %10s %9s %8s %10s %10s %7s %9s\n", "decode (bf16, graphs)", "batch", "ctx",
-              "step ms", "tok/s", "MB/step", "GB/s", "mem floor", "cmp floor", "% floor", "kern/layer");
+  std::printf("%-28s %5s %6s %10s %10s %9s %8s %10s %10s %7s %9s\n", "decode (bf16, graphs)", "batch", "ctx", "step ms",
+              "tok/s", "MB/step", "GB/s", "mem floor", "cmp floor", "% floor", "kern/layer");
   for (int64_t ctx : ctxs)
     for (int64_t batch : batches) {
       const CtxResult r = bench_decode_ctx(dir, m, cb, batch, ctx, profile && (batch == 1 || batch == 64));
       const double mem = r.bytes / 4.31e12, cmp = r.flops / 790e12, fl = std::max(mem, cmp);
       std::printf("%-28s %5lld %6lld %10.3f %10.0f %9.1f %8.0f %8.1f us %8.1f us %6.1f%% %9.1f\n", dir.c_str(),
                   static_cast<long long>(batch), static_cast<long long>(ctx), r.step_s * 1e3,
-                  static_cast<double>(batch) / r.step_s, r.bytes / 1e6, r.bytes / r.step_s / 1e9, mem * 1e6,
-                  cmp * 1e6, 100.0 * fl / r.step_s, static_cast<double>(r.kernels) / L);
+                  static_cast<double>(batch) / r.step_s, r.bytes / 1e6, r.bytes / r.step_s / 1e9, mem * 1e6, cmp * 1e6,
+                  100.0 * fl / r.step_s, static_cast<double>(r.kernels) / L);
       std::fflush(stdout);
     }
 }
@@ -583,7 +589,8 @@ VerifyResult bench_verify_one(Model& m, Backend& be, int64_t batch, int64_t ctx,
       if (p->data) be.fill(Tensor(p->data, p->dtype, p->rows(), p->width), 0.01f);
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
   for (int64_t s = 0; s < batch; ++s)
-    for (int64_t j = 0; j < per_seq; ++j) tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + j));
+    for (int64_t j = 0; j < per_seq; ++j)
+      tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + j));
   std::vector<StepSequence> seqs(static_cast<size_t>(batch));
   std::vector<int32_t> tokens, ids(static_cast<size_t>(batch * T)), drafts(static_cast<size_t>(batch * k));
   std::vector<SampleRowParams> rows(static_cast<size_t>(batch * T));
@@ -675,9 +682,10 @@ void bench_verify(const std::string& dir, Backend& be, const std::vector<int64_t
                     (r.verify_s + r.draft_s) / r.decode_s, r.verify_replays >= r.steps ? "yes" : "NO");
         std::fflush(stdout);
       }
-  std::printf("ratio: a verify step of k + 1 tokens per sequence over a decode step (goal <= 1.15x at k = 1, batch 1, "
-              "GLM-5 shape); verify+draft: with the MTP draft step after it; graphed: every timed verify step "
-              "replayed a CUDA graph\n");
+  std::printf(
+      "ratio: a verify step of k + 1 tokens per sequence over a decode step (goal <= 1.15x at k = 1, batch 1, "
+      "GLM-5 shape); verify+draft: with the MTP draft step after it; graphed: every timed verify step "
+      "replayed a CUDA graph\n");
 }
 
 // Sampling: Backend::sample_rows on the device against the host path (download [rows, V] fp32 logits, then the
@@ -692,7 +700,9 @@ SamplingParams sample_mode(int mode) {
   }
   return p;
 }
-const char* sample_mode_name(int mode) { return mode == 0 ? "greedy" : mode == 1 ? "temperature 1" : "top_k 50 + top_p 0.9"; }
+const char* sample_mode_name(int mode) {
+  return mode == 0 ? "greedy" : mode == 1 ? "temperature 1" : "top_k 50 + top_p 0.9";
+}
 
 void bench_sample_op(Backend& be, int64_t V, int64_t rows, int mode) {
   std::mt19937 g(3);
@@ -725,17 +735,20 @@ void bench_sample_op(Backend& be, int64_t V, int64_t rows, int mode) {
   auto hostpath = [&] {
     be.download(host.data(), xd, host.size() * 4);
     for (int64_t r = 0; r < rows; ++r)
-      ids[static_cast<size_t>(r)] =
-          samplers[static_cast<size_t>(r)].sample(std::span<float>(host.data() + r * V, static_cast<size_t>(V)), {}, {}).token;
+      ids[static_cast<size_t>(r)] = samplers[static_cast<size_t>(r)]
+                                        .sample(std::span<float>(host.data() + r * V, static_cast<size_t>(V)), {}, {})
+                                        .token;
   };
   hostpath();
   const int hiters = rows * V > 4'000'000 ? 3 : 10;
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < hiters; ++i) hostpath();
   const double th = seconds_since(t0) / hiters;
-  std::printf("sample_rows V %lld rows %lld %-22s: device %.1f us (op + ids back), host path %.1f us (%.1f MB down + "
-              "Sampler), %.1fx\n", static_cast<long long>(V), static_cast<long long>(rows), sample_mode_name(mode),
-              td * 1e6, th * 1e6, static_cast<double>(x.size()) * 4 / 1e6, th / td);
+  std::printf(
+      "sample_rows V %lld rows %lld %-22s: device %.1f us (op + ids back), host path %.1f us (%.1f MB down + "
+      "Sampler), %.1fx\n",
+      static_cast<long long>(V), static_cast<long long>(rows), sample_mode_name(mode), td * 1e6, th * 1e6,
+      static_cast<double>(x.size()) * 4 / 1e6, th / td);
   be.dealloc(xd);
   be.dealloc(pd);
   be.dealloc(idd);
@@ -792,9 +805,10 @@ void bench_sample_decode(const std::string& dir, Model& m, Backend& be, int64_t 
     for (int64_t i = 0; i < steps; ++i) decode();
     t[dev] = seconds_since(t0) / static_cast<double>(steps);
   }
-  std::printf("decode %s bf16 graphs batch %lld, %s: step %.1f us with host sampling, %.1f us with device sampling "
-              "(%.1f us saved)\n", dir.c_str(), static_cast<long long>(batch), sample_mode_name(mode), t[0] * 1e6,
-              t[1] * 1e6, (t[0] - t[1]) * 1e6);
+  std::printf(
+      "decode %s bf16 graphs batch %lld, %s: step %.1f us with host sampling, %.1f us with device sampling "
+      "(%.1f us saved)\n",
+      dir.c_str(), static_cast<long long>(batch), sample_mode_name(mode), t[0] * 1e6, t[1] * 1e6, (t[0] - t[1]) * 1e6);
 }
 
 }  // namespace
@@ -855,9 +869,12 @@ int main(int argc, char** argv) {
     };
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a == "--batch" && i + 1 < argc) batches = list(argv[++i]);
-      else if (a == "--ctx" && i + 1 < argc) ctxs = list(argv[++i]);
-      else if (a == "--k" && i + 1 < argc) ks = list(argv[++i]);
+      if (a == "--batch" && i + 1 < argc)
+        batches = list(argv[++i]);
+      else if (a == "--ctx" && i + 1 < argc)
+        ctxs = list(argv[++i]);
+      else if (a == "--k" && i + 1 < argc)
+        ks = list(argv[++i]);
       else {
         std::fprintf(stderr, "cuda_bench verify: unknown argument '%s'\n", a.c_str());
         return 2;

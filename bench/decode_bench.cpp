@@ -41,24 +41,23 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "counting_backend.h"
 #include "fma_peak.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/generate.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/weights.h"
-#include "counting_backend.h"
 #include "read_bandwidth.h"
 
 namespace {
 
 using namespace latent;
-using bench::now_s;
 using bench::CountingBackend;
+using bench::dtype_size;
+using bench::now_s;
 using bench::print_profile;
 using bench::scale_bytes;
-using bench::dtype_size;
-
 
 // ---------------------------------------------------------------------------------------------------------------
 // Helpers
@@ -93,7 +92,6 @@ double roofline_fraction(const Machine& mc, double bytes, double flops, double s
   if (bound) *bound = t_bw >= t_fma ? "bw" : "fma";
   return seconds > 0 ? std::max(t_bw, t_fma) / seconds : 0.0;
 }
-
 
 // Touches every page of every weight once (the checkpoint is memory-mapped: without this the first steps would
 // time page faults of experts and embedding rows not used before).
@@ -176,8 +174,7 @@ Template make_template(Model& model, Backend& be, int64_t n) {
 }
 
 // Rows [row0, row0 + n) of `pool` <- the template's rows 0, 1, ..., repeated.
-void fill_rows(Backend& be, const KvPool& pool, const std::vector<uint8_t>& src, int64_t tn, int64_t row0,
-               int64_t n) {
+void fill_rows(Backend& be, const KvPool& pool, const std::vector<uint8_t>& src, int64_t tn, int64_t row0, int64_t n) {
   if (!pool.data || n <= 0) return;
   const int64_t rb = pool.width * dtype_size(pool.dtype);
   for (int64_t at = 0; at < n; at += tn) {
@@ -192,8 +189,8 @@ struct DecodeResult {
 };
 
 // B sequences with ctx cached tokens each, one untimed step, then `steps` timed decode steps.
-DecodeResult run_decode(Model& model, CountingBackend& cb, const Template* tpl, int64_t ctx, int64_t B,
-                        int64_t steps, double max_kv_gb, bool profile) {
+DecodeResult run_decode(Model& model, CountingBackend& cb, const Template* tpl, int64_t ctx, int64_t B, int64_t steps,
+                        double max_kv_gb, bool profile) {
   const ModelConfig& cfg = model.config();
   const int64_t V = cfg.vocab_size, per = (ctx + steps + 1 + kBlockTokens - 1) / kBlockTokens;
   DecodeResult r;
@@ -418,14 +415,13 @@ int main(int argc, char** argv) {
                         100.0 * roof, bound);
           }
           std::printf("  %-4s %3s %6s %5s %9s %8s %9s %9s %10s %7s %6s %11s %5s %5s\n", "be", "thr", "ctx", "batch",
-                      "tok/s", "step ms", "wMB/step", "kvMB/step", "GFLOP/step", "GB/s", "%bw", "%roof", "x1t",
-                      "cpu%");
+                      "tok/s", "step ms", "wMB/step", "kvMB/step", "GFLOP/step", "GB/s", "%bw", "%roof", "x1t", "cpu%");
           for (int64_t ctx : ctxs)
             for (int64_t B : batches) {
               const DecodeResult r = run_decode(model, cb, tpl.get(), ctx, B, steps, max_kv_gb, profile);
               if (r.skipped) {
-                std::printf("  %-4s %3d %6lld %5lld  skipped: the cache would exceed --max-kv-gb %.0f\n",
-                            bname.c_str(), t, static_cast<long long>(ctx), static_cast<long long>(B), max_kv_gb);
+                std::printf("  %-4s %3d %6lld %5lld  skipped: the cache would exceed --max-kv-gb %.0f\n", bname.c_str(),
+                            t, static_cast<long long>(ctx), static_cast<long long>(B), max_kv_gb);
                 continue;
               }
               const double bytes = (r.weight_mb + r.kv_mb) * 1e6;
@@ -436,10 +432,10 @@ int main(int argc, char** argv) {
               char x1[16] = "   -";
               if (t != 1 && one_thread.count({ctx, B}))
                 std::snprintf(x1, sizeof(x1), "%5.2f", r.tps / one_thread[{ctx, B}]);
-              std::printf("  %-4s %3d %6lld %5lld %9.1f %8.2f %9.2f %9.2f %10.3f %7.2f %5.1f%% %5.1f%% (%3s) %5s %4.0f%%\n",
-                          bname.c_str(), t, static_cast<long long>(ctx), static_cast<long long>(B), r.tps,
-                          r.step_s * 1e3, r.weight_mb, r.kv_mb, r.gflop, gbs, 100.0 * gbs / mc.bw_gbs, 100.0 * roof,
-                          bound, x1, 100.0 * r.cpu);
+              std::printf(
+                  "  %-4s %3d %6lld %5lld %9.1f %8.2f %9.2f %9.2f %10.3f %7.2f %5.1f%% %5.1f%% (%3s) %5s %4.0f%%\n",
+                  bname.c_str(), t, static_cast<long long>(ctx), static_cast<long long>(B), r.tps, r.step_s * 1e3,
+                  r.weight_mb, r.kv_mb, r.gflop, gbs, 100.0 * gbs / mc.bw_gbs, 100.0 * roof, bound, x1, 100.0 * r.cpu);
               std::fflush(stdout);
             }
         }

@@ -46,7 +46,8 @@ __attribute__((target("avx512f"))) inline float fma_chains_512(int64_t iters) {
 inline double fma_peak_gflops(int threads, bool avx512) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0.0;
   const int64_t iters = int64_t{1} << 21;
-  const double per_thread = avx512 ? 2.0 * 16 * 16 * static_cast<double>(iters) : 2.0 * 12 * 8 * static_cast<double>(iters);
+  const double per_thread =
+      avx512 ? 2.0 * 16 * 16 * static_cast<double>(iters) : 2.0 * 12 * 8 * static_cast<double>(iters);
   double best = 0.0;
   std::atomic<float> sink{0};
   for (int rep = 0; rep < 20; ++rep) {  // short repetitions: on a shared machine the best is undisturbed

@@ -24,9 +24,9 @@
 
 #include "backend/backend.h"
 #include "fma_peak.h"
-#include "read_bandwidth.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "quant/float_formats.h"
+#include "read_bandwidth.h"
 
 namespace {
 
@@ -99,11 +99,13 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
     std::vector<float> x(static_cast<size_t>(f.cols), 0.5f), y(static_cast<size_t>(f.rows));
     for (int t : threads) {
       auto be = latent::make_cpu_backend(t, isa);
-      be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols), latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));  // warm
+      be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols),
+                 latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));  // warm
       double best = 1e30;
       for (int r = 0; r < 5; ++r) {
         const double t0 = now_s();
-        be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols), latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));
+        be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols),
+                   latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));
         best = std::min(best, now_s() - t0);
       }
       std::printf("  %-14s threads %d: %7.2f ms  %6.2f GB/s\n", f.name, t, best * 1e3, bytes / best / 1e9);
@@ -134,7 +136,7 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
       for (int r = 0; r < 5; ++r) {
         const double t0 = now_s();
         be->grouped_matmul(wp.data(), E, offsets.data(), latent::Tensor(x.data(), latent::DType::F32, E, f.cols),
-                         latent::Tensor(y.data(), latent::DType::F32, E, f.rows));
+                           latent::Tensor(y.data(), latent::DType::F32, E, f.rows));
         best = std::min(best, now_s() - t0);
       }
       std::printf("  %-5s experts %lldx%lld (x%lld, M = 1 each) threads %d: %7.2f ms  %6.2f GB/s\n", f.name,
@@ -172,13 +174,15 @@ void run_gemm(const std::vector<int>& threads, latent::CpuIsa isa, const std::ve
       for (int M : ms) {
         std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
         for (float& v : x) v = nd(g);
-        be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, M, K), latent::Tensor(y.data(), latent::DType::F32, M, N));  // warm
+        be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, M, K),
+                   latent::Tensor(y.data(), latent::DType::F32, M, N));  // warm
         const double flops = 2.0 * M * N * K;
         const int reps = static_cast<int>(std::clamp(4e9 / flops, 5.0, 400.0));
         double best = 1e30, best_cpu = 1e30;
         for (int r = 0; r < reps; ++r) {
           const double t0 = now_s(), c0 = thread_cpu_s();
-          be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, M, K), latent::Tensor(y.data(), latent::DType::F32, M, N));
+          be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, M, K),
+                     latent::Tensor(y.data(), latent::DType::F32, M, N));
           best = std::min(best, now_s() - t0);
           best_cpu = std::min(best_cpu, thread_cpu_s() - c0);
         }
@@ -205,8 +209,8 @@ void run_attn(const std::vector<int>& threads, latent::CpuIsa isa, const std::ve
   MlaDims d{H, dn, dr, dv, dc};
   OwnedWeight kvb = make_weight(WeightFormat::BF16, H * (dn + dv), dc, g);
   std::printf("\ndecode attention (absorbed MLA, paged, %s pool), H %lld dc %lld dr %lld, isa %s\n",
-              bf16 ? "bf16" : "fp32", static_cast<long long>(H), static_cast<long long>(dc),
-              static_cast<long long>(dr), cpu_isa_name(isa));
+              bf16 ? "bf16" : "fp32", static_cast<long long>(H), static_cast<long long>(dc), static_cast<long long>(dr),
+              cpu_isa_name(isa));
   std::vector<double> peak;
   for (int t : threads) peak.push_back(bench::fma_peak_gflops(t, isa == CpuIsa::Avx512));
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -224,7 +228,8 @@ void run_attn(const std::vector<int>& threads, latent::CpuIsa isa, const std::ve
           std::memcpy(&pool_mem[i], &v, 4);
         }
       KvPool pool{pool_mem.data(), bf16 ? DType::BF16 : DType::F32, nblk, bt, width};
-      std::vector<int32_t> table(static_cast<size_t>(nblk)), qb(static_cast<size_t>(B + 1)), cl(static_cast<size_t>(B), ctx);
+      std::vector<int32_t> table(static_cast<size_t>(nblk)), qb(static_cast<size_t>(B + 1)),
+          cl(static_cast<size_t>(B), ctx);
       for (int64_t i = 0; i < nblk; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
       for (int b = 0; b <= B; ++b) qb[static_cast<size_t>(b)] = b;
       std::vector<int64_t> pos(static_cast<size_t>(B), ctx - 1);
@@ -303,7 +308,8 @@ int main(int argc, char** argv) {
       const std::string s = next();
       isa = s == "avx512" ? latent::CpuIsa::Avx512 : s == "avx2" ? latent::CpuIsa::Avx2 : latent::CpuIsa::Scalar;
     } else {
-      std::fprintf(stderr, "usage: membw_bench [--mb N] [--threads 1,2] [--reps N] [--ops] [--gemm [--m 1,4,..]] [--isa L]\n"
+      std::fprintf(stderr,
+                   "usage: membw_bench [--mb N] [--threads 1,2] [--reps N] [--ops] [--gemm [--m 1,4,..]] [--isa L]\n"
                    "                   [--attn [--ctx 512,4096] [--batch 1,16] [--bf16]]\n");
       return 2;
     }
@@ -316,8 +322,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (size_t i = 0; i < words; ++i) buf[i] = i;  // touch every page
-  std::printf("streaming read bandwidth (%zu MiB buffer, best of %d, %s loads):\n", mb, reps,
-              avx2 ? "avx2" : "scalar");
+  std::printf("streaming read bandwidth (%zu MiB buffer, best of %d, %s loads):\n", mb, reps, avx2 ? "avx2" : "scalar");
   for (int t : threads)
     std::printf("  threads %d: %6.2f GB/s\n", t, latent::bench::read_bandwidth(buf, words, t, reps, avx2));
   std::free(buf);

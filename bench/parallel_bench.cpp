@@ -57,8 +57,10 @@ std::vector<T> parse_list(const std::string& flag, const std::string& v) {
 
 Args parse(int argc, char** argv) {
   Args a;
-  if (argc < 2) fail("usage: parallel_bench <model dir> [--device cpu|cuda] [--ranks 1,2,...] [--batch 1,64,...] "
-                     "[--expert-parallel] [--steps N] [--threads T] [--activations fp32|bf16]");
+  if (argc < 2)
+    fail(
+        "usage: parallel_bench <model dir> [--device cpu|cuda] [--ranks 1,2,...] [--batch 1,64,...] "
+        "[--expert-parallel] [--steps N] [--threads T] [--activations fp32|bf16]");
   a.dir = argv[1];
   for (int i = 2; i < argc; ++i) {
     const std::string f = argv[i];
@@ -66,14 +68,22 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) fail("{} needs a value", f);
       return argv[++i];
     };
-    if (f == "--device") a.device = val();
-    else if (f == "--ranks") a.ranks = parse_list<int>(f, val());
-    else if (f == "--batch") a.batches = parse_list<int64_t>(f, val());
-    else if (f == "--expert-parallel") a.expert = true;
-    else if (f == "--steps") a.steps = parse_list<int64_t>(f, val()).front();
-    else if (f == "--threads") a.threads = parse_list<int>(f, val()).front();
-    else if (f == "--activations") a.activations = val();
-    else fail("unknown argument '{}'", f);
+    if (f == "--device")
+      a.device = val();
+    else if (f == "--ranks")
+      a.ranks = parse_list<int>(f, val());
+    else if (f == "--batch")
+      a.batches = parse_list<int64_t>(f, val());
+    else if (f == "--expert-parallel")
+      a.expert = true;
+    else if (f == "--steps")
+      a.steps = parse_list<int64_t>(f, val()).front();
+    else if (f == "--threads")
+      a.threads = parse_list<int>(f, val()).front();
+    else if (f == "--activations")
+      a.activations = val();
+    else
+      fail("unknown argument '{}'", f);
   }
   if (a.device != "cpu" && a.device != "cuda") fail("--device must be cpu or cuda (got '{}')", a.device);
   if (!a.activations.empty() && a.activations != "fp32" && a.activations != "bf16")
@@ -131,8 +141,10 @@ double allreduces_per_step(const ModelConfig& c, const ParallelConfig& pc) {
   double n = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const bool moe = c.n_routed_experts > 0 && c.layer_is_moe[static_cast<size_t>(l)];
-    if (pc.tensor) n += 2;
-    else if (pc.expert && moe) n += 1;
+    if (pc.tensor)
+      n += 2;
+    else if (pc.expert && moe)
+      n += 1;
   }
   if (pc.tensor) n += 1;  // the vocab-parallel embedding (the logits all-gather is not counted)
   return n;

@@ -29,7 +29,8 @@ __attribute__((target("avx2"))) inline uint64_t sum_avx2(const uint64_t* p, size
     a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
   }
   alignas(32) uint64_t t[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(t), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(t),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
   uint64_t s = t[0] + t[1] + t[2] + t[3];
   for (; i < n; ++i) s += p[i];
   return s;

@@ -54,8 +54,8 @@ std::vector<std::string> build_vocab(size_t target) {
   };
   for (int b = 0; b < 256; ++b) add(std::string(1, static_cast<char>(b)));
   const std::string root = LATENT_SOURCE_DIR;
-  for (const char* dir : {"tests/data/tokenizer/glm5", "tests/data/tokenizer/deepseek_v3", "tests/data/tokenizer/kimi_k2",
-                          "models/latent-demo"}) {
+  for (const char* dir : {"tests/data/tokenizer/glm5", "tests/data/tokenizer/deepseek_v3",
+                          "tests/data/tokenizer/kimi_k2", "models/latent-demo"}) {
     const std::string p = root + "/" + dir;
     if (!std::filesystem::exists(p + "/tokenizer.json")) continue;
     try {
@@ -68,21 +68,22 @@ std::vector<std::string> build_vocab(size_t target) {
   }
   const size_t from_files = v.size();
   std::mt19937 rng(12345);
-  const char* onsets[] = {"", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
-                          "st", "tr", "pl", "ch", "sh", "th", "gr", "br", "cl", "sp", "qu", "wh"};
+  const char* onsets[] = {"",  "b", "c", "d",  "f",  "g",  "h",  "j",  "k",  "l",  "m",  "n",  "p",  "r",  "s",
+                          "t", "v", "w", "st", "tr", "pl", "ch", "sh", "th", "gr", "br", "cl", "sp", "qu", "wh"};
   const char* nuclei[] = {"a", "e", "i", "o", "u", "ea", "ou", "io", "ai", "ee", "oo", "y"};
-  const char* codas[] = {"", "", "n", "s", "t", "r", "l", "d", "ng", "nt", "st", "ck", "m", "x", "ll", "rs", "ed", "ing", "tion", "er"};
-  const char* punct[] = {"\",", "\":", "{\"", "\"}", "\"]", "],", "},", "\":\"", "\",\"", "()", "();", "->", "::", "==",
-                         "!=", "<=", ">=", "&&", "||", "//", "/*", "*/", "...", ".\n", ",\n", ";\n", "\n\n", "\"\n",
-                         "\":[", "\":{", "}}", "]]", "[\"", "('", "')", "\")", "=\"", "%s", "\\n", "\\\"", "$(", "#{"};
+  const char* codas[] = {"",   "",   "n", "s", "t",  "r",  "l",  "d",   "ng",   "nt",
+                         "st", "ck", "m", "x", "ll", "rs", "ed", "ing", "tion", "er"};
+  const char* punct[] = {"\",", "\":", "{\"", "\"}", "\"]",  "],",   "},",   "\":\"", "\",\"", "()", "();",
+                         "->",  "::",  "==",  "!=",  "<=",   ">=",   "&&",   "||",    "//",    "/*", "*/",
+                         "...", ".\n", ",\n", ";\n", "\n\n", "\"\n", "\":[", "\":{",  "}}",    "]]", "[\"",
+                         "('",  "')",  "\")", "=\"", "%s",   "\\n",  "\\\"", "$(",    "#{"};
   std::uniform_int_distribution<int> kind(0, 99);
   while (v.size() < target) {
     const int k = kind(rng);
     std::string s;
     if (k < 72) {  // words
       const int syl = 1 + static_cast<int>(rng() % 3);
-      for (int i = 0; i < syl; ++i)
-        s += std::string(onsets[rng() % 30]) + nuclei[rng() % 12] + codas[rng() % 20];
+      for (int i = 0; i < syl; ++i) s += std::string(onsets[rng() % 30]) + nuclei[rng() % 12] + codas[rng() % 20];
       if (rng() % 3 == 0) s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
       if (rng() % 10 < 6) s = " " + s;
     } else if (k < 78) {  // numbers
@@ -106,8 +107,8 @@ std::vector<std::string> build_vocab(size_t target) {
     }
     add(s);
   }
-  fmt::print("vocabulary: {} ids ({} from the tokenizer fixtures and single bytes, {} synthetic) + 1 stop id\n", v.size(),
-             from_files, v.size() - from_files);
+  fmt::print("vocabulary: {} ids ({} from the tokenizer fixtures and single bytes, {} synthetic) + 1 stop id\n",
+             v.size(), from_files, v.size() - from_files);
   return v;
 }
 
@@ -149,8 +150,8 @@ Stats stats(std::vector<double> t) {
 }
 
 // One generation along `tokens`; returns the per-token mask times (µs).
-std::vector<double> run(const std::shared_ptr<const CompiledGrammar>& cg, const std::vector<int32_t>& tokens, int32_t stop,
-                        size_t* full_walks = nullptr) {
+std::vector<double> run(const std::shared_ptr<const CompiledGrammar>& cg, const std::vector<int32_t>& tokens,
+                        int32_t stop, size_t* full_walks = nullptr) {
   Matcher m(cg);
   std::vector<uint64_t> mask(cg->vocab->mask_words());
   std::vector<double> t;
@@ -178,8 +179,10 @@ int main(int argc, char** argv) {
   int reps = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--vocab") target = std::stoul(argv[i + 1]);
-    else if (a == "--reps") reps = std::stoi(argv[i + 1]);
+    if (a == "--vocab")
+      target = std::stoul(argv[i + 1]);
+    else if (a == "--reps")
+      reps = std::stoi(argv[i + 1]);
   }
   auto t0 = Clock::now();
   std::vector<std::string> words = build_vocab(target);
@@ -199,7 +202,8 @@ int main(int argc, char** argv) {
       "required":["name","age","email","tags","address","verified"],"additionalProperties":false})");
   const std::string person_text =
       R"({"name": "Marie Curie", "age": 66, "email": "marie.curie@example.org", "tags": ["physics", "chemistry", "radioactivity"], "address": {"street": "11 rue Pierre et Marie Curie", "city": "Paris", "zip": "75005"}, "verified": true})";
-  const ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+  const ojson tools =
+      ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
       "properties":{"city":{"type":"string"},"unit":{"type":"string","enum":["celsius","fahrenheit"]},"days":{"type":"integer"}},
       "required":["city"]}}}])");
   struct Case {
@@ -214,16 +218,27 @@ int main(int argc, char** argv) {
     fmt::print("compile {:<34} {:8.0f} µs, {:5} NFA nodes\n", name, us_since(c0), g->nodes.size());
     cases.push_back({name, g, std::move(text)});
   };
-  timed("json_schema person (strict)", [&] { return json_schema_grammar(person); }, person_text);
-  timed("json_object", [&] { return json_object_grammar(); },
-        R"({"answer": "The capital of Japan is Tokyo.", "confidence": 0.97, "sources": ["atlas", "encyclopedia"]})");
-  timed("glm tool call get_weather", [&] { return tool_call_grammar(ToolSyntax::Glm, tools, "", true); },
-        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>San Francisco</arg_value><arg_key>unit</arg_key>"
-        "<arg_value>celsius</arg_value></tool_call>");
-  timed("regex phone \\(\\d{3}\\) \\d{3}-\\d{4}", [&] { return regex_grammar("\\(\\d{3}\\) \\d{3}-\\d{4}"); }, "(415) 555-0123");
-  timed("choice (4 options)", [&] { return choice_grammar({"positive", "negative", "neutral", "mixed"}); }, "negative");
-  timed("regex free text [^\\n]{0,200}\\n", [&] { return regex_grammar("[^\\n]{0,200}\\n"); },
-        "The quick brown fox jumps over the lazy dog, and then it runs away into the forest.\n");
+  timed(
+      "json_schema person (strict)", [&] { return json_schema_grammar(person); }, person_text);
+  timed(
+      "json_object", [&] { return json_object_grammar(); },
+      R"({"answer": "The capital of Japan is Tokyo.", "confidence": 0.97, "sources": ["atlas", "encyclopedia"]})");
+  timed(
+      "glm tool call get_weather", [&] { return tool_call_grammar(ToolSyntax::Glm, tools, "", true); },
+      "<tool_call>get_weather<arg_key>city</arg_key><arg_value>San Francisco</arg_value><arg_key>unit</arg_key>"
+      "<arg_value>celsius</arg_value></tool_call>");
+  timed(
+      "regex phone \\(\\d{3}\\) \\d{3}-\\d{4}", [&] { return regex_grammar("\\(\\d{3}\\) \\d{3}-\\d{4}"); },
+      "(415) 555-0123");
+  timed(
+      "choice (4 options)",
+      [&] {
+        return choice_grammar({"positive", "negative", "neutral", "mixed"});
+      },
+      "negative");
+  timed(
+      "regex free text [^\\n]{0,200}\\n", [&] { return regex_grammar("[^\\n]{0,200}\\n"); },
+      "The quick brown fox jumps over the lazy dog, and then it runs away into the forest.\n");
   fmt::print("\n{:<34} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6}\n", "case", "tokens", "cold mean", "warm mean",
              "warm p50", "warm p99", "warm max", "walks");
   for (const auto& c : cases) {
@@ -241,8 +256,8 @@ int main(int argc, char** argv) {
       warm.insert(warm.end(), b.begin(), b.end());
     }
     const Stats sc = stats(cold), sw = stats(warm);
-    fmt::print("{:<34} {:>6} {:>8.1f}µs {:>8.1f}µs {:>8.1f}µs {:>8.1f}µs {:>8.1f}µs {:>6.1f}\n", c.name, toks.size() + 1,
-               sc.mean, sw.mean, sw.p50, sw.p99, sw.max, static_cast<double>(walks) / reps);
+    fmt::print("{:<34} {:>6} {:>8.1f}µs {:>8.1f}µs {:>8.1f}µs {:>8.1f}µs {:>8.1f}µs {:>6.1f}\n", c.name,
+               toks.size() + 1, sc.mean, sw.mean, sw.p50, sw.p99, sw.max, static_cast<double>(walks) / reps);
   }
   // A new schema whose string / number rules an earlier request already computed.
   {
@@ -259,7 +274,8 @@ int main(int argc, char** argv) {
       cg->vocab = vocab;
       for (double t : run(cg, tokenize(cases[0].text, ids), stop)) sum += t, ++n;
     }
-    fmt::print("\nfirst request with the person schema after one json_object request: {:.1f} µs per token\n", sum / static_cast<double>(n));
+    fmt::print("\nfirst request with the person schema after one json_object request: {:.1f} µs per token\n",
+               sum / static_cast<double>(n));
   }
   // Applying a mask to a row of logits (GrammarConstraint::mask = fill_mask + writing -inf).
   {

@@ -51,16 +51,17 @@ std::string repeat_to(const std::string& s, size_t bytes) {
 
 // English-like text: Zipf over a vocabulary of generated words plus common words, punctuation, numbers, newlines.
 std::string synthetic_english(size_t bytes) {
-  static const char* kCommon[] = {"the", "of", "and", "to", "a", "in", "is", "that", "for", "it", "as", "was", "with",
-                                  "be", "by", "on", "not", "he", "I", "this", "are", "or", "his", "from", "at",
-                                  "which", "but", "have", "an", "had", "they", "you", "were", "their", "one", "all",
-                                  "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would",
-                                  "who", "so", "no", "model", "token", "language", "inference", "memory", "don't",
-                                  "it's", "we'll", "they're", "system", "engine", "attention", "expert", "layer"};
+  static const char* kCommon[] = {
+      "the",   "of",   "and",   "to",      "a",      "in",     "is",        "that",   "for",      "it",        "as",
+      "was",   "with", "be",    "by",      "on",     "not",    "he",        "I",      "this",     "are",       "or",
+      "his",   "from", "at",    "which",   "but",    "have",   "an",        "had",    "they",     "you",       "were",
+      "their", "one",  "all",   "we",      "can",    "her",    "has",       "there",  "been",     "if",        "more",
+      "when",  "will", "would", "who",     "so",     "no",     "model",     "token",  "language", "inference", "memory",
+      "don't", "it's", "we'll", "they're", "system", "engine", "attention", "expert", "layer"};
   std::mt19937_64 rng(42);
   std::vector<std::string> words(kCommon, kCommon + sizeof(kCommon) / sizeof(kCommon[0]));
-  const char* syll[] = {"ka", "ter", "min", "lo", "pra", "sen", "tion", "al", "ing", "ed", "ous", "re", "con", "de",
-                        "vi", "ment", "ly", "str", "ph", "ex", "un", "ble", "qu", "est"};
+  const char* syll[] = {"ka",  "ter", "min", "lo",   "pra", "sen", "tion", "al", "ing", "ed",  "ous", "re",
+                        "con", "de",  "vi",  "ment", "ly",  "str", "ph",   "ex", "un",  "ble", "qu",  "est"};
   for (int i = 0; i < 50000; ++i) {
     std::string w;
     const int n = 1 + static_cast<int>(rng() % 4);
@@ -123,7 +124,8 @@ void run(const latent::Tokenizer& tok, const std::string& name, const std::strin
   std::printf("  encode cold     %8.1f MB/s\n", mb / cold);
   std::printf("  encode warm     %8.1f MB/s\n", mb / warm);
   std::printf("  encode %5zu B  %8.1f MB/s  (%zu ids)\n", chunk, mb / chunked, n_chunk_ids);
-  std::printf("  decode          %8.1f MB/s  %s\n", mb / dec, back == text ? "(round trip exact)" : "(round trip DIFFERS)");
+  std::printf("  decode          %8.1f MB/s  %s\n", mb / dec,
+              back == text ? "(round trip exact)" : "(round trip DIFFERS)");
   std::printf("  stream decode   %8.1f MB/s  %s\n", mb / stream, streamed == back.size() ? "" : "(length differs)");
 }
 
@@ -142,10 +144,14 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (!std::strcmp(argv[i], "--model")) model = next();
-    else if (!std::strcmp(argv[i], "--file")) file = next();
-    else if (!std::strcmp(argv[i], "--mb")) target_mb = std::stod(next());
-    else if (!std::strcmp(argv[i], "--chunk")) chunk = std::stoul(next());
+    if (!std::strcmp(argv[i], "--model"))
+      model = next();
+    else if (!std::strcmp(argv[i], "--file"))
+      file = next();
+    else if (!std::strcmp(argv[i], "--mb"))
+      target_mb = std::stod(next());
+    else if (!std::strcmp(argv[i], "--chunk"))
+      chunk = std::stoul(next());
     else {
       std::fprintf(stderr, "usage: tokenizer_bench [--model DIR] [--file F] [--mb N] [--chunk BYTES]\n");
       return 2;

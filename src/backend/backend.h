@@ -80,8 +80,8 @@ struct Tensor {
 //   residual  v = R(residual[m, j] + v)              (shaped like y; may be y itself: y += x·Wᵀ)
 // and stores v. Each step equals the unfused op sequence (matmul, add bias, silu_mul, add) in the same dtypes.
 struct Epilogue {
-  const float* bias = nullptr;                // [w.rows] fp32
-  const QuantWeight* const* glu = nullptr;    // SwiGLU in one op: y = SiLU(x·Wgᵀ) ⊙ (x·Wᵀ), W = up_proj
+  const float* bias = nullptr;              // [w.rows] fp32
+  const QuantWeight* const* glu = nullptr;  // SwiGLU in one op: y = SiLU(x·Wgᵀ) ⊙ (x·Wᵀ), W = up_proj
   const Tensor* gate = nullptr;
   const Tensor* residual = nullptr;
   bool empty() const { return !bias && !glu && !gate && !residual; }
@@ -170,8 +170,8 @@ struct MlaLayer {
 
 // The token-wise metadata of a step (backend memory).
 struct StepTokens {
-  int64_t n = 0;                 // N tokens
-  const int64_t* pos = nullptr;  // [N] positions
+  int64_t n = 0;                   // N tokens
+  const int64_t* pos = nullptr;    // [N] positions
   const int64_t* slots = nullptr;  // [N] cache slot of each token (< 0: not stored, a graph's padding row)
 };
 
@@ -179,8 +179,8 @@ struct StepTokens {
 // rank); the others' entries may be null. shared_* are null when the layer has no shared experts.
 struct MoeLayer {
   RouterParams router;
-  const QuantWeight* gate = nullptr;  // router weight [E, D]
-  const float* score_bias = nullptr;  // [E] e_score_correction_bias or null
+  const QuantWeight* gate = nullptr;           // router weight [E, D]
+  const float* score_bias = nullptr;           // [E] e_score_correction_bias or null
   const QuantWeight* const* w_gate = nullptr;  // [E] expert gate_proj [I, D]
   const QuantWeight* const* w_up = nullptr;    // [E] expert up_proj [I, D]
   const QuantWeight* const* w_down = nullptr;  // [E] expert down_proj [D, I]
@@ -192,9 +192,9 @@ struct MoeLayer {
 
 // Scratch of the MoE blocks for M tokens (carved by the model; activation tensors in the run's dtype).
 struct MoeScratch {
-  float* logits = nullptr;   // [M, E] router logits (fp32, never rounded)
-  int32_t* ids = nullptr;    // [M, K] selected experts, in selection order (moe_ffn leaves them here)
-  float* weights = nullptr;  // [M, K] their routing weights
+  float* logits = nullptr;     // [M, E] router logits (fp32, never rounded)
+  int32_t* ids = nullptr;      // [M, K] selected experts, in selection order (moe_ffn leaves them here)
+  float* weights = nullptr;    // [M, K] their routing weights
   int64_t* offsets = nullptr;  // [E + 1] expert groups of the M·K (token, slot) pairs
   int32_t* token = nullptr;    // [M·K] the pair's token
   float* pair_w = nullptr;     // [M·K] the pair's weight
@@ -238,8 +238,7 @@ class Backend {
   virtual void matmul(const QuantWeight& w, const Tensor& x, const Tensor& y, const Epilogue& ep = {}) = 0;
   // Preallocates what matmul needs for these weights (entries with data == null are skipped) at up to max_rows
   // rows of x in `x_dtype`, so that no later step allocates (called at reserve time; larger steps still grow it).
-  virtual void reserve_matmul(const QuantWeight* const* /*w*/, size_t /*n*/, int64_t /*max_rows*/,
-                              DType /*x_dtype*/) {}
+  virtual void reserve_matmul(const QuantWeight* const* /*w*/, size_t /*n*/, int64_t /*max_rows*/, DType /*x_dtype*/) {}
   // Expert-grouped matmul: rows offsets[g] .. offsets[g+1]-1 of x are multiplied by *w[g] (y = x·W[g]ᵀ), then the
   // epilogue (glu: ep.glu[g] per group; gate / residual rows as y's). All w[g] have the same rows/cols (formats may
   // differ). x [offsets[n_groups], cols], y [offsets[n_groups], rows]. Groups with no rows are skipped (their w[g]
@@ -258,8 +257,7 @@ class Backend {
   virtual void layer_norm(const Tensor& x, const float* w, const float* b, float eps, const Tensor& y) = 0;
   // In-place RoPE on the first p.dim values of each head: head h of row t starts at element h * head_stride of
   // row t of x; row t has position pos[t]. BF16 x: cos/sin and products rounded (docs/model.md §bf16).
-  virtual void rope(const Tensor& x, int64_t n_heads, int64_t head_stride, const int64_t* pos,
-                    const RopeParams& p) = 0;
+  virtual void rope(const Tensor& x, int64_t n_heads, int64_t head_stride, const int64_t* pos, const RopeParams& p) = 0;
   // out = SiLU(gate) · up   (out may alias gate or up). BF16 out: out = bf16(bf16(SiLU(gate)) · up).
   virtual void silu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   // y = R(y + x).
@@ -273,9 +271,8 @@ class Backend {
   //
   // Naive (prefill) form: kvb [T, H·(dn+dv)] = c·Wkv_bᵀ (k_nope then v per head), k_pe [T, dr] (rotated, shared by
   // all heads). BF16 o: scores, scaled scores, probabilities and o rounded as HF eager attention does.
-  virtual void mla_attention_naive(const MlaDims& d, const Tensor& q, const Tensor& kvb, const Tensor& k_pe,
-                                   int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale,
-                                   const Tensor& o) = 0;
+  virtual void mla_attention_naive(const MlaDims& d, const Tensor& q, const Tensor& kvb, const Tensor& k_pe, int64_t T,
+                                   const int64_t* q_pos, const KeySelection& sel, float scale, const Tensor& o) = 0;
   // Weight-absorbed (decode) form over the latent cache: c [T, dc] (after kv_a_layernorm), k_pe [T, dr] (rotated).
   // kv_b is kv_b_proj [H·(dn+dv), dc] in its stored format: W_UK[h] = rows h·(dn+dv) .. +dn, W_UV[h] = the next dv
   // rows. q_lat = W_UK[h]ᵀ·q_nope; score = (q_lat·c[t] + q_pe·k_pe[t])·scale; o = W_UV[h]·Σ_t P·c[t].
@@ -290,9 +287,9 @@ class Backend {
   virtual void indexer_scores(const Tensor& q, const Tensor& w, const Tensor& k, int64_t n_heads, float scale,
                               const int64_t* q_pos, float* scores) = 0;
   // indexer_scores for tokens r0 .. r0+n-1 of a step (any of its sequences) over each token's own keys in the
-  // paged index pool: scores [n, T] (row i = token r0 + i; columns past the token's position are −inf). q [n, n_heads·head_dim], w [n, n_heads] (rows of the step's
-  // tokens r0 ..), q_pos = the step's positions + r0. T >= every sequence's context. Default: per sequence, its keys
-  // gathered, then indexer_scores.
+  // paged index pool: scores [n, T] (row i = token r0 + i; columns past the token's position are −inf). q [n,
+  // n_heads·head_dim], w [n, n_heads] (rows of the step's tokens r0 ..), q_pos = the step's positions + r0. T >= every
+  // sequence's context. Default: per sequence, its keys gathered, then indexer_scores.
   virtual void indexer_scores_paged(const Tensor& q, const Tensor& w, const KvPool& pool, const StepSeqs& seqs,
                                     int64_t r0, int64_t n_heads, float scale, const int64_t* q_pos, int64_t T,
                                     float* scores);
@@ -312,8 +309,8 @@ class Backend {
   // Expert grouping: the M*K (token, slot) pairs of ids [M, K] sorted by expert ascending, then token ascending.
   // offsets [E+1] (offsets[e] = first pair of expert e, offsets[E] = M*K), token [M*K] = the pair's token,
   // weight [M*K] = weights[token, slot]. Ids must be in [0, E). All arrays in backend memory.
-  virtual void moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E,
-                         int64_t* offsets, int32_t* token, float* weight);
+  virtual void moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
+                         int32_t* token, float* weight);
 
   // ---------------- data movement / small elementwise ----------------
   // dst[i, :] = R(src[rows[i], :]) for i < dst.rows.
@@ -347,8 +344,8 @@ class Backend {
   //   q  = cq·W_q_bᵀ, q_pe rotated               [N, H·(dn+dr)]
   //   kv = x·W_kv_aᵀ + b_kv_a = [c | k_pe]; c = RMSNorm(c); k_pe rotated; written to `pool` at tok.slots.
   // kv [N, dc+dr] is scratch (its contents afterwards are unspecified).
-  virtual void mla_qkv(const MlaLayer& L, const Tensor& x, const StepTokens& tok, const KvPool& pool,
-                       const Tensor& cq, const Tensor& q, const Tensor& kv);
+  virtual void mla_qkv(const MlaLayer& L, const Tensor& x, const StepTokens& tok, const KvPool& pool, const Tensor& cq,
+                       const Tensor& q, const Tensor& kv);
   // The decode attention of a run of sequences over the paged latent cache, with the output absorption:
   // o [N, H·dv] = mla_attention_absorbed_paged(q, kv_b, pool, ...) (default: exactly that primitive).
   virtual void mla_decode_attention(const MlaLayer& L, const Tensor& q, const KvPool& pool, const StepSeqs& seqs,
@@ -379,10 +376,10 @@ class Backend {
   // reads whatever the recorded pointers hold at that time (the model uploads the step metadata into the same
   // buffers before each replay).
   virtual bool graphs_supported() const { return false; }
-  virtual void graph_begin();           // throws Error when graphs are not supported
-  virtual int graph_end();              // ends the recording: the new graph's id
-  virtual void graph_replay(int id);    // asynchronous, like any op
-  virtual void graph_release(int /*id*/) {}  // frees graph id (its id is not reused)
+  virtual void graph_begin();                   // throws Error when graphs are not supported
+  virtual int graph_end();                      // ends the recording: the new graph's id
+  virtual void graph_replay(int id);            // asynchronous, like any op
+  virtual void graph_release(int /*id*/) {}     // frees graph id (its id is not reused)
   virtual int64_t graph_kernels(int id) const;  // kernel launches recorded in graph id (diagnostics)
 
  protected:

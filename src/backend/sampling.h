@@ -40,8 +40,8 @@ struct SampleRowParams {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
-  int32_t top_k = 0;      // <= 0: off
-  int32_t n_edits = 0;    // edits[edit_begin .. edit_begin + n_edits): distinct token ids
+  int32_t top_k = 0;    // <= 0: off
+  int32_t n_edits = 0;  // edits[edit_begin .. edit_begin + n_edits): distinct token ids
   int64_t edit_begin = 0;
   int64_t allow_offset = -1;  // >= 0: bit i of allow[allow_offset + i / 32] set = id i may be sampled
   uint64_t rng_key = 0;       // the request's stream key (sample_stream_key)

@@ -152,7 +152,8 @@ void register_fidelity(CLI::App& app) {
                   "Rule PATTERN=FORMAT of the baseline plan (repeatable; default and 'none': as stored)");
   cmd->add_option("--candidate", o->candidate,
                   std::string("Rule PATTERN=FORMAT of the candidate plan (repeatable; 'none': as stored; default: the "
-                              "founding comparison ") + kFoundingCandidate + ")");
+                              "founding comparison ") +
+                      kFoundingCandidate + ")");
   cmd->add_option("--prompts", o->prompts, "File: one prompt per line, text or 'ids: 1 2 3'");
   cmd->add_flag("--chat", o->chat, "Render each text prompt as a user message through the chat template");
   cmd->add_option("--max-tokens", o->max_tokens, "Greedy continuation length (default 32)");
@@ -186,13 +187,15 @@ void register_fidelity(CLI::App& app) {
 
     // The first line says what is compared, before the (possibly long) run.
     const std::string base_txt = rules_text(fo.baseline), cand_txt = rules_text(fo.candidate);
-    std::string line = founding ? fmt::format("fidelity: the founding comparison (no --candidate given): candidate {} "
-                                              "(bf16 kv_b_proj re-quantized to MXFP4, the transform latent was "
-                                              "started over) against baseline {}",
-                                              cand_txt, base_txt)
+    std::string line = founding ? fmt::format(
+                                      "fidelity: the founding comparison (no --candidate given): candidate {} "
+                                      "(bf16 kv_b_proj re-quantized to MXFP4, the transform latent was "
+                                      "started over) against baseline {}",
+                                      cand_txt, base_txt)
                                 : fmt::format("fidelity: candidate {} against baseline {}", cand_txt, base_txt);
     if (!fo.shared.empty()) line += fmt::format(", both with --quantize {}", rules_text(fo.shared));
-    if (base_txt == cand_txt) line += "; the two plans are the same, so every difference must be 0 (a determinism check)";
+    if (base_txt == cand_txt)
+      line += "; the two plans are the same, so every difference must be 0 (a determinism check)";
     if (founding) line += "; --candidate RULE measures another plan";
     std::fprintf(o->json ? stderr : stdout, "%s\n", line.c_str());
     std::fflush(o->json ? stderr : stdout);
@@ -236,9 +239,9 @@ void register_fidelity(CLI::App& app) {
       }
       ChartOptions co;
       co.title = fmt::format("{} ({}): residual-stream error per layer", model_name(dir), arch_name(cfg.arch));
-      co.subtitle = fmt::format("candidate: {}   vs   baseline: {}{}", cand_txt, base_txt,
-                                fo.shared.empty() ? std::string()
-                                                  : fmt::format("   (both with --quantize {})", rules_text(fo.shared)));
+      co.subtitle = fmt::format(
+          "candidate: {}   vs   baseline: {}{}", cand_txt, base_txt,
+          fo.shared.empty() ? std::string() : fmt::format("   (both with --quantize {})", rules_text(fo.shared)));
       co.x_label = "residual stream after: emb = the embeddings, 1..L-1 = decoder layer, final = the final norm";
       co.y_label = "relative error ||h_candidate - h_baseline|| / ||h_baseline||";
       co.y_scale = y_scale;

@@ -46,10 +46,12 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--hidden", o->hidden, "Also write per-layer hidden states float32 [L+1, T, D] .npy");
   cmd->add_option("--mtp-out", o->mtp_out,
                   "Also write the MTP layer's logits of every slot float32 [T, V] .npy (slot q predicts token q+1)");
-  cmd->add_option("--activations", o->activations, "fp32 or bf16 (round activations as HF bf16 runs do; default: bf16 on --device cuda, fp32 on cpu)");
+  cmd->add_option("--activations", o->activations,
+                  "fp32 or bf16 (round activations as HF bf16 runs do; default: bf16 on --device cuda, fp32 on cpu)");
   cmd->add_option("--backend", o->backend, "ref (scalar oracle) or cpu (default)");
-  cmd->add_option("--attention", o->attention, "MLA form: auto (default: naive prefill, absorbed decode), naive, "
-                                                "absorbed");
+  cmd->add_option("--attention", o->attention,
+                  "MLA form: auto (default: naive prefill, absorbed decode), naive, "
+                  "absorbed");
   cmd->add_flag("--no-indexer", o->no_indexer, "Disable the DSA indexer (dense causal attention)");
   cmd->callback([o]() {
     const bool bf16 = o->model.bf16_activations(o->activations);
@@ -85,8 +87,7 @@ void register_logits(CLI::App& app) {
     // Copies the [L+1, n, D] hidden states of tokens t0..t0+n-1 into [L+1, T, D].
     auto place_hidden = [&](int64_t t0, int64_t n) {
       for (int64_t l = 0; l <= L; ++l)
-        std::copy(hid.begin() + (l * n) * D, hid.begin() + (l * n + n) * D,
-                  hidden_all.begin() + (l * T + t0) * D);
+        std::copy(hid.begin() + (l * n) * D, hid.begin() + (l * n + n) * D, hidden_all.begin() + (l * T + t0) * D);
     };
     model.forward(std::span<const int32_t>(ids.data(), static_cast<size_t>(K)), cache, logits.data(), true,
                   want_hidden ? &hid : nullptr);

@@ -21,14 +21,16 @@ void register_plan(CLI::App& app) {
     std::string activations;
   };
   auto opts = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("plan", "Print the precision plan: per tensor stored / compute format, transform, "
-                                         "measured error");
+  auto* cmd = app.add_subcommand("plan",
+                                 "Print the precision plan: per tensor stored / compute format, transform, "
+                                 "measured error");
   opts->model.add_to(cmd);
   opts->model.add_parallel_to(cmd);
   opts->model.add_speculative_to(cmd);
   cmd->add_flag("--json", opts->json, "One JSON object per weight tensor");
-  cmd->add_option("--activations", opts->activations, "fp32 or bf16: the activation mode the plan line reports "
-                                                      "(default: bf16 on --device cuda, fp32 on cpu)");
+  cmd->add_option("--activations", opts->activations,
+                  "fp32 or bf16: the activation mode the plan line reports "
+                  "(default: bf16 on --device cuda, fp32 on cpu)");
   cmd->callback([opts]() {
     // Every flag is checked before the checkpoint is read, whatever the output form.
     const PlanOptions popt = opts->model.plan_options();

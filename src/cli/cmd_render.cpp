@@ -45,8 +45,9 @@ void register_render(CLI::App& app) {
                   "JSON file: an array of OpenAI-style messages, or an object with \"messages\" (and \"tools\")")
       ->required();
   cmd->add_option("--tools", opts->tools, "JSON file: an array of tool definitions");
-  cmd->add_option("--kwargs", opts->kwargs,
-                  "JSON object of template variables, e.g. '{\"enable_thinking\": false}' (absent keys stay undefined)");
+  cmd->add_option(
+      "--kwargs", opts->kwargs,
+      "JSON object of template variables, e.g. '{\"enable_thinking\": false}' (absent keys stay undefined)");
   cmd->add_flag("--no-generation-prompt", opts->no_generation_prompt, "Render with add_generation_prompt=false");
   cmd->add_flag("--raw-tool-arguments", opts->raw_tool_arguments,
                 "Pass tool-call arguments exactly as given (no JSON string <-> object conversion)");
@@ -57,7 +58,8 @@ void register_render(CLI::App& app) {
     ojson messages = read_json_file(opts->messages, "messages");
     ojson tools;  // null: no tools
     if (messages.is_object()) {
-      if (!messages.contains("messages")) fail("{}: expected an array of messages or an object with \"messages\"", opts->messages);
+      if (!messages.contains("messages"))
+        fail("{}: expected an array of messages or an object with \"messages\"", opts->messages);
       if (messages.contains("tools")) tools = messages["tools"];
       messages = ojson(messages["messages"]);
     }

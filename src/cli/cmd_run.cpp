@@ -7,10 +7,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <functional>
-#include <mutex>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "backend/backend.h"
@@ -115,8 +115,8 @@ void register_run(CLI::App& app) {
     std::unique_ptr<Model> one;
     std::unique_ptr<ParallelModel> par;
     if (pc.active()) {
-      par = std::make_unique<ParallelModel>(*mf.cfg, *mf.plan, o->model.backend_name(o->backend), o->model.threads,
-                                            pc, mo);
+      par = std::make_unique<ParallelModel>(*mf.cfg, *mf.plan, o->model.backend_name(o->backend), o->model.threads, pc,
+                                            mo);
     } else {
       be = make_backend(o->model.backend_name(o->backend), o->model.threads);
       one = std::make_unique<Model>(*mf.cfg, *mf.plan, *be, mo);
@@ -204,8 +204,9 @@ void register_run(CLI::App& app) {
       const SchedulerStats st = sched.stats();
       std::string per;
       for (size_t j = 0; j < st.spec_proposed_at.size(); ++j)
-        per += fmt::format("{}{:.3f}", j ? " " : "",
-                           st.spec_proposed_at[j] ? double(st.spec_accepted_at[j]) / double(st.spec_proposed_at[j]) : 0.0);
+        per +=
+            fmt::format("{}{:.3f}", j ? " " : "",
+                        st.spec_proposed_at[j] ? double(st.spec_accepted_at[j]) / double(st.spec_proposed_at[j]) : 0.0);
       std::fprintf(stderr,
                    "latent: %zu tokens in %.3f s (%.1f tokens/s incl. the prompt), %lld steps; speculative k=%lld: "
                    "%lld drafts proposed, %lld accepted, acceptance per position [%s]\n",

@@ -7,13 +7,13 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdint>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "cli/build_info.h"
@@ -44,8 +44,8 @@ struct ServeOpts {
   int64_t max_model_len = 0, max_num_seqs = 64, max_queue_len = 1024, max_batch_tokens = 512, prefill_chunk = 256,
           kv_block_tokens = 64, max_output_tokens = 0;
   std::string kv_cache_bytes = "auto";
-  double max_queue_wait = 600, request_timeout = 0, read_timeout = 60, sse_ping = 15,
-         shutdown_timeout = 30, keep_alive_timeout = 60, write_timeout = 30;
+  double max_queue_wait = 600, request_timeout = 0, read_timeout = 60, sse_ping = 15, shutdown_timeout = 30,
+         keep_alive_timeout = 60, write_timeout = 30;
   double gpu_memory_fraction = 0.9;  // --gpu-memory-utilization (0, 1]: for the CUDA backend's KV budget
   bool prefix_cache = true;          // --enable-prefix-caching / --no-enable-prefix-caching
   size_t max_request_bytes = 32u << 20;
@@ -97,11 +97,16 @@ double parse_bytes(const std::string& s) {
   if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
   if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
   double mul = 1;
-  if (unit == "K") mul = 1024.0;
-  else if (unit == "M") mul = 1024.0 * 1024;
-  else if (unit == "G") mul = 1024.0 * 1024 * 1024;
-  else if (unit == "T") mul = 1024.0 * 1024 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B") fail("--kv-cache-bytes: unknown unit in '{}'", s);
+  if (unit == "K")
+    mul = 1024.0;
+  else if (unit == "M")
+    mul = 1024.0 * 1024;
+  else if (unit == "G")
+    mul = 1024.0 * 1024 * 1024;
+  else if (unit == "T")
+    mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    fail("--kv-cache-bytes: unknown unit in '{}'", s);
   if (v <= 0) fail("--kv-cache-bytes must be > 0 (got '{}')", s);
   return v * mul;
 }
@@ -154,7 +159,9 @@ void run_serve(const ServeOpts& o) {
   if (!o.metrics_prefix.empty()) {
     bool ok = !std::isdigit(static_cast<unsigned char>(o.metrics_prefix[0]));
     for (char c : o.metrics_prefix) ok &= std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':';
-    if (!ok) fail("--metrics-prefix '{}': allowed are letters, digits, '_' and ':' (not starting with a digit)", o.metrics_prefix);
+    if (!ok)
+      fail("--metrics-prefix '{}': allowed are letters, digits, '_' and ':' (not starting with a digit)",
+           o.metrics_prefix);
   }
   // "auto": on the CPU what the server can use (server::host_kv_auto, sized once the model is loaded); on a device,
   // what --gpu-memory-utilization leaves after weights and workspace (0 here).
@@ -191,7 +198,7 @@ void run_serve(const ServeOpts& o) {
   ho.metrics_prefix = o.metrics_prefix;
   ho.allowed_origins = o.allowed_origins;
   ho.sse_ping_interval_s = o.sse_ping;
-  ho.reasoning_field = o.reasoning_field == "both" ? server::ReasoningField::Both
+  ho.reasoning_field = o.reasoning_field == "both"        ? server::ReasoningField::Both
                        : o.reasoning_field == "reasoning" ? server::ReasoningField::Reasoning
                                                           : server::ReasoningField::ReasoningContent;
   ho.version = build_version();
@@ -199,11 +206,12 @@ void run_serve(const ServeOpts& o) {
   ho.build_type = build_type();
   server::HttpServer http(ho, metrics);
   const int port = http.bind();
-  log::info("listening on http://{}:{} (model loading){}", o.host, port, ho.api_keys.empty() ? "" : ", API key required");
+  log::info("listening on http://{}:{} (model loading){}", o.host, port,
+            ho.api_keys.empty() ? "" : ", API key required");
   std::thread serve_thread([&] { http.serve(); });
 
   std::atomic<bool> loaded{false};
-  std::atomic<bool> quitting{false};  // set before this thread is woken by our own SIGTERM (load failure, exit)
+  std::atomic<bool> quitting{false};      // set before this thread is woken by our own SIGTERM (load failure, exit)
   std::atomic<int64_t> drain_aborted{0};  // requests the signal-driven drain aborted (exit status 1 when any)
   std::thread drainer;                    // runs http.shutdown after the first signal; joined at exit
   // First SIGTERM / SIGINT: drain (up to --shutdown-timeout). A second one ends the drain at once, aborting what
@@ -277,9 +285,9 @@ void run_serve(const ServeOpts& o) {
     so.prefix_cache = o.prefix_cache;
     // What decides a cached block's contents besides its tokens: the checkpoint, the plan (transforms included)
     // and the activation / cache dtype.
-    so.prefix_cache_salt = std::hash<std::string>{}(dir + "\n" + m->plan_text + "\n" +
-                                                    (mo.bf16_activations ? "bf16" : "fp32") + "\n" +
-                                                    std::to_string(m->files.cfg->vocab_size));
+    so.prefix_cache_salt =
+        std::hash<std::string>{}(dir + "\n" + m->plan_text + "\n" + (mo.bf16_activations ? "bf16" : "fp32") + "\n" +
+                                 std::to_string(m->files.cfg->vocab_size));
     so.banned = &m->banned;
     so.device_sampling = !o.host_sampling;
     // A lost device context (a CUDA kernel fault): the step's requests were aborted with a 500; stop serving and
@@ -293,58 +301,65 @@ void run_serve(const ServeOpts& o) {
     double budget = kv_budget;
     if (kv_auto && o.model.device != "cuda") {
       const int64_t bpt = m->engine->kv_bytes_per_token(), replicas = m->engine->host_replicas();
-      const server::HostKvAuto a =
-          server::host_kv_auto(o.max_num_seqs, m->info.max_model_len, o.prefix_cache, bpt, o.kv_block_tokens,
-                               server::host_available_memory(), replicas);
+      const server::HostKvAuto a = server::host_kv_auto(o.max_num_seqs, m->info.max_model_len, o.prefix_cache, bpt,
+                                                        o.kv_block_tokens, server::host_available_memory(), replicas);
       budget = static_cast<double>(a.bytes);
-      log::info("KV cache auto (CPU): {} sequences x {} tokens (--max-num-seqs x --max-model-len) = {} tokens{} -> "
-                "{} tokens in {} blocks, {:.1f} MiB at {} bytes/token{}{}; its pages become resident as blocks are "
-                "first written, so RSS grows to that as the cache (and the prefix cache) fills",
-                o.max_num_seqs, m->info.max_model_len, a.running_tokens,
-                o.prefix_cache ? fmt::format(" + {} for the prefix cache ({:.0f}%)", a.prefix_tokens,
-                                             server::HostKvAuto::kPrefixCacheShare * 100)
-                               : std::string(" (prefix cache off)"),
-                a.tokens, a.blocks, double(a.bytes) / double(1u << 20), bpt,
-                replicas > 1 ? fmt::format(" x {} ranks", replicas) : std::string(),
-                a.capped ? fmt::format(", capped at {:.0f}% of the {:.1f} MiB available",
-                                       server::HostKvAuto::kHostMemoryShare * 100,
-                                       double(a.available_bytes) / double(1u << 20))
-                         : std::string());
+      log::info(
+          "KV cache auto (CPU): {} sequences x {} tokens (--max-num-seqs x --max-model-len) = {} tokens{} -> "
+          "{} tokens in {} blocks, {:.1f} MiB at {} bytes/token{}{}; its pages become resident as blocks are "
+          "first written, so RSS grows to that as the cache (and the prefix cache) fills",
+          o.max_num_seqs, m->info.max_model_len, a.running_tokens,
+          o.prefix_cache ? fmt::format(" + {} for the prefix cache ({:.0f}%)", a.prefix_tokens,
+                                       server::HostKvAuto::kPrefixCacheShare * 100)
+                         : std::string(" (prefix cache off)"),
+          a.tokens, a.blocks, double(a.bytes) / double(1u << 20), bpt,
+          replicas > 1 ? fmt::format(" x {} ranks", replicas) : std::string(),
+          a.capped
+              ? fmt::format(", capped at {:.0f}% of the {:.1f} MiB available",
+                            server::HostKvAuto::kHostMemoryShare * 100, double(a.available_bytes) / double(1u << 20))
+              : std::string());
     }
     so.max_context = m->info.max_model_len;
     so.kv_total_blocks = m->engine->configure(static_cast<int64_t>(budget), o.kv_block_tokens, so.max_batch_tokens,
                                               so.max_num_seqs, so.max_context, o.gpu_memory_fraction);
     const int64_t capacity = so.kv_total_blocks * o.kv_block_tokens;
     if (capacity < m->info.max_model_len) {
-      log::warn("the KV cache budget holds {} tokens, less than the context length {}: serving max_model_len = {} "
-                "(raise --kv-cache-bytes)", capacity, m->info.max_model_len, capacity);
+      log::warn(
+          "the KV cache budget holds {} tokens, less than the context length {}: serving max_model_len = {} "
+          "(raise --kv-cache-bytes)",
+          capacity, m->info.max_model_len, capacity);
       m->info.max_model_len = capacity;
     }
     so.max_context = m->info.max_model_len;
-    log::info("KV cache: {} blocks x {} tokens = {} tokens ({} bytes/token, {} cache, {:.1f} MiB reserved for "
-              "--kv-cache-bytes {}), max_model_len {}, step workspace {:.1f} MiB for {} tokens",
-              so.kv_total_blocks, o.kv_block_tokens, capacity, m->engine->kv_bytes_per_token(),
-              dtype_name(m->engine->cache_dtype()), double(m->engine->cache()->bytes()) / double(1u << 20),
-              o.kv_cache_bytes, m->info.max_model_len, double(m->engine->workspace_bytes()) / double(1u << 20),
-              so.max_batch_tokens);
+    log::info(
+        "KV cache: {} blocks x {} tokens = {} tokens ({} bytes/token, {} cache, {:.1f} MiB reserved for "
+        "--kv-cache-bytes {}), max_model_len {}, step workspace {:.1f} MiB for {} tokens",
+        so.kv_total_blocks, o.kv_block_tokens, capacity, m->engine->kv_bytes_per_token(),
+        dtype_name(m->engine->cache_dtype()), double(m->engine->cache()->bytes()) / double(1u << 20), o.kv_cache_bytes,
+        m->info.max_model_len, double(m->engine->workspace_bytes()) / double(1u << 20), so.max_batch_tokens);
     so.num_speculative_tokens = mo.num_speculative_tokens;
     if (so.num_speculative_tokens > 0) {
       const int64_t given = o.model.speculative_disable_batch_size();
       if (given >= 0) {
         so.speculative_max_batch = given;
-        log::info("speculative decoding: MTP, {} draft tokens per step; no drafts above {} decoding sequences "
-                  "(--speculative-disable-batch-size)", so.num_speculative_tokens, given);
+        log::info(
+            "speculative decoding: MTP, {} draft tokens per step; no drafts above {} decoding sequences "
+            "(--speculative-disable-batch-size)",
+            so.num_speculative_tokens, given);
       } else {
         const auto c = m->engine->speculation_crossover(so.num_speculative_tokens, so.max_num_seqs);
         so.speculative_max_batch = c.max_batch;
         if (c.max_batch < 0)
-          log::warn("speculative decoding: MTP, {} draft tokens per step, but no drafts at any batch size: a verify "
-                    "and its draft step cost more than they save even at batch 1 (measured: {}; "
-                    "--speculative-disable-batch-size to force)", so.num_speculative_tokens, c.summary);
+          log::warn(
+              "speculative decoding: MTP, {} draft tokens per step, but no drafts at any batch size: a verify "
+              "and its draft step cost more than they save even at batch 1 (measured: {}; "
+              "--speculative-disable-batch-size to force)",
+              so.num_speculative_tokens, c.summary);
         else
-          log::info("speculative decoding: MTP, {} draft tokens per step; no drafts above {} decoding sequences "
-                    "(measured: {}; --speculative-disable-batch-size to change)", so.num_speculative_tokens,
-                    c.max_batch, c.summary);
+          log::info(
+              "speculative decoding: MTP, {} draft tokens per step; no drafts above {} decoding sequences "
+              "(measured: {}; --speculative-disable-batch-size to change)",
+              so.num_speculative_tokens, c.max_batch, c.summary);
       }
     }
     sched = std::make_unique<Scheduler>(*m->engine, so, &metrics);
@@ -451,9 +466,11 @@ void register_serve(CLI::App& app) {
   // Flags that vLLM also has keep vLLM's names (README "latent serve for vLLM users"); the second name of a pair
   // is the vLLM alias.
   cmd->add_option("--host", o->host, "Listen address (default 127.0.0.1)");
-  cmd->add_option("--port", o->port, "Listen port 1-65535, 0 = any free port (default 8000)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--port", o->port, "Listen port 1-65535, 0 = any free port (default 8000)")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", o->served_names, "Model name(s) clients use; first = primary (repeatable)");
-  cmd->add_option("--max-model-len", o->max_model_len, "Context length served (default: config.json)")->check(kPositive);
+  cmd->add_option("--max-model-len", o->max_model_len, "Context length served (default: config.json)")
+      ->check(kPositive);
   cmd->add_flag("--allow-long-context", o->allow_long_context,
                 "Accept --max-model-len above the model's max_position_embeddings");
   cmd->add_option("--chat-template", o->chat_template, "Jinja chat template file (overrides the model's)")
@@ -482,11 +499,13 @@ void register_serve(CLI::App& app) {
       ->check(kPositive);
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Sequences in the running batch (default 64)")->check(kPositive);
   cmd->add_option("--max-queue-len", o->max_queue_len, "Waiting requests before 503 (default 1024)")->check(kPositive);
-  cmd->add_option("--max-queue-wait", o->max_queue_wait, "Seconds a request may wait in the queue (default 600, 0 = none)")
+  cmd->add_option("--max-queue-wait", o->max_queue_wait,
+                  "Seconds a request may wait in the queue (default 600, 0 = none)")
       ->check(kNonNegative);
   cmd->add_option("--request-timeout", o->request_timeout, "Seconds per request from arrival (default 0 = off)")
       ->check(kNonNegative);
-  cmd->add_option("--max-batch-tokens,--max-num-batched-tokens", o->max_batch_tokens, "Tokens per engine step (default 512)")
+  cmd->add_option("--max-batch-tokens,--max-num-batched-tokens", o->max_batch_tokens,
+                  "Tokens per engine step (default 512)")
       ->check(kPositive);
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prompt chunk size for chunked prefill (default 256)")
       ->check(kPositive);
@@ -525,8 +544,10 @@ void register_serve(CLI::App& app) {
       ->check(CLI::IsMember({"debug", "info", "warn", "error", "off"}));
   cmd->add_option("--log-format", o->log_format, "text (default) or json (one JSON object per line)")
       ->check(CLI::IsMember({"text", "json"}));
-  cmd->add_flag("--stop-on-loop", o->stop_on_loop, "End a choice that falls into a repetition loop (finish_reason length)");
-  cmd->add_flag("--deterministic", o->deterministic, "Report deterministic mode (per-sequence compute is batch-invariant)");
+  cmd->add_flag("--stop-on-loop", o->stop_on_loop,
+                "End a choice that falls into a repetition loop (finish_reason length)");
+  cmd->add_flag("--deterministic", o->deterministic,
+                "Report deterministic mode (per-sequence compute is batch-invariant)");
   cmd->add_flag("--no-prefault", o->no_prefault, "Do not read the weights in at start");
   cmd->callback([o, cmd]() {
     reject_unknown(cmd);

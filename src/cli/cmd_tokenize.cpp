@@ -59,8 +59,9 @@ void register_tokenize(CLI::App& app) {
     bool no_special = false, split_special = false;
   };
   auto opts = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text (stdin when --text is absent) as a JSON "
-                                             "array");
+  auto* cmd = app.add_subcommand("tokenize",
+                                 "Print the token ids of a text (stdin when --text is absent) as a JSON "
+                                 "array");
   cmd->add_option("--model", opts->model, "Hugging Face model directory (default: the bundled demo model)");
   auto* text_opt = cmd->add_option("--text", opts->text, "The text (default: read standard input)");
   cmd->add_flag("--no-special", opts->no_special,
@@ -90,8 +91,9 @@ void register_detokenize(CLI::App& app) {
     bool skip_special = false;
   };
   auto opts = std::make_shared<Opts>();
-  auto* cmd = app.add_subcommand("detokenize", "Print the text of token ids (--ids, or standard input), byte for "
-                                               "byte");
+  auto* cmd = app.add_subcommand("detokenize",
+                                 "Print the text of token ids (--ids, or standard input), byte for "
+                                 "byte");
   cmd->add_option("--model", opts->model, "Hugging Face model directory (default: the bundled demo model)");
   auto* ids_opt = cmd->add_option("--ids", opts->ids, "Token ids separated by spaces or commas (default: stdin)");
   cmd->add_flag("--skip-special", opts->skip_special, "Leave out special tokens (skip_special_tokens=True)");

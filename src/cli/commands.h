@@ -6,7 +6,7 @@
 namespace latent::cli {
 
 void register_all(CLI::App& app);
-int exit_code();             // exit status set by the command that ran (default 0)
+int exit_code();  // exit status set by the command that ran (default 0)
 void set_exit_code(int code);
 // Model directory given by --model, or the bundled default model when empty.
 std::string resolve_model_dir(const std::string& flag);

@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   latent::cli::register_all(app);
   // One line naming the flag and what it accepts (CLI11's validators say both), e.g.
   // "latent: error: --port: Value 99999 not in range [1 - 65535]".
-  app.failure_message([](const CLI::App*, const CLI::Error& e) { return std::string("latent: error: ") + e.what() + "\n"; });
+  app.failure_message(
+      [](const CLI::App*, const CLI::Error& e) { return std::string("latent: error: ") + e.what() + "\n"; });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -65,8 +65,10 @@ SpecConfig parse_spec_config(const std::string& text) {
     const std::string& k = it.key();
     if (k == "method") {
       if (!it->is_string() || (it->get<std::string>() != "mtp" && it->get<std::string>() != "deepseek_mtp"))
-        fail("--speculative-config: method {} is not supported (\"mtp\" or \"deepseek_mtp\": the checkpoint's "
-             "multi-token-prediction layer)", it->dump());
+        fail(
+            "--speculative-config: method {} is not supported (\"mtp\" or \"deepseek_mtp\": the checkpoint's "
+            "multi-token-prediction layer)",
+            it->dump());
     } else if (k == "num_speculative_tokens" || k == "disable_by_batch_size") {
       if (!it->is_number_integer() || it->get<int64_t>() < 0)
         fail("--speculative-config: {} must be an integer >= 0 (got {})", k, it->dump());
@@ -96,7 +98,8 @@ int64_t ModelFlags::num_speculative_tokens() const {
 
 int64_t ModelFlags::speculative_disable_batch_size() const {
   const SpecConfig c = parse_spec_config(speculative_config);
-  if (speculative_disable_batch < -1) fail("--speculative-disable-batch-size must be >= 0 (got {})", speculative_disable_batch);
+  if (speculative_disable_batch < -1)
+    fail("--speculative-disable-batch-size must be >= 0 (got {})", speculative_disable_batch);
   if (c.disable >= 0 && speculative_disable_batch >= 0 && c.disable != speculative_disable_batch)
     fail("--speculative-disable-batch-size {} disagrees with --speculative-config disable_by_batch_size {}",
          speculative_disable_batch, c.disable);
@@ -116,7 +119,8 @@ bool ModelFlags::bf16_activations(const std::string& activations) const {
 
 std::string ModelFlags::activations_line(const std::string& activations) const {
   const bool bf16 = bf16_activations(activations);
-  if (!activations.empty()) return fmt::format("activations: {} (--activations {})", bf16 ? "bf16" : "fp32", activations);
+  if (!activations.empty())
+    return fmt::format("activations: {} (--activations {})", bf16 ? "bf16" : "fp32", activations);
   return bf16 ? "activations: bf16 with fp32 accumulation (the default on --device cuda; --activations fp32 for the "
                 "exactness mode)"
               : "activations: fp32 (the default on --device cpu; --activations bf16 rounds as HF bf16 runs do)";

@@ -59,7 +59,7 @@ struct ModelFlags {
   int64_t speculative_disable_batch_size() const;
   // Some speculative flag was given (even with 0 tokens).
   bool speculation_flags_given() const { return !speculative_config.empty() || num_speculative_tokens_flag >= 0; }
-  ParallelConfig parallel() const;  // validates the parallel flags (throws Error)
+  ParallelConfig parallel() const;   // validates the parallel flags (throws Error)
   PlanOptions plan_options() const;  // parses --quantize rules (throws Error on a bad one); MTP layer with speculation
   std::string model_dir() const;     // --model or the bundled default
 };

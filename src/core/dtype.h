@@ -33,10 +33,10 @@ enum class DType : uint8_t {
 };
 
 struct DTypeTraits {
-  std::string_view name;       // our name, e.g. "bf16"
-  std::string_view st_name;    // safetensors header name, e.g. "BF16" (empty if none)
-  uint32_t block_elems;        // logical elements per storage block
-  uint32_t block_bytes;        // bytes per storage block
+  std::string_view name;     // our name, e.g. "bf16"
+  std::string_view st_name;  // safetensors header name, e.g. "BF16" (empty if none)
+  uint32_t block_elems;      // logical elements per storage block
+  uint32_t block_bytes;      // bytes per storage block
   bool is_float;
 };
 

@@ -218,8 +218,7 @@ NpyArray parse_npy(std::string_view b, const std::string& name) {
   }
   const size_t data_off = hstart + hlen;
   const uint64_t want = n * elem;
-  if (b.size() - data_off != want)
-    fail("{}: .npy data is {} bytes, shape needs {}", name, b.size() - data_off, want);
+  if (b.size() - data_off != want) fail("{}: .npy data is {} bytes, shape needs {}", name, b.size() - data_off, want);
   if (a.kind == NpyArray::Kind::F32) {
     a.f32.resize(n);
     if (n) std::memcpy(a.f32.data(), b.data() + data_off, want);

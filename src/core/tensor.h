@@ -52,7 +52,9 @@ struct TensorView {
   uint64_t nbytes = 0;
 
   template <class T>
-  const T* as() const { return static_cast<const T*>(data); }
+  const T* as() const {
+    return static_cast<const T*>(data);
+  }
   const uint8_t* bytes() const { return static_cast<const uint8_t*>(data); }
   int64_t numel() const { return shape.numel(); }
   bool valid() const { return data != nullptr || nbytes == 0; }

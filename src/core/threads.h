@@ -40,7 +40,8 @@ class ThreadPool {
   template <class F>
   void parallel_for(int64_t n, int64_t grain, F&& fn) {
     using Fn = std::remove_reference_t<F>;
-    run(n, grain, [](void* ctx, int64_t b, int64_t e) { (*static_cast<Fn*>(ctx))(b, e); },
+    run(
+        n, grain, [](void* ctx, int64_t b, int64_t e) { (*static_cast<Fn*>(ctx))(b, e); },
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
 
@@ -66,8 +67,8 @@ class ThreadPool {
   bool stop_ = false;
 
   alignas(64) std::atomic<uint32_t> generation_{0};
-  alignas(64) std::atomic<int> sleepers_{0};   // workers parked (or about to park) on generation_
-  alignas(64) std::atomic<int> pending_{0};    // workers that have not yet finished (or skipped) the current job
+  alignas(64) std::atomic<int> sleepers_{0};  // workers parked (or about to park) on generation_
+  alignas(64) std::atomic<int> pending_{0};   // workers that have not yet finished (or skipped) the current job
 };
 
 }  // namespace latent

@@ -144,9 +144,10 @@ Side open_side(const std::string& dir, const std::vector<LinearName>& stored, co
   if (!offenders.empty() && !opt.allow_lossy) {
     std::string list;
     for (size_t i = 0; i < offenders.size(); ++i) list += (i ? ", " : "") + offenders[i];
-    fail("refusing lossy transform: {} tensor(s) exceed --max-quant-error {}: {} (pass --allow-lossy to accept; "
-         "in fidelity, --quantize applies to both plans: to measure a transform, pass it as --candidate)",
-         offenders.size(), opt.max_quant_error, list);
+    fail(
+        "refusing lossy transform: {} tensor(s) exceed --max-quant-error {}: {} (pass --allow-lossy to accept; "
+        "in fidelity, --quantize applies to both plans: to measure a transform, pass it as --candidate)",
+        offenders.size(), opt.max_quant_error, list);
   }
   s.backend = make_backend(opt.backend, opt.threads);
   ModelOptions mo;
@@ -161,7 +162,8 @@ FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std:
                             const std::vector<std::string>& labels, const FidelityOptions& opt) {
   if (prompts.empty()) fail("fidelity: no prompts");
   std::vector<LinearName> stored;  // the Linear weights' names, to resolve overlapping rules (only with --quantize)
-  if (opt.mtp_drafts < 0 || opt.mtp_drafts > 16) fail("fidelity: MTP draft positions must be in [0, 16] (got {})", opt.mtp_drafts);
+  if (opt.mtp_drafts < 0 || opt.mtp_drafts > 16)
+    fail("fidelity: MTP draft positions must be in [0, 16] (got {})", opt.mtp_drafts);
   if (!opt.shared.empty()) stored = linear_names(model_dir, opt.mtp_drafts > 0 ? 1 : 0);
   Side base = open_side(model_dir, stored, opt.baseline, "--baseline", opt);
   Side cand = open_side(model_dir, stored, opt.candidate, "--candidate", opt);
@@ -276,7 +278,8 @@ std::string fidelity_table(const FidelityReport& r) {
     const auto over = std::count_if(v.begin(), v.end(), [](const TensorError& t) { return t.over_budget; });
     out += fmt::format("{}  {} transformed tensor(s){}:\n", what, v.size(),
                        over ? fmt::format(", {} over --max-quant-error {} (serve would refuse them without "
-                                          "--allow-lossy)", over, r.max_quant_error)
+                                          "--allow-lossy)",
+                                          over, r.max_quant_error)
                             : std::string());
     for (const auto& t : v)
       out += fmt::format("    {:<56} rel_error {:.4f}{}  {}\n", t.name, t.rel_error, t.over_budget ? " (over)" : "",
@@ -289,17 +292,18 @@ std::string fidelity_table(const FidelityReport& r) {
     const char* what = l == 0 ? "embeddings" : (l + 1 == r.mean_layer_rel_error.size() ? "final norm" : "");
     out += fmt::format("  {:>3}  {:.3e}  {}\n", l, r.mean_layer_rel_error[l], what);
   }
-  out += fmt::format("\n{:<50} {:>9} {:>9} {:>7} {:>8}  {:<12} {}\n", "prompt", "KL mean", "KL max", "top-1",
-                     "diverge", "loop (base)", "loop (candidate)");
+  out += fmt::format("\n{:<50} {:>9} {:>9} {:>7} {:>8}  {:<12} {}\n", "prompt", "KL mean", "KL max", "top-1", "diverge",
+                     "loop (base)", "loop (candidate)");
   for (const auto& p : r.prompts) {
     out += fmt::format("{:<50} {:>9.3e} {:>9.3e} {:>6.1f}% {:>8}  {:<12} {}\n", short_label(p.label), p.kl_mean,
-                       p.kl_max, 100.0 * p.top1_agreement, p.diverge_step < 0 ? std::string("never")
-                                                                             : std::to_string(p.diverge_step),
+                       p.kl_max, 100.0 * p.top1_agreement,
+                       p.diverge_step < 0 ? std::string("never") : std::to_string(p.diverge_step),
                        p.loop_baseline ? "yes" : "no", loop_str(p.loop_candidate));
   }
   if (r.mtp_drafts > 0) {
-    out += fmt::format("\nMTP draft acceptance (greedy; the drafts at every position of each plan's own greedy "
-                       "continuation; position j counts when drafts 1..j all match)\n");
+    out += fmt::format(
+        "\nMTP draft acceptance (greedy; the drafts at every position of each plan's own greedy "
+        "continuation; position j counts when drafts 1..j all match)\n");
     out += fmt::format("  {:<9} {:>22} {:>22} {:>12}\n", "position", "baseline", "candidate", "difference");
     for (size_t j = 0; j < static_cast<size_t>(r.mtp_drafts); ++j) {
       auto cell = [j](const MtpAcceptance& a) {
@@ -315,7 +319,8 @@ std::string fidelity_table(const FidelityReport& r) {
 std::string rules_text(const std::vector<QuantizeRule>& rules) {
   if (rules.empty()) return "as stored";
   std::string s;
-  for (const auto& q : rules) s += fmt::format("{}{}={}", s.empty() ? "" : ", ", q.pattern, weight_format_name(q.format));
+  for (const auto& q : rules)
+    s += fmt::format("{}{}={}", s.empty() ? "" : ", ", q.pattern, weight_format_name(q.format));
   return s;
 }
 
@@ -323,7 +328,9 @@ nlohmann::json fidelity_json(const FidelityReport& r) {
   auto terr = [](const std::vector<TensorError>& v) {
     nlohmann::json a = nlohmann::json::array();
     for (const auto& t : v)
-      a.push_back({{"name", t.name}, {"transform", t.transform}, {"rel_error", t.rel_error},
+      a.push_back({{"name", t.name},
+                   {"transform", t.transform},
+                   {"rel_error", t.rel_error},
                    {"over_max_quant_error", t.over_budget}});
     return a;
   };
@@ -346,19 +353,20 @@ nlohmann::json fidelity_json(const FidelityReport& r) {
   j["mean_layer_rel_error"] = r.mean_layer_rel_error;
   j["prompts"] = nlohmann::json::array();
   for (const auto& p : r.prompts) {
-    j["prompts"].push_back({{"label", p.label},
-                            {"prompt_tokens", p.prompt},
-                            {"layer_rel_error", p.layer_rel_error},
-                            {"kl_mean", p.kl_mean},
-                            {"kl_max", p.kl_max},
-                            {"top1_agreement", p.top1_agreement},
-                            {"greedy_baseline", p.greedy_baseline},
-                            {"greedy_candidate", p.greedy_candidate},
-                            {"diverge_step", p.diverge_step < 0 ? nlohmann::json(nullptr) : nlohmann::json(p.diverge_step)},
-                            {"loop_baseline", loop(p.loop_baseline)},
-                            {"loop_candidate", loop(p.loop_candidate)},
-                            {"mtp_baseline", mtp(p.mtp_baseline)},
-                            {"mtp_candidate", mtp(p.mtp_candidate)}});
+    j["prompts"].push_back(
+        {{"label", p.label},
+         {"prompt_tokens", p.prompt},
+         {"layer_rel_error", p.layer_rel_error},
+         {"kl_mean", p.kl_mean},
+         {"kl_max", p.kl_max},
+         {"top1_agreement", p.top1_agreement},
+         {"greedy_baseline", p.greedy_baseline},
+         {"greedy_candidate", p.greedy_candidate},
+         {"diverge_step", p.diverge_step < 0 ? nlohmann::json(nullptr) : nlohmann::json(p.diverge_step)},
+         {"loop_baseline", loop(p.loop_baseline)},
+         {"loop_candidate", loop(p.loop_candidate)},
+         {"mtp_baseline", mtp(p.mtp_baseline)},
+         {"mtp_candidate", mtp(p.mtp_candidate)}});
   }
   if (r.mtp_drafts > 0) {
     nlohmann::json diff = nlohmann::json::array();

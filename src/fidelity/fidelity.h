@@ -29,8 +29,8 @@ struct FidelityOptions {
   std::vector<QuantizeRule> candidate;  // empty = as stored
   int64_t max_tokens = 32;              // greedy continuation length
   int threads = 0;
-  std::string backend = "cpu";  // "cpu" or "cuda" (--device)
-  std::vector<int64_t> stop_ids;        // greedy continuations end at one of these (EOS); empty = never
+  std::string backend = "cpu";    // "cpu" or "cuda" (--device)
+  std::vector<int64_t> stop_ids;  // greedy continuations end at one of these (EOS); empty = never
   // Draft positions of the MTP acceptance (0: not measured). The checkpoint must have an MTP layer when > 0; it is
   // then part of both plans (their rules apply to it too).
   int64_t mtp_drafts = 0;
@@ -57,7 +57,7 @@ struct TensorError {
 };
 
 struct PromptFidelity {
-  std::string label;                  // prompt text or "ids:…"
+  std::string label;  // prompt text or "ids:…"
   std::vector<int32_t> prompt;
   std::vector<double> layer_rel_error;  // [L+1]: embeddings, decoder layers 1..L-1, final-norm output
   double kl_mean = 0.0, kl_max = 0.0;   // KL(p_baseline || p_candidate) per position, nats
@@ -73,7 +73,7 @@ struct FidelityReport {
   double max_quant_error = 0.05;
   std::vector<TensorError> baseline_transforms, candidate_transforms;
   std::vector<PromptFidelity> prompts;
-  std::vector<double> mean_layer_rel_error;  // over prompts
+  std::vector<double> mean_layer_rel_error;   // over prompts
   int64_t mtp_drafts = 0;                     // 0: no MTP acceptance measured
   MtpAcceptance mtp_baseline, mtp_candidate;  // over all prompts
 };
@@ -89,7 +89,7 @@ std::string rules_text(const std::vector<QuantizeRule>& rules);
 nlohmann::json fidelity_json(const FidelityReport& r);
 
 // Numerics shared with tests.
-double relative_error(const float* ref, const float* x, size_t n);     // ||x - ref|| / ||ref||
+double relative_error(const float* ref, const float* x, size_t n);              // ||x - ref|| / ||ref||
 double kl_divergence(const float* logits_p, const float* logits_q, int64_t n);  // KL(softmax p || softmax q)
 // The acceptance of one continuation from the drafts after each of its slots (drafts[q][j-1] proposes
 // continuation[q + j]; rows q = 0 .. n-1, k columns), as MtpAcceptance defines it.

@@ -219,15 +219,18 @@ Arch resolve_arch(const Fields& f, ModelConfig& c) {
   std::optional<Arch> by_name = arch0.empty() ? std::nullopt : arch_from_name(arch0);
   std::optional<Arch> by_type = model_type.empty() ? std::nullopt : arch_from_model_type(model_type);
   if (!by_name && !by_type) {
-    std::string what = !arch0.empty() ? arch0 : !model_type.empty() ? model_type : "(none: no architectures, no model_type)";
+    std::string what = !arch0.empty()        ? arch0
+                       : !model_type.empty() ? model_type
+                                             : "(none: no architectures, no model_type)";
     fail("{}: unsupported architecture '{}' (supported: {})", file, what, kSupported);
   }
   if (by_name && !model_type.empty() && by_type != by_name)
     fail("{}: field 'model_type' '{}' does not match architectures[0] '{}' (expected model_type '{}')", file,
          model_type, arch0, arch_model_type(*by_name));
   if (!by_name && !arch0.empty())
-    warn(c, file, fmt::format("architectures[0] '{}' is not one of ({}); using model_type '{}' -> {}", arch0,
-                              kSupported, model_type, arch_name(*by_type)));
+    warn(c, file,
+         fmt::format("architectures[0] '{}' is not one of ({}); using model_type '{}' -> {}", arch0, kSupported,
+                     model_type, arch_name(*by_type)));
   return by_name ? *by_name : *by_type;
 }
 
@@ -235,9 +238,9 @@ Arch resolve_arch(const Fields& f, ModelConfig& c) {
 
 bool rope_equal(const RopeConfig& a, const RopeConfig& b) {
   return std::tie(a.type, a.theta, a.factor, a.original_max_position_embeddings, a.beta_fast, a.beta_slow, a.mscale,
-                  a.mscale_all_dim, a.attention_factor, a.truncate) ==
-         std::tie(b.type, b.theta, b.factor, b.original_max_position_embeddings, b.beta_fast, b.beta_slow, b.mscale,
-                  b.mscale_all_dim, b.attention_factor, b.truncate);
+                  a.mscale_all_dim, a.attention_factor,
+                  a.truncate) == std::tie(b.type, b.theta, b.factor, b.original_max_position_embeddings, b.beta_fast,
+                                          b.beta_slow, b.mscale, b.mscale_all_dim, b.attention_factor, b.truncate);
 }
 
 // Resolves one rope dict (`where` = "rope_parameters" or "rope_scaling") with the top-level fallbacks of HF's
@@ -259,8 +262,9 @@ RopeConfig resolve_rope(const json& obj, const char* where, const Fields& top, i
   if (r.has("rope_theta")) {
     rope.theta = r.num_or("rope_theta", kDefaultRopeTheta);
     if (top.has("rope_theta") && top.num_or("rope_theta", 0) != rope.theta)
-      warn(c, file, fmt::format("top-level rope_theta {} ignored: {}.rope_theta {} takes precedence (as in HF)",
-                                top.num_or("rope_theta", 0), where, rope.theta));
+      warn(c, file,
+           fmt::format("top-level rope_theta {} ignored: {}.rope_theta {} takes precedence (as in HF)",
+                       top.num_or("rope_theta", 0), where, rope.theta));
   } else {
     rope.theta = top.num_or("rope_theta", kDefaultRopeTheta);
   }
@@ -286,9 +290,10 @@ RopeConfig resolve_rope(const json& obj, const char* where, const Fields& top, i
   if (r.has("original_max_position_embeddings")) omp_dict = r.int_value("original_max_position_embeddings");
   if (top.has("original_max_position_embeddings")) omp_top = top.int_value("original_max_position_embeddings");
   if (omp_dict && omp_top && *omp_dict != *omp_top)
-    fail("{}: fields '{}.original_max_position_embeddings' ({}) and top-level 'original_max_position_embeddings' "
-         "({}) disagree",
-         file, where, *omp_dict, *omp_top);
+    fail(
+        "{}: fields '{}.original_max_position_embeddings' ({}) and top-level 'original_max_position_embeddings' "
+        "({}) disagree",
+        file, where, *omp_dict, *omp_top);
   rope.original_max_position_embeddings = omp_top ? *omp_top : omp_dict ? *omp_dict : max_pos;
   if (rope.original_max_position_embeddings <= 0)
     fail("{}: field '{}.original_max_position_embeddings' must be positive (got {})", file, where,
@@ -312,9 +317,10 @@ RopeConfig resolve_rope(const json& obj, const char* where, const Fields& top, i
   rope.truncate = r.bool_or("truncate", true);
   double implicit = static_cast<double>(max_pos) / static_cast<double>(rope.original_max_position_embeddings);
   if (implicit != 1.0 && implicit != rope.factor)
-    warn(c, file, fmt::format("{}.factor {} differs from max_position_embeddings / original_max_position_embeddings "
-                              "= {} (HF uses factor, so does latent)",
-                              where, rope.factor, implicit));
+    warn(c, file,
+         fmt::format("{}.factor {} differs from max_position_embeddings / original_max_position_embeddings "
+                     "= {} (HF uses factor, so does latent)",
+                     where, rope.factor, implicit));
   return rope;
 }
 
@@ -378,14 +384,16 @@ void resolve_mlp_layers(const Fields& f, ModelConfig& c) {
       c.layer_is_moe[i] = types[i] == "sparse";
     }
     if (c.arch == Arch::DeepseekV3 && c.layer_is_moe != by_k)
-      fail("{}: field 'mlp_layer_types' disagrees with first_k_dense_replace {} (HF DeepseekV3 ignores "
-           "mlp_layer_types and uses first_k_dense_replace; fix the config)",
-           file, c.first_k_dense_replace);
+      fail(
+          "{}: field 'mlp_layer_types' disagrees with first_k_dense_replace {} (HF DeepseekV3 ignores "
+          "mlp_layer_types and uses first_k_dense_replace; fix the config)",
+          file, c.first_k_dense_replace);
   }
   if (c.moe_layer_freq != 1)
-    warn(c, file, fmt::format("moe_layer_freq {} ignored: transformers ignores it (vLLM would make layer i MoE "
-                              "only if i % freq == 0); latent follows transformers",
-                              c.moe_layer_freq));
+    warn(c, file,
+         fmt::format("moe_layer_freq {} ignored: transformers ignores it (vLLM would make layer i MoE "
+                     "only if i % freq == 0); latent follows transformers",
+                     c.moe_layer_freq));
 }
 
 void resolve_indexer_layers(const Fields& f, ModelConfig& c) {
@@ -431,8 +439,7 @@ void resolve_indexer_layers(const Fields& f, ModelConfig& c) {
     }
     source = "index_topk_freq/index_skip_topk_offset";
   }
-  if (types.size() != L)
-    fail("{}: field '{}' has {} entries, num_hidden_layers is {}", file, source, types.size(), L);
+  if (types.size() != L) fail("{}: field '{}' has {} entries, num_hidden_layers is {}", file, source, types.size(), L);
   c.layer_has_indexer.assign(L, false);
   for (size_t i = 0; i < L; ++i) {
     if (types[i] != "full" && types[i] != "shared")
@@ -480,7 +487,7 @@ int64_t rope_dim_checked(const ModelConfig& c) {
 }
 int64_t original_max_pos(const ModelConfig& c) {
   return c.rope.original_max_position_embeddings > 0 ? c.rope.original_max_position_embeddings
-                                                      : c.max_position_embeddings;
+                                                     : c.max_position_embeddings;
 }
 }  // namespace
 
@@ -504,8 +511,7 @@ std::vector<double> rope_inv_freq(const ModelConfig& c) {
   const int64_t half = dim / 2;
   std::vector<double> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    inv[static_cast<size_t>(i)] =
-        std::pow(c.rope.theta, -static_cast<double>(2 * i) / static_cast<double>(dim));
+    inv[static_cast<size_t>(i)] = std::pow(c.rope.theta, -static_cast<double>(2 * i) / static_cast<double>(dim));
   if (c.rope.type != "yarn") return inv;
   YarnRange r = rope_yarn_range(c);
   double lo = r.lo, hi = r.hi;
@@ -590,9 +596,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   {
     std::optional<int64_t> q = f.dim("q_lora_rank", d.q_lora_rank);
     if (!q || *q == 0)
-      fail("{}: q_lora_rank missing (field 'q_lora_rank' is {}): latent requires the q LoRA path of these "
-           "architectures",
-           file, q ? std::to_string(*q) : std::string("null"));
+      fail(
+          "{}: q_lora_rank missing (field 'q_lora_rank' is {}): latent requires the q LoRA path of these "
+          "architectures",
+          file, q ? std::to_string(*q) : std::string("null"));
     c.q_lora_rank = required_dim(f, "q_lora_rank", q);
   }
   if (c.qk_rope_head_dim % 2 != 0)
@@ -605,8 +612,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       fail("{}: field 'num_key_value_heads' must be a positive integer (got {})", file, c.num_key_value_heads);
   }
   if (f.has("qk_head_dim") && f.int_value("qk_head_dim") != c.qk_head_dim())
-    warn(c, file, fmt::format("qk_head_dim {} ignored: HF recomputes it as qk_nope_head_dim + qk_rope_head_dim = {}",
-                              f.int_value("qk_head_dim"), c.qk_head_dim()));
+    warn(c, file,
+         fmt::format("qk_head_dim {} ignored: HF recomputes it as qk_nope_head_dim + qk_rope_head_dim = {}",
+                     f.int_value("qk_head_dim"), c.qk_head_dim()));
 
   // ---- MLP / MoE ----
   c.first_k_dense_replace = f.int_or("first_k_dense_replace", d.first_k_dense_replace);
@@ -622,8 +630,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   const bool any_dense = std::find(c.layer_is_moe.begin(), c.layer_is_moe.end(), false) != c.layer_is_moe.end();
 
   std::optional<int64_t> inter = f.dim("intermediate_size", d.intermediate_size);
-  if (any_dense) c.intermediate_size = required_dim(f, "intermediate_size", inter);
-  else c.intermediate_size = inter.value_or(0);
+  if (any_dense)
+    c.intermediate_size = required_dim(f, "intermediate_size", inter);
+  else
+    c.intermediate_size = inter.value_or(0);
 
   std::optional<int64_t> experts = f.dim("n_routed_experts", d.n_routed_experts);
   if (f.has("num_local_experts")) {  // attribute_map alias
@@ -656,30 +666,32 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       fail("{}: field 'n_routed_experts' {} is not divisible by n_group {}", file, c.n_routed_experts, c.n_group);
     const int64_t per_group = c.n_routed_experts / c.n_group;
     if (per_group < 2)
-      fail("{}: field 'n_group' {} leaves {} expert(s) per group; the group score sums the top 2 of each group",
-           file, c.n_group, per_group);
-    if (c.topk_group > c.n_group)
-      fail("{}: field 'topk_group' {} exceeds n_group {}", file, c.topk_group, c.n_group);
+      fail("{}: field 'n_group' {} leaves {} expert(s) per group; the group score sums the top 2 of each group", file,
+           c.n_group, per_group);
+    if (c.topk_group > c.n_group) fail("{}: field 'topk_group' {} exceeds n_group {}", file, c.topk_group, c.n_group);
     if (c.num_experts_per_tok > c.n_routed_experts)
       fail("{}: field 'num_experts_per_tok' {} exceeds n_routed_experts {}", file, c.num_experts_per_tok,
            c.n_routed_experts);
     if (c.num_experts_per_tok > c.topk_group * per_group)
-      fail("{}: field 'num_experts_per_tok' {} exceeds the {} experts of the kept groups (topk_group {} x {} per "
-           "group)",
-           file, c.num_experts_per_tok, c.topk_group * per_group, c.topk_group, per_group);
+      fail(
+          "{}: field 'num_experts_per_tok' {} exceeds the {} experts of the kept groups (topk_group {} x {} per "
+          "group)",
+          file, c.num_experts_per_tok, c.topk_group * per_group, c.topk_group, per_group);
     if (!(c.routed_scaling_factor > 0))
       fail("{}: field 'routed_scaling_factor' must be > 0 (got {})", file, c.routed_scaling_factor);
     // HF ignores scoring_func / topk_method and always routes with sigmoid + e_score_correction_bias (noaux_tc).
     // A checkpoint trained with softmax scoring or greedy top-k would load without complaint there and produce
     // wrong routing weights; refusing is the faithful choice.
     if (c.scoring_func != "sigmoid")
-      fail("{}: field 'scoring_func' '{}' is not supported (only \"sigmoid\": these architectures route with "
-           "sigmoid scores; transformers ignores the field, which would silently mis-route this checkpoint)",
-           file, c.scoring_func);
+      fail(
+          "{}: field 'scoring_func' '{}' is not supported (only \"sigmoid\": these architectures route with "
+          "sigmoid scores; transformers ignores the field, which would silently mis-route this checkpoint)",
+          file, c.scoring_func);
     if (c.topk_method != "noaux_tc")
-      fail("{}: field 'topk_method' '{}' is not supported (only \"noaux_tc\": bias-corrected group-limited top-k, "
-           "the only routing transformers implements for these architectures)",
-           file, c.topk_method);
+      fail(
+          "{}: field 'topk_method' '{}' is not supported (only \"noaux_tc\": bias-corrected group-limited top-k, "
+          "the only routing transformers implements for these architectures)",
+          file, c.topk_method);
   } else {
     c.n_routed_experts = experts.value_or(0);
     c.moe_intermediate_size = moe_inter.value_or(0);
@@ -711,9 +723,11 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   }
   // Indexer RoPE pairing, hard-coded by HF: V3.2 half-split, GLM interleaved. The key is informational only.
   c.indexer_rope_interleave = c.arch == Arch::GlmMoeDsa;
-  if (dsa && f.has("indexer_rope_interleave") && f.bool_or("indexer_rope_interleave", false) != c.indexer_rope_interleave)
-    warn(c, file, fmt::format("indexer_rope_interleave {} ignored: transformers hard-codes {} for {}",
-                              !c.indexer_rope_interleave, c.indexer_rope_interleave, arch_name(c.arch)));
+  if (dsa && f.has("indexer_rope_interleave") &&
+      f.bool_or("indexer_rope_interleave", false) != c.indexer_rope_interleave)
+    warn(c, file,
+         fmt::format("indexer_rope_interleave {} ignored: transformers hard-codes {} for {}",
+                     !c.indexer_rope_interleave, c.indexer_rope_interleave, arch_name(c.arch)));
 
   c.attention_bias = f.bool_or("attention_bias", false);
   c.tie_word_embeddings = f.bool_or("tie_word_embeddings", false);
@@ -728,9 +742,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (f.is_null("index_topk")) fail("{}: field 'index_topk' is null (an integer >= 1 is required)", file);
     if (c.index_topk < 1) fail("{}: field 'index_topk' must be >= 1 (got {})", file, c.index_topk);
     if (c.index_head_dim < c.qk_rope_head_dim)
-      fail("{}: field 'index_head_dim' {} is smaller than qk_rope_head_dim {} (the indexer rotates its first "
-           "qk_rope_head_dim dims)",
-           file, c.index_head_dim, c.qk_rope_head_dim);
+      fail(
+          "{}: field 'index_head_dim' {} is smaller than qk_rope_head_dim {} (the indexer rotates its first "
+          "qk_rope_head_dim dims)",
+          file, c.index_head_dim, c.qk_rope_head_dim);
   }
   resolve_indexer_layers(f, c);
 
@@ -747,8 +762,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (c.pad_token_id >= 0) all.push_back(c.pad_token_id);
     for (int64_t id : all)
       if (id >= c.vocab_size)
-        warn(c, file, fmt::format("special token id {} (bos/eos/pad) is outside the vocabulary (vocab_size {})", id,
-                                  c.vocab_size));
+        warn(c, file,
+             fmt::format("special token id {} (bos/eos/pad) is outside the vocabulary (vocab_size {})", id,
+                         c.vocab_size));
   }
   c.torch_dtype = f.has("dtype") ? f.str_or("dtype", "") : f.str_or("torch_dtype", "");
   if (f.has("quantization_config")) {

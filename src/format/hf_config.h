@@ -32,18 +32,18 @@ struct ModelConfig {
   Arch arch = Arch::DeepseekV3;
   std::string model_type;
   int64_t vocab_size = 0;
-  int64_t hidden_size = 0;          // D
-  int64_t intermediate_size = 0;    // I (dense MLP)
+  int64_t hidden_size = 0;            // D
+  int64_t intermediate_size = 0;      // I (dense MLP)
   int64_t moe_intermediate_size = 0;  // Im
-  int64_t num_hidden_layers = 0;    // L (MTP layers are extra)
-  int64_t num_attention_heads = 0;  // H
+  int64_t num_hidden_layers = 0;      // L (MTP layers are extra)
+  int64_t num_attention_heads = 0;    // H
   int64_t num_key_value_heads = 0;
-  int64_t q_lora_rank = 0;          // dq (0 = no q LoRA; not supported by these archs -> error)
-  int64_t kv_lora_rank = 0;         // dc
-  int64_t qk_nope_head_dim = 0;     // dn
-  int64_t qk_rope_head_dim = 0;     // dr
-  int64_t v_head_dim = 0;           // dv
-  int64_t n_routed_experts = 0;     // E
+  int64_t q_lora_rank = 0;       // dq (0 = no q LoRA; not supported by these archs -> error)
+  int64_t kv_lora_rank = 0;      // dc
+  int64_t qk_nope_head_dim = 0;  // dn
+  int64_t qk_rope_head_dim = 0;  // dr
+  int64_t v_head_dim = 0;        // dv
+  int64_t n_routed_experts = 0;  // E
   int64_t n_shared_experts = 0;
   int64_t num_experts_per_tok = 0;  // K
   int64_t n_group = 1;
@@ -59,8 +59,8 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   int64_t max_position_embeddings = 0;
   RopeConfig rope;
-  bool rope_interleave = true;          // main MLA rope pairing
-  bool indexer_rope_interleave = false; // V3.2: half-split; GLM: interleaved
+  bool rope_interleave = true;           // main MLA rope pairing
+  bool indexer_rope_interleave = false;  // V3.2: half-split; GLM: interleaved
   bool attention_bias = false;
   bool tie_word_embeddings = false;
   int64_t num_nextn_predict_layers = 0;
@@ -71,7 +71,7 @@ struct ModelConfig {
   std::vector<bool> layer_has_indexer;  // resolved per layer: own indexer ("full"); false = shared / none
   std::vector<int64_t> bos_token_ids, eos_token_ids;
   int64_t pad_token_id = -1;
-  std::string torch_dtype;  // "bfloat16", ... (informational)
+  std::string torch_dtype;             // "bfloat16", ... (informational)
   nlohmann::json quantization_config;  // null when absent
   nlohmann::json raw;                  // the whole file
   std::vector<std::string> warnings;   // non-fatal findings (also logged at warn level), one line each

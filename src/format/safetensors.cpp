@@ -71,8 +71,7 @@ std::string json_error_text(const std::exception& e) {
 
 // Parses JSON strictly: duplicate keys (at any depth) and deep nesting are errors (nlohmann keeps the last
 // duplicate silently). `noun` names top-level keys in messages ("tensor" for a header, "key" for an index).
-Json parse_strict_json(std::string_view text, const std::string& file, std::string_view what,
-                       std::string_view noun) {
+Json parse_strict_json(std::string_view text, const std::string& file, std::string_view what, std::string_view noun) {
   std::vector<std::set<std::string>> keys;  // keys seen in each open object
   std::string top;                          // the current top-level key
   auto callback = [&](int depth, Json::parse_event_t ev, Json& parsed) {
@@ -154,7 +153,8 @@ class TensorParser {
 
   Shape parse_shape(const Json& v) const {
     if (!v.is_array()) bad("'shape' must be an array of non-negative integers, got {}", describe(v));
-    if (v.size() > static_cast<size_t>(kMaxDims)) bad("shape has {} dims; at most {} are supported", v.size(), kMaxDims);
+    if (v.size() > static_cast<size_t>(kMaxDims))
+      bad("shape has {} dims; at most {} are supported", v.size(), kMaxDims);
     Shape s;
     for (const auto& d : v) {
       auto x = as_count(d, static_cast<uint64_t>(INT64_MAX));
@@ -199,8 +199,8 @@ class TensorParser {
     }
     const auto& tr = traits(t.dtype);
     if (!need)
-      bad("shape {} x {}: {} elements do not fill whole storage blocks of {} elements", t.shape.str(),
-          tr.name, *n, tr.block_elems);
+      bad("shape {} x {}: {} elements do not fill whole storage blocks of {} elements", t.shape.str(), tr.name, *n,
+          tr.block_elems);
     bad("shape {} x {} needs {} bytes but data_offsets span {}", t.shape.str(), tr.name, *need, span);
   }
 
@@ -258,7 +258,8 @@ SafetensorsLayout parse_safetensors_bytes(const uint8_t* data, uint64_t size, co
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(data[i]) << (8 * i);
   if (n < 2) fail("{}: safetensors header length {} is below the minimum of 2", file, n);
-  if (n > kMaxHeaderBytes) fail("{}: safetensors header length {} exceeds the limit of {} bytes", file, n, kMaxHeaderBytes);
+  if (n > kMaxHeaderBytes)
+    fail("{}: safetensors header length {} exceeds the limit of {} bytes", file, n, kMaxHeaderBytes);
   if (n > size - 8) fail("{}: safetensors header length {} runs past the end of the file ({} bytes)", file, n, size);
   const std::string_view json(reinterpret_cast<const char*>(data + 8), n);
   return SafetensorsLayout{parse_safetensors_header(json, size - 8 - n, file), 8 + n};
@@ -315,16 +316,18 @@ Index read_index(const std::string& path) {
   if (!root.is_object()) fail("{}: index must be a JSON object, got {}", path, describe(root));
   auto wm = root.find("weight_map");
   if (wm == root.end()) fail("{}: missing 'weight_map'", path);
-  if (!wm->is_object()) fail("{}: 'weight_map' must be an object of tensor name -> shard file, got {}", path, describe(*wm));
+  if (!wm->is_object())
+    fail("{}: 'weight_map' must be an object of tensor name -> shard file, got {}", path, describe(*wm));
   if (wm->empty()) fail("{}: 'weight_map' lists no tensors", path);
   Index idx{path, {}};
   for (auto it = wm->begin(); it != wm->end(); ++it) {
     if (!it->is_string())
-      fail("{}: weight_map: tensor '{}' must map to a shard file name, got {}", path, printable(it.key()), describe(*it));
+      fail("{}: weight_map: tensor '{}' must map to a shard file name, got {}", path, printable(it.key()),
+           describe(*it));
     const auto& shard = it->get_ref<const std::string&>();
     if (!is_local_name(shard))
-      fail("{}: weight_map: tensor '{}' maps to shard '{}' outside the checkpoint directory", path,
-           printable(it.key()), printable(shard));
+      fail("{}: weight_map: tensor '{}' maps to shard '{}' outside the checkpoint directory", path, printable(it.key()),
+           printable(shard));
     idx.weight_map.emplace_back(it.key(), shard);
   }
   return idx;

@@ -81,9 +81,9 @@ class Checkpoint {
   TensorView view(std::string_view name) const;
   const TensorInfo& info(std::string_view name) const;
   const std::string& file_of(std::string_view name) const;
-  std::vector<std::string> names() const;  // sorted
+  std::vector<std::string> names() const;          // sorted
   const std::string& dir() const { return dir_; }  // the directory (the parent dir for a single-file path)
-  uint64_t total_bytes() const;  // sum of tensor byte spans
+  uint64_t total_bytes() const;                    // sum of tensor byte spans
   size_t num_files() const { return files_.size(); }
 
  private:

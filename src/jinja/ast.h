@@ -16,8 +16,26 @@ struct Pos {
 
 // ---- expressions ----
 enum class EK : uint8_t {
-  Const, Name, GetAttr, GetItem, Slice, Call, Filter, Test, Neg, Pos, Not, Binary, And, Or, Concat, Compare, Cond,
-  List, Tuple, Dict,
+  Const,
+  Name,
+  GetAttr,
+  GetItem,
+  Slice,
+  Call,
+  Filter,
+  Test,
+  Neg,
+  Pos,
+  Not,
+  Binary,
+  And,
+  Or,
+  Concat,
+  Compare,
+  Cond,
+  List,
+  Tuple,
+  Dict,
 };
 
 struct Expr {
@@ -81,8 +99,7 @@ struct UnaryExpr : Expr {  // Neg, Pos, Not
 };
 enum class BinOp : uint8_t { Add, Sub, Mul, Div, FloorDiv, Mod, Pow };
 struct BinaryExpr : Expr {  // Binary (op), And, Or
-  BinaryExpr(EK k, Pos p, BinOp o, ExprPtr l, ExprPtr r)
-      : Expr(k, p), op(o), left(std::move(l)), right(std::move(r)) {}
+  BinaryExpr(EK k, Pos p, BinOp o, ExprPtr l, ExprPtr r) : Expr(k, p), op(o), left(std::move(l)), right(std::move(r)) {}
   BinOp op;
   ExprPtr left, right;
 };
@@ -112,14 +129,28 @@ struct DictExpr : Expr {
 // ---- assignment targets ----
 struct Target {
   enum class Kind : uint8_t { Name, Tuple, NsAttr } kind = Kind::Name;
-  std::string name;  // Name, NsAttr (the namespace variable)
-  std::string attr;  // NsAttr
+  std::string name;           // Name, NsAttr (the namespace variable)
+  std::string attr;           // NsAttr
   std::vector<Target> items;  // Tuple
   Pos pos;
 };
 
 // ---- statements ----
-enum class SK : uint8_t { Data, Print, If, For, Set, SetBlock, Macro, CallBlock, FilterBlock, With, Break, Continue, Scope };
+enum class SK : uint8_t {
+  Data,
+  Print,
+  If,
+  For,
+  Set,
+  SetBlock,
+  Macro,
+  CallBlock,
+  FilterBlock,
+  With,
+  Break,
+  Continue,
+  Scope
+};
 
 struct Stmt {
   Stmt(SK k, Pos p) : kind(k), pos(p) {}

@@ -53,7 +53,8 @@ std::vector<Value> attr_parts(const Value& attribute) {
   while (true) {
     const size_t d = s.find('.', pos);
     std::string part = s.substr(pos, d == std::string::npos ? std::string::npos : d - pos);
-    const bool digits = !part.empty() && pystr::is_all(part, utf8::py_isdigit) && utf8::is_ascii(part) && part.size() < 18;
+    const bool digits =
+        !part.empty() && pystr::is_all(part, utf8::py_isdigit) && utf8::is_ascii(part) && part.size() < 18;
     parts.push_back(digits ? Value(static_cast<int64_t>(std::stoll(part))) : Value(part));
     if (d == std::string::npos) break;
     pos = d + 1;
@@ -70,8 +71,10 @@ Value get_path(Interpreter& in, Value item, const std::vector<Value>& parts, con
 }
 
 bool lt(const Value& a, const Value& b) {
-  if (a.is_undefined()) throw_error(ErrorKind::Undefined, a.undef().hint.empty() ? "value is undefined" : a.undef().hint);
-  if (b.is_undefined()) throw_error(ErrorKind::Undefined, b.undef().hint.empty() ? "value is undefined" : b.undef().hint);
+  if (a.is_undefined())
+    throw_error(ErrorKind::Undefined, a.undef().hint.empty() ? "value is undefined" : a.undef().hint);
+  if (b.is_undefined())
+    throw_error(ErrorKind::Undefined, b.undef().hint.empty() ? "value is undefined" : b.undef().hint);
   return py_compare(a, b, "<");
 }
 
@@ -129,9 +132,12 @@ bool parse_py_int(const std::string& text, int base, int64_t& out) {
       continue;
     }
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') d = (c | 0x20) - 'a' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')
+      d = (c | 0x20) - 'a' + 10;
+    else
+      return false;
     if (d >= base) return false;
     v = v * base + d;
     if (v > static_cast<__int128>(INT64_MAX) + 1) return false;
@@ -272,8 +278,10 @@ Value f_filesizeformat(Interpreter&, const Value& v, CallArgs& a) {
   const bool binary = b.has(0) && truthy(b.get(0));
   if (v.is_undefined()) undefined_error(v);
   double bytes;
-  if (v.is_number()) bytes = v.as_float();
-  else if (!(v.is_string() && parse_py_float(v.str(), bytes))) throw_error(ErrorKind::Type, "could not convert to float");
+  if (v.is_number())
+    bytes = v.as_float();
+  else if (!(v.is_string() && parse_py_float(v.str(), bytes)))
+    throw_error(ErrorKind::Type, "could not convert to float");
   const double base = binary ? 1024 : 1000;
   static const char* kBin[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
   static const char* kDec[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
@@ -366,7 +374,8 @@ Value f_groupby(Interpreter& in, const Value& v, CallArgs& a) {
 Value f_indent(Interpreter& in, const Value& v, CallArgs& a) {
   ArgBinder b("indent", a, {"width", "first", "blank"});
   if (v.is_undefined()) undefined_error(v);
-  if (!v.is_string()) throw_error(ErrorKind::Type, "unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");
+  if (!v.is_string())
+    throw_error(ErrorKind::Type, "unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");
   std::string ind;
   if (b.has(0) && b.get(0).is_string()) {
     ind = b.get(0).str();
@@ -413,7 +422,8 @@ Value f_int(Interpreter&, const Value& v, CallArgs& a) {
     int64_t r;
     if (parse_py_int(v.str(), base, r)) return Value(r);
     double d;
-    if (parse_py_float(v.str(), d) && std::isfinite(d) && std::fabs(d) < 9.2e18) return Value(static_cast<int64_t>(std::trunc(d)));
+    if (parse_py_float(v.str(), d) && std::isfinite(d) && std::fabs(d) < 9.2e18)
+      return Value(static_cast<int64_t>(std::trunc(d)));
   }
   return dflt;
 }
@@ -468,9 +478,12 @@ Value f_map(Interpreter& in, const Value& v, CallArgs& a) {
   if (a.pos.empty() && a.kwarg("attribute")) {
     Value attribute, dflt = Value::none();
     for (auto& [k, x] : a.kw) {
-      if (k == "attribute") attribute = x;
-      else if (k == "default") dflt = x;
-      else throw_error(ErrorKind::Type, "Unexpected keyword argument '" + k + "'");
+      if (k == "attribute")
+        attribute = x;
+      else if (k == "default")
+        dflt = x;
+      else
+        throw_error(ErrorKind::Type, "Unexpected keyword argument '" + k + "'");
     }
     const std::vector<Value> parts = attr_parts(attribute);
     for (auto& item : in.iterate(v)) {
@@ -681,8 +694,9 @@ Value f_sort(Interpreter& in, const Value& v, CallArgs& a) {
     items.emplace_back(std::move(key), item);
   }
   in.tick(items.size());
-  std::stable_sort(items.begin(), items.end(),
-                   [&](const auto& x, const auto& y) { return rev ? keys_lt(y.first, x.first) : keys_lt(x.first, y.first); });
+  std::stable_sort(items.begin(), items.end(), [&](const auto& x, const auto& y) {
+    return rev ? keys_lt(y.first, x.first) : keys_lt(x.first, y.first);
+  });
   std::vector<Value> out;
   for (auto& [k, item] : items) out.push_back(std::move(item));
   return Value::list(std::move(out));
@@ -708,7 +722,9 @@ Value f_title(Interpreter&, const Value& v, CallArgs& a) {
   no_args("title", a);
   // jinja2: split on runs of [-\s({\[<], upper-case the first char of every piece, lower-case the rest.
   const std::u32string u = utf8::decode(to_str(v));
-  auto is_sep = [](char32_t c) { return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || utf8::py_isspace(c); };
+  auto is_sep = [](char32_t c) {
+    return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || utf8::py_isspace(c);
+  };
   std::string out;
   bool start = true;
   for (char32_t c : u) {
@@ -716,8 +732,10 @@ Value f_title(Interpreter&, const Value& v, CallArgs& a) {
       utf8::append(out, c);
       start = true;
     } else {
-      if (start) utf8::append_upper(out, c);
-      else utf8::append_lower(out, c);
+      if (start)
+        utf8::append_upper(out, c);
+      else
+        utf8::append_lower(out, c);
       start = false;
     }
   }
@@ -776,7 +794,8 @@ Value f_truncate(Interpreter&, const Value& v, CallArgs& a) {
   const std::string end = b.has(2) ? to_str(b.get(2)) : "...";
   const int64_t leeway = b.has(3) && !b.get(3).is_none() ? as_index(b.get(3), "leeway") : 5;
   const auto end_len = static_cast<int64_t>(utf8::length(end));
-  if (length < end_len) throw_error(ErrorKind::Type, "expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
+  if (length < end_len)
+    throw_error(ErrorKind::Type, "expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
   if (leeway < 0) throw_error(ErrorKind::Type, "expected leeway >= 0, got " + std::to_string(leeway));
   if (static_cast<int64_t>(utf8::length(s)) <= length + leeway) return Value(s);
   std::string head = pystr::substr_cp(s, 0, length - end_len);
@@ -863,17 +882,55 @@ Value f_wordcount(Interpreter&, const Value& v, CallArgs& a) {
 
 const std::unordered_map<std::string_view, FilterFn>& filters() {
   static const std::unordered_map<std::string_view, FilterFn> m = {
-      {"abs", f_abs}, {"attr", f_attr}, {"batch", f_batch}, {"capitalize", f_capitalize}, {"center", f_center},
-      {"count", f_length}, {"d", f_default}, {"default", f_default}, {"dictsort", f_dictsort}, {"e", f_escape},
-      {"escape", f_escape}, {"filesizeformat", f_filesizeformat}, {"first", f_first}, {"float", f_float},
-      {"forceescape", f_escape}, {"format", f_format}, {"groupby", f_groupby}, {"indent", f_indent}, {"int", f_int},
-      {"items", f_items}, {"join", f_join}, {"last", f_last}, {"length", f_length}, {"list", f_list},
-      {"lower", f_lower}, {"map", f_map}, {"max", f_max}, {"min", f_min}, {"pprint", f_pprint},
-      {"reject", f_reject}, {"rejectattr", f_rejectattr}, {"replace", f_replace}, {"reverse", f_reverse},
-      {"round", f_round}, {"safe", f_safe}, {"select", f_select}, {"selectattr", f_selectattr}, {"slice", f_slice},
-      {"sort", f_sort}, {"string", f_string}, {"sum", f_sum}, {"title", f_title}, {"tojson", f_tojson},
-      {"trim", f_trim}, {"truncate", f_truncate}, {"unique", f_unique}, {"upper", f_upper},
-      {"urlencode", f_urlencode}, {"wordcount", f_wordcount},
+      {"abs", f_abs},
+      {"attr", f_attr},
+      {"batch", f_batch},
+      {"capitalize", f_capitalize},
+      {"center", f_center},
+      {"count", f_length},
+      {"d", f_default},
+      {"default", f_default},
+      {"dictsort", f_dictsort},
+      {"e", f_escape},
+      {"escape", f_escape},
+      {"filesizeformat", f_filesizeformat},
+      {"first", f_first},
+      {"float", f_float},
+      {"forceescape", f_escape},
+      {"format", f_format},
+      {"groupby", f_groupby},
+      {"indent", f_indent},
+      {"int", f_int},
+      {"items", f_items},
+      {"join", f_join},
+      {"last", f_last},
+      {"length", f_length},
+      {"list", f_list},
+      {"lower", f_lower},
+      {"map", f_map},
+      {"max", f_max},
+      {"min", f_min},
+      {"pprint", f_pprint},
+      {"reject", f_reject},
+      {"rejectattr", f_rejectattr},
+      {"replace", f_replace},
+      {"reverse", f_reverse},
+      {"round", f_round},
+      {"safe", f_safe},
+      {"select", f_select},
+      {"selectattr", f_selectattr},
+      {"slice", f_slice},
+      {"sort", f_sort},
+      {"string", f_string},
+      {"sum", f_sum},
+      {"title", f_title},
+      {"tojson", f_tojson},
+      {"trim", f_trim},
+      {"truncate", f_truncate},
+      {"unique", f_unique},
+      {"upper", f_upper},
+      {"urlencode", f_urlencode},
+      {"wordcount", f_wordcount},
   };
   return m;
 }
@@ -936,11 +993,13 @@ bool t_in(Interpreter& in, const Value& v, CallArgs& a) {
   return in.contains(a.pos[0], v);
 }
 const Value& one_arg(const char* name, CallArgs& a) {
-  if (a.pos.size() != 1 || !a.kw.empty()) throw_error(ErrorKind::Type, std::string(name) + "() takes exactly one argument");
+  if (a.pos.size() != 1 || !a.kw.empty())
+    throw_error(ErrorKind::Type, std::string(name) + "() takes exactly one argument");
   return a.pos[0];
 }
 void undef_check(const Value& x) {
-  if (x.is_undefined()) throw_error(ErrorKind::Undefined, x.undef().hint.empty() ? "value is undefined" : x.undef().hint);
+  if (x.is_undefined())
+    throw_error(ErrorKind::Undefined, x.undef().hint.empty() ? "value is undefined" : x.undef().hint);
 }
 bool t_eq(Interpreter&, const Value& v, CallArgs& a) { return py_eq(v, one_arg("eq", a)); }
 bool t_ne(Interpreter&, const Value& v, CallArgs& a) { return !py_eq(v, one_arg("ne", a)); }
@@ -959,14 +1018,45 @@ bool t_test(Interpreter&, const Value& v, CallArgs&) { return v.is_string() && f
 
 const std::unordered_map<std::string_view, TestFn>& tests() {
   static const std::unordered_map<std::string_view, TestFn> m = {
-      {"odd", t_odd}, {"even", t_even}, {"divisibleby", t_divisibleby}, {"defined", t_defined},
-      {"undefined", t_undefined}, {"filter", t_filter}, {"test", t_test}, {"none", t_none}, {"boolean", t_boolean},
-      {"false", t_false}, {"true", t_true}, {"integer", t_integer}, {"float", t_float}, {"lower", t_lower},
-      {"upper", t_upper}, {"string", t_string}, {"mapping", t_mapping}, {"number", t_number},
-      {"sequence", t_sequence}, {"iterable", t_iterable}, {"callable", t_callable}, {"sameas", t_sameas},
-      {"escaped", t_escaped}, {"in", t_in}, {"==", t_eq}, {"eq", t_eq}, {"equalto", t_eq}, {"!=", t_ne},
-      {"ne", t_ne}, {">", t_gt}, {"gt", t_gt}, {"greaterthan", t_gt}, {">=", t_ge}, {"ge", t_ge}, {"<", t_lt},
-      {"lt", t_lt}, {"lessthan", t_lt}, {"<=", t_le}, {"le", t_le},
+      {"odd", t_odd},
+      {"even", t_even},
+      {"divisibleby", t_divisibleby},
+      {"defined", t_defined},
+      {"undefined", t_undefined},
+      {"filter", t_filter},
+      {"test", t_test},
+      {"none", t_none},
+      {"boolean", t_boolean},
+      {"false", t_false},
+      {"true", t_true},
+      {"integer", t_integer},
+      {"float", t_float},
+      {"lower", t_lower},
+      {"upper", t_upper},
+      {"string", t_string},
+      {"mapping", t_mapping},
+      {"number", t_number},
+      {"sequence", t_sequence},
+      {"iterable", t_iterable},
+      {"callable", t_callable},
+      {"sameas", t_sameas},
+      {"escaped", t_escaped},
+      {"in", t_in},
+      {"==", t_eq},
+      {"eq", t_eq},
+      {"equalto", t_eq},
+      {"!=", t_ne},
+      {"ne", t_ne},
+      {">", t_gt},
+      {"gt", t_gt},
+      {"greaterthan", t_gt},
+      {">=", t_ge},
+      {"ge", t_ge},
+      {"<", t_lt},
+      {"lt", t_lt},
+      {"lessthan", t_lt},
+      {"<=", t_le},
+      {"le", t_le},
   };
   return m;
 }
@@ -1003,7 +1093,8 @@ Value g_range(Interpreter& in, CallArgs& a) {
   if (step > 0 && stop > start) n = (static_cast<__int128>(stop) - start + step - 1) / step;
   if (step < 0 && stop < start) n = (static_cast<__int128>(start) - stop - step - 1) / -step;
   if (n > kMaxRange) {
-    throw_error(ErrorKind::Security, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (" + std::to_string(kMaxRange) + ").");
+    throw_error(ErrorKind::Security,
+                "Range too big. The sandbox blocks ranges larger than MAX_RANGE (" + std::to_string(kMaxRange) + ").");
   }
   in.tick(static_cast<uint64_t>(n));
   auto l = std::make_shared<ListData>();
@@ -1046,13 +1137,16 @@ Value g_namespace(Interpreter& in, CallArgs& a) {
 
 Value g_raise_exception(Interpreter&, CallArgs& a) {
   std::string msg;
-  if (!a.pos.empty()) msg = to_str(a.pos[0]);
-  else if (const Value* m = a.kwarg("message")) msg = to_str(*m);
+  if (!a.pos.empty())
+    msg = to_str(a.pos[0]);
+  else if (const Value* m = a.kwarg("message"))
+    msg = to_str(*m);
   throw_error(ErrorKind::Raised, msg);
 }
 
 Value g_strftime_now(Interpreter& in, CallArgs& a) {
-  if (a.pos.size() != 1 || !a.pos[0].is_string()) throw_error(ErrorKind::Type, "strftime_now() takes one string argument");
+  if (a.pos.size() != 1 || !a.pos[0].is_string())
+    throw_error(ErrorKind::Type, "strftime_now() takes one string argument");
   const std::string& f = a.pos[0].str();
   // Python datetime.now() is naive: %z and %Z are empty, %f is the microseconds.
   std::string fmt;
@@ -1167,7 +1261,9 @@ TestFn find_test(std::string_view name) {
 }
 
 void add_globals(Interpreter& in, DictData& g) {
-  auto fn = [&](const char* name, GlobalFn::Fn f) { g.set(name, Value(std::static_pointer_cast<Object>(in.make<GlobalFn>(name, f)))); };
+  auto fn = [&](const char* name, GlobalFn::Fn f) {
+    g.set(name, Value(std::static_pointer_cast<Object>(in.make<GlobalFn>(name, f))));
+  };
   fn("range", g_range);
   fn("dict", g_dict);
   fn("namespace", g_namespace);

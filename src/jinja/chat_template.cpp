@@ -33,7 +33,8 @@ std::string read_file(const fs::path& p) {
 // Special-token strings as transformers' special_tokens_map exposes them to templates.
 ojson special_tokens_from(const ojson& cfg) {
   ojson out = ojson::object();
-  static const char* kNames[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
+  static const char* kNames[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                 "pad_token", "cls_token", "mask_token"};
   auto text = [](const ojson& v) -> std::optional<std::string> {
     if (v.is_string()) return v.get<std::string>();
     if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
@@ -126,7 +127,8 @@ ChatTemplate ChatTemplate::load(const std::string& model_dir) {
        model_dir);
 }
 
-ChatTemplate ChatTemplate::from_string(const std::string& source, const ojson& special_tokens, const std::string& origin) {
+ChatTemplate ChatTemplate::from_string(const std::string& source, const ojson& special_tokens,
+                                       const std::string& origin) {
   ChatTemplate ct;
   ct.source_ = source;
   if (special_tokens.is_object()) ct.special_ = special_tokens;
@@ -228,8 +230,9 @@ std::string ChatTemplate::render(const ojson& messages_in, const ojson& tools, b
   return pick(!tools.is_null()).render(jinja::Value::dict(std::move(ctx)), opt.render);
 }
 
-std::string ChatTemplate::render(const nlohmann::json& messages, const nlohmann::json& tools, bool add_generation_prompt,
-                                 const nlohmann::json& kwargs, const ChatRenderOptions& opt) const {
+std::string ChatTemplate::render(const nlohmann::json& messages, const nlohmann::json& tools,
+                                 bool add_generation_prompt, const nlohmann::json& kwargs,
+                                 const ChatRenderOptions& opt) const {
   auto conv = [](const nlohmann::json& j) { return j.is_null() ? ojson() : ojson::parse(j.dump()); };
   return render(conv(messages), conv(tools), add_generation_prompt, conv(kwargs), opt);
 }

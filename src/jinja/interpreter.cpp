@@ -50,7 +50,8 @@ namespace {
 
 class BuiltinObject : public Object {
  public:
-  BuiltinObject(std::string n, std::function<Value(Interpreter&, CallArgs&)> f) : name(std::move(n)), fn(std::move(f)) {}
+  BuiltinObject(std::string n, std::function<Value(Interpreter&, CallArgs&)> f)
+      : name(std::move(n)), fn(std::move(f)) {}
   std::string type_name() const override { return "builtin_function_or_method"; }
   std::string repr() const override { return "<built-in function " + name + ">"; }
   bool callable() const override { return true; }
@@ -192,7 +193,8 @@ std::tm Interpreter::now() const {
 void Interpreter::tick(uint64_t n) {
   steps_ += n;
   if (steps_ > opt_.limits.max_steps)
-    throw_error(ErrorKind::Limit, "template exceeded " + std::to_string(opt_.limits.max_steps) + " steps (runaway loop?)");
+    throw_error(ErrorKind::Limit,
+                "template exceeded " + std::to_string(opt_.limits.max_steps) + " steps (runaway loop?)");
 }
 
 void Interpreter::check_size(size_t bytes) const {
@@ -256,8 +258,10 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
           throw;
         }
         output_root_ = saved;
-        if (v.is_string()) write(v.str());
-        else write(to_str(v));
+        if (v.is_string())
+          write(v.str());
+        else
+          write(to_str(v));
         return Flow::Normal;
       }
       case SK::If: {
@@ -346,8 +350,8 @@ void Interpreter::assign(const Target& t, const Value& v) {
       if (items.size() > t.items.size())
         throw_error(ErrorKind::Type, "too many values to unpack (expected " + std::to_string(t.items.size()) + ")");
       if (items.size() < t.items.size()) {
-        throw_error(ErrorKind::Type, "not enough values to unpack (expected " + std::to_string(t.items.size()) + ", got " +
-                                         std::to_string(items.size()) + ")");
+        throw_error(ErrorKind::Type, "not enough values to unpack (expected " + std::to_string(t.items.size()) +
+                                         ", got " + std::to_string(items.size()) + ")");
       }
       for (size_t i = 0; i < items.size(); ++i) assign(t.items[i], items[i]);
       return;
@@ -445,8 +449,9 @@ Value Interpreter::call_macro(const MacroStmt& m, const ScopePtr& closure, CallA
     if (used_kw[k]) continue;
     if (!m.catch_kwargs) {
       if (args.kw[k].first == "caller") {
-        throw_error(ErrorKind::Type, "macro '" + m.name +
-                                         "' was invoked with two values for the special caller argument. This is most likely a bug.");
+        throw_error(ErrorKind::Type,
+                    "macro '" + m.name +
+                        "' was invoked with two values for the special caller argument. This is most likely a bug.");
       }
       throw_error(ErrorKind::Type, "macro '" + m.name + "' takes no keyword argument '" + args.kw[k].first + "'");
     }
@@ -490,7 +495,11 @@ Value Interpreter::lookup(const std::string& name) {
 // jinja2's has_safe_repr: what its optimizer accepts as a folded constant.
 static bool safe_const(const Value& v) {
   switch (v.type()) {
-    case Type::None: case Type::Bool: case Type::Int: case Type::Float: case Type::String: return true;
+    case Type::None:
+    case Type::Bool:
+    case Type::Int:
+    case Type::Float:
+    case Type::String: return true;
     case Type::List: {
       const ListData& l = v.list();
       if (l.kind == ListKind::Range) return true;
@@ -602,8 +611,8 @@ Value Interpreter::eval_inner(const Expr& e) {
         return Value(-v.as_int());
       }
       if (v.is_float()) return Value(e.kind == EK::Neg ? -v.as_float() : v.as_float());
-      throw_error(ErrorKind::Type, std::string("bad operand type for unary ") + (e.kind == EK::Neg ? "-" : "+") + ": '" +
-                                       type_name(v) + "'");
+      throw_error(ErrorKind::Type, std::string("bad operand type for unary ") + (e.kind == EK::Neg ? "-" : "+") +
+                                       ": '" + type_name(v) + "'");
     }
     case EK::Not: return Value(!truthy(eval(*static_cast<const UnaryExpr&>(e).operand)));
     case EK::And: {
@@ -628,8 +637,10 @@ Value Interpreter::eval_inner(const Expr& e) {
       std::string s;
       for (auto& p : static_cast<const ConcatExpr&>(e).parts) {
         const Value v = eval(*p);
-        if (v.is_string()) s += v.str();
-        else s += to_str(v);
+        if (v.is_string())
+          s += v.str();
+        else
+          s += to_str(v);
         check_size(s.size());
       }
       return Value(std::move(s));
@@ -716,8 +727,10 @@ Value Interpreter::call(const Value& callee, CallArgs& args) {
 Value Interpreter::eval_filter(const FilterExpr& f, const Value* block_value) {
   Value v;
   if (f.node) {
-    if (block_value && f.node->kind == EK::Filter) v = eval_filter(static_cast<const FilterExpr&>(*f.node), block_value);
-    else v = eval(*f.node);
+    if (block_value && f.node->kind == EK::Filter)
+      v = eval_filter(static_cast<const FilterExpr&>(*f.node), block_value);
+    else
+      v = eval(*f.node);
   } else if (block_value) {
     v = *block_value;
   }
@@ -915,7 +928,7 @@ Value Interpreter::slice(const Value& obj, const SliceExpr& s) {
   if (s.stop) ve = eval(*s.stop);
   if (s.step) vst = eval(*s.step);
   const bool seq = obj.is_string() || (obj.is_list() && (obj.list().kind == ListKind::List || is_tuple_like(obj) ||
-                                                        obj.list().kind == ListKind::Range));
+                                                         obj.list().kind == ListKind::Range));
   if (!seq) {
     if (obj.is_dict()) throw_error(ErrorKind::Type, "unhashable type: 'slice'");
     throw_error(ErrorKind::Type, "'" + type_name(obj) + "' object is not subscriptable");
@@ -1037,7 +1050,8 @@ Value Interpreter::binary(BinOp op, const Value& a, const Value& b) {
           return Value::list(std::move(out), ta ? ListKind::Tuple : ListKind::List);
         }
         if (ka == ListKind::List || ta) {
-          throw_error(ErrorKind::Type, "can only concatenate " + type_name(a) + " (not \"" + type_name(b) + "\") to " + type_name(a));
+          throw_error(ErrorKind::Type,
+                      "can only concatenate " + type_name(a) + " (not \"" + type_name(b) + "\") to " + type_name(a));
         }
       }
       unsupported("+", a, b);
@@ -1058,12 +1072,14 @@ Value Interpreter::binary(BinOp op, const Value& a, const Value& b) {
       if (nums) return Value(a.as_float() * b.as_float());
       {
         auto seqok = [](const Value& v) {
-          return v.is_string() || (v.is_list() && (v.list().kind == ListKind::List || v.list().kind == ListKind::Tuple));
+          return v.is_string() ||
+                 (v.is_list() && (v.list().kind == ListKind::List || v.list().kind == ListKind::Tuple));
         };
         if (seqok(a) && b.is_integral()) return repeat(*this, a, b.as_int());
         if (seqok(b) && a.is_integral()) return repeat(*this, b, a.as_int());
         if (seqok(a) || seqok(b)) {
-          throw_error(ErrorKind::Type, "can't multiply sequence by non-int of type '" + type_name(seqok(a) ? b : a) + "'");
+          throw_error(ErrorKind::Type,
+                      "can't multiply sequence by non-int of type '" + type_name(seqok(a) ? b : a) + "'");
         }
       }
       unsupported("*", a, b);
@@ -1091,7 +1107,8 @@ Value Interpreter::binary(BinOp op, const Value& a, const Value& b) {
         return Value(op == BinOp::FloorDiv ? q : r);
       }
       if (nums) {
-        if (b.as_float() == 0.0) throw_error(ErrorKind::Type, op == BinOp::Mod ? "float modulo" : "float floor division by zero");
+        if (b.as_float() == 0.0)
+          throw_error(ErrorKind::Type, op == BinOp::Mod ? "float modulo" : "float floor division by zero");
         double fd;
         const double m = py_float_mod(a.as_float(), b.as_float(), fd);
         return Value(op == BinOp::FloorDiv ? fd : m);
@@ -1118,7 +1135,8 @@ Value Interpreter::binary(BinOp op, const Value& a, const Value& b) {
         if (x == 0.0 && y < 0) throw_error(ErrorKind::Type, "0.0 cannot be raised to a negative power");
         if (x < 0 && y != std::floor(y)) throw_error(ErrorKind::Type, "complex results are not supported");
         const double r = std::pow(x, y);
-        if (std::isinf(r) && std::isfinite(x) && std::isfinite(y)) throw_error(ErrorKind::Type, "(34, 'Numerical result out of range')");
+        if (std::isinf(r) && std::isfinite(x) && std::isfinite(y))
+          throw_error(ErrorKind::Type, "(34, 'Numerical result out of range')");
         return Value(r);
       }
       unsupported("** or pow()", a, b);

@@ -14,10 +14,10 @@
 namespace latent::jinja {
 
 struct Limits {
-  uint64_t max_steps = 1'000'000;    // loop iterations, macro calls and per-item filter work, in total
-  int max_call_depth = 200;          // macro / recursive-loop nesting
-  int max_eval_depth = 4000;         // evaluator recursion (expressions within macros within ...)
-  size_t max_output = 64u << 20;     // bytes of output, and of any single string the template builds
+  uint64_t max_steps = 1'000'000;  // loop iterations, macro calls and per-item filter work, in total
+  int max_call_depth = 200;        // macro / recursive-loop nesting
+  int max_eval_depth = 4000;       // evaluator recursion (expressions within macros within ...)
+  size_t max_output = 64u << 20;   // bytes of output, and of any single string the template builds
 };
 
 struct RenderOptions {
@@ -35,8 +35,10 @@ struct Scope {
     return nullptr;
   }
   void set(const std::string& n, Value v) {
-    if (Value* p = find_local(n)) *p = std::move(v);
-    else vars.emplace_back(n, std::move(v));
+    if (Value* p = find_local(n))
+      *p = std::move(v);
+    else
+      vars.emplace_back(n, std::move(v));
   }
 };
 using ScopePtr = std::shared_ptr<Scope>;
@@ -59,7 +61,7 @@ class Interpreter {
   Value call(const Value& callee, CallArgs& args);
   Value call_filter(const std::string& name, const Value& v, CallArgs& args);
   bool call_test(const std::string& name, const Value& v, CallArgs& args);
-  std::vector<Value> iterate(const Value& v);  // Python iter(); TypeError if not iterable
+  std::vector<Value> iterate(const Value& v);                // Python iter(); TypeError if not iterable
   bool contains(const Value& container, const Value& item);  // Python `item in container`
   void tick(uint64_t n = 1);
   void check_size(size_t bytes) const;
@@ -112,8 +114,8 @@ class Interpreter {
   uint64_t steps_ = 0;
   int call_depth_ = 0;
   int eval_depth_ = 0;
-  bool in_const_ = false;               // evaluating a sub-expression jinja2 folds at compile time
-  const Expr* output_root_ = nullptr;   // the {{ }} expression being printed
+  bool in_const_ = false;              // evaluating a sub-expression jinja2 folds at compile time
+  const Expr* output_root_ = nullptr;  // the {{ }} expression being printed
   std::vector<std::weak_ptr<Object>> objects_;
   size_t objects_compact_at_ = 1024;
 };

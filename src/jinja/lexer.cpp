@@ -248,8 +248,10 @@ class Lexer {
       if (balance.empty()) {
         size_t end = 0;
         if (variable) {
-          if (s.substr(pos, 3) == "-}}") end = skip_ws(s, pos + 3);
-          else if (s.substr(pos, 2) == "}}") end = pos + 2;
+          if (s.substr(pos, 3) == "-}}")
+            end = skip_ws(s, pos + 3);
+          else if (s.substr(pos, 2) == "}}")
+            end = pos + 2;
         } else {
           if (s.substr(pos, 3) == "+%}") {
             end = pos + 3;
@@ -327,7 +329,8 @@ class Lexer {
         balance.push_back(op == "(" ? ')' : op == "[" ? ']' : '}');
       } else if (op == ")" || op == "]" || op == "}") {
         if (balance.empty()) fail(pos, "unexpected '" + op + "'");
-        if (balance.back() != op[0]) fail(pos, "unexpected '" + op + "', expected '" + std::string(1, balance.back()) + "'");
+        if (balance.back() != op[0])
+          fail(pos, "unexpected '" + op + "', expected '" + std::string(1, balance.back()) + "'");
         balance.pop_back();
       }
       add(Tok::Op, pos, op);
@@ -370,8 +373,10 @@ class Lexer {
         }
         return 0;
       };
-      if (size_t e = exp_at(frac_end)) end = e;
-      else if (frac_end > k) end = frac_end;
+      if (size_t e = exp_at(frac_end))
+        end = e;
+      else if (frac_end > k)
+        end = frac_end;
       if (end) {
         std::string txt;
         for (size_t i = pos; i < end; ++i)
@@ -485,9 +490,12 @@ class Lexer {
         // backslashreplace turned the character into \xNN / \uNNNN / \UNNNNNNNN; "\\" then decodes to "\".
         const char32_t cp = utf8::next(b, i);
         char buf[16];
-        if (cp < 0x100) std::snprintf(buf, sizeof buf, "x%02x", static_cast<unsigned>(cp));
-        else if (cp < 0x10000) std::snprintf(buf, sizeof buf, "u%04x", static_cast<unsigned>(cp));
-        else std::snprintf(buf, sizeof buf, "U%08x", static_cast<unsigned>(cp));
+        if (cp < 0x100)
+          std::snprintf(buf, sizeof buf, "x%02x", static_cast<unsigned>(cp));
+        else if (cp < 0x10000)
+          std::snprintf(buf, sizeof buf, "u%04x", static_cast<unsigned>(cp));
+        else
+          std::snprintf(buf, sizeof buf, "U%08x", static_cast<unsigned>(cp));
         out += '\\';
         out += buf;
         continue;
@@ -505,18 +513,30 @@ class Lexer {
         case 'r': out += '\r'; break;
         case 't': out += '\t'; break;
         case 'v': out += '\v'; break;
-        case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {
+        case '0':
+        case '1':
+        case '2':
+        case '3':
+        case '4':
+        case '5':
+        case '6':
+        case '7': {
           unsigned v = static_cast<unsigned>(c - '0');
-          for (int n = 0; n < 2 && i < b.size() && b[i] >= '0' && b[i] <= '7'; ++n) v = v * 8 + static_cast<unsigned>(b[i++] - '0');
+          for (int n = 0; n < 2 && i < b.size() && b[i] >= '0' && b[i] <= '7'; ++n)
+            v = v * 8 + static_cast<unsigned>(b[i++] - '0');
           utf8::append(out, v);
           break;
         }
-        case 'x': case 'u': case 'U': {
+        case 'x':
+        case 'u':
+        case 'U': {
           const int n = c == 'x' ? 2 : c == 'u' ? 4 : 8;
           uint32_t v = 0;
           for (int m = 0; m < n; ++m) {
             if (i >= b.size() || !is_hex(b[i])) {
-              fail(pos, c == 'x' ? "truncated \\xXX escape" : c == 'u' ? "truncated \\uXXXX escape" : "truncated \\UXXXXXXXX escape");
+              fail(pos, c == 'x'   ? "truncated \\xXX escape"
+                        : c == 'u' ? "truncated \\uXXXX escape"
+                                   : "truncated \\UXXXXXXXX escape");
             }
             v = v * 16 + static_cast<uint32_t>(hex_val(b[i++]));
           }
@@ -525,9 +545,7 @@ class Lexer {
           break;
         }
         case 'N': fail(pos, "\\N{...} escapes are not supported");
-        default:
-          out += '\\';
-          out += c;
+        default: out += '\\'; out += c;
       }
     }
     return out;

@@ -139,7 +139,8 @@ std::string replace(std::string_view s, std::string_view old, std::string_view r
   std::string out;
   auto grow = [&](std::string_view part) {
     out.append(part);
-    if (out.size() > max_bytes) throw_error(ErrorKind::Limit, "string larger than " + std::to_string(max_bytes) + " bytes");
+    if (out.size() > max_bytes)
+      throw_error(ErrorKind::Limit, "string larger than " + std::to_string(max_bytes) + " bytes");
   };
   if (old.empty()) {
     int64_t n = 0;
@@ -179,8 +180,10 @@ std::string title(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
     const char32_t c = utf8::next(s, i);
-    if (prev_cased) utf8::append_lower(out, c);
-    else utf8::append_title(out, c);
+    if (prev_cased)
+      utf8::append_lower(out, c);
+    else
+      utf8::append_title(out, c);
     prev_cased = utf8::py_iscased(c);
   }
   return out;
@@ -192,8 +195,10 @@ std::string capitalize(std::string_view s) {
   bool first = true;
   while (i < s.size()) {
     const char32_t c = utf8::next(s, i);
-    if (first) utf8::append_title(out, c);
-    else utf8::append_lower(out, c);
+    if (first)
+      utf8::append_title(out, c);
+    else
+      utf8::append_lower(out, c);
     first = false;
   }
   return out;
@@ -204,9 +209,12 @@ std::string swapcase(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
     const char32_t c = utf8::next(s, i);
-    if (utf8::py_isupper(c)) utf8::append_lower(out, c);
-    else if (utf8::py_islower(c)) utf8::append_upper(out, c);
-    else utf8::append(out, c);
+    if (utf8::py_isupper(c))
+      utf8::append_lower(out, c);
+    else if (utf8::py_islower(c))
+      utf8::append_upper(out, c);
+    else
+      utf8::append(out, c);
   }
   return out;
 }
@@ -217,8 +225,10 @@ std::string pad(std::string_view s, int64_t width, char32_t fill, char align) {
   if (width > (1 << 26)) throw_error(ErrorKind::Limit, "padding width too large");
   const int64_t total = width - len;
   int64_t left = 0;
-  if (align == '>') left = total;
-  else if (align == '^') left = total / 2 + (total & width & 1);  // CPython str.center rounding
+  if (align == '>')
+    left = total;
+  else if (align == '^')
+    left = total / 2 + (total & width & 1);  // CPython str.center rounding
   std::string f;
   utf8::append(f, fill);
   std::string out;
@@ -328,15 +338,16 @@ ArgBinder::ArgBinder(const char* func, CallArgs& args, std::initializer_list<con
     : vals_(names.size(), nullptr) {
   const std::vector<const char*> nm(names);
   if (args.pos.size() > skip + nm.size()) {
-    throw_error(ErrorKind::Type, std::string(func) + "() takes at most " + std::to_string(nm.size()) + " argument(s) (" +
-                                     std::to_string(args.pos.size() - skip) + " given)");
+    throw_error(ErrorKind::Type, std::string(func) + "() takes at most " + std::to_string(nm.size()) +
+                                     " argument(s) (" + std::to_string(args.pos.size() - skip) + " given)");
   }
   for (size_t i = skip; i < args.pos.size(); ++i) vals_[i - skip] = &args.pos[i];
   for (auto& [k, v] : args.kw) {
     size_t idx = nm.size();
     for (size_t i = 0; i < nm.size(); ++i)
       if (k == nm[i]) idx = i;
-    if (idx == nm.size()) throw_error(ErrorKind::Type, std::string(func) + "() got an unexpected keyword argument '" + k + "'");
+    if (idx == nm.size())
+      throw_error(ErrorKind::Type, std::string(func) + "() got an unexpected keyword argument '" + k + "'");
     if (vals_[idx]) throw_error(ErrorKind::Type, std::string(func) + "() got multiple values for argument '" + k + "'");
     vals_[idx] = &v;
   }
@@ -351,7 +362,9 @@ class BoundMethod : public Object {
  public:
   BoundMethod(Value r, std::string n) : recv(std::move(r)), name(std::move(n)) {}
   std::string type_name() const override { return "builtin_function_or_method"; }
-  std::string repr() const override { return "<built-in method " + name + " of " + jinja::type_name(recv) + " object>"; }
+  std::string repr() const override {
+    return "<built-in method " + name + " of " + jinja::type_name(recv) + " object>";
+  }
   bool callable() const override { return true; }
   Value call(Interpreter& in, CallArgs& args) override {
     if (auto r = call_method(in, recv, name, args)) return std::move(*r);
@@ -363,13 +376,15 @@ class BoundMethod : public Object {
 };
 
 const std::unordered_set<std::string_view> kStrMethods = {
-    "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines", "startswith", "endswith", "replace", "upper",
-    "lower", "title", "capitalize", "swapcase", "casefold", "find", "rfind", "index", "rindex", "count", "join",
-    "center", "ljust", "rjust", "zfill", "format", "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower",
-    "istitle", "isnumeric", "isdecimal", "isidentifier", "isascii", "isprintable", "partition", "rpartition",
-    "removeprefix", "removesuffix", "expandtabs", "format_map"};
-const std::unordered_set<std::string_view> kListMutators = {"append", "extend", "insert", "pop", "remove",
-                                                             "reverse", "sort", "clear"};
+    "strip",        "lstrip",    "rstrip",      "split",     "rsplit",     "splitlines",   "startswith",
+    "endswith",     "replace",   "upper",       "lower",     "title",      "capitalize",   "swapcase",
+    "casefold",     "find",      "rfind",       "index",     "rindex",     "count",        "join",
+    "center",       "ljust",     "rjust",       "zfill",     "format",     "isdigit",      "isalpha",
+    "isalnum",      "isspace",   "isupper",     "islower",   "istitle",    "isnumeric",    "isdecimal",
+    "isidentifier", "isascii",   "isprintable", "partition", "rpartition", "removeprefix", "removesuffix",
+    "expandtabs",   "format_map"};
+const std::unordered_set<std::string_view> kListMutators = {"append", "extend",  "insert", "pop",
+                                                            "remove", "reverse", "sort",   "clear"};
 const std::unordered_set<std::string_view> kDictMutators = {"update", "pop", "popitem", "setdefault", "clear"};
 
 bool is_tuple(const Value& v) {
@@ -383,7 +398,8 @@ const std::string& need_str(const Value& v, const char* what) {
 
 int64_t need_int(const Value& v, const char* what) {
   if (!v.is_integral()) {
-    throw_error(ErrorKind::Type, std::string("'") + type_name(v) + "' object cannot be interpreted as an integer (" + what + ")");
+    throw_error(ErrorKind::Type,
+                std::string("'") + type_name(v) + "' object cannot be interpreted as an integer (" + what + ")");
   }
   return v.as_int();
 }
@@ -454,8 +470,8 @@ std::optional<Value> str_method(Interpreter& in, const std::string& s, const std
     ArgBinder b("replace", args, {"old", "new", "count"});
     if (!b.has(0) || !b.has(1)) throw_error(ErrorKind::Type, "replace expected at least 2 arguments");
     const int64_t count = b.has(2) ? need_int(b.get(2), "count") : -1;
-    return Value(pystr::replace(s, need_str(b.get(0), "replace() argument 1"), need_str(b.get(1), "replace() argument 2"),
-                                count, in.options().limits.max_output));
+    return Value(pystr::replace(s, need_str(b.get(0), "replace() argument 1"),
+                                need_str(b.get(1), "replace() argument 2"), count, in.options().limits.max_output));
   }
   if (name == "upper") return Value(utf8::upper(s));
   if (name == "lower" || name == "casefold") return Value(utf8::lower(s));
@@ -479,7 +495,8 @@ std::optional<Value> str_method(Interpreter& in, const std::string& s, const std
     size_t i = 0;
     for (auto& item : in.iterate(args.pos[0])) {
       if (!item.is_string()) {
-        throw_error(ErrorKind::Type, "sequence item " + std::to_string(i) + ": expected str instance, " + type_name(item) + " found");
+        throw_error(ErrorKind::Type,
+                    "sequence item " + std::to_string(i) + ": expected str instance, " + type_name(item) + " found");
       }
       if (i++) out += s;
       out += item.str();
@@ -497,7 +514,10 @@ std::optional<Value> str_method(Interpreter& in, const std::string& s, const std
       size_t k = 0;
       fill = utf8::next(f, k);
     }
-    return Value(pystr::pad(s, need_int(b.get(0), "width"), fill, name == "center" ? '^' : name == "ljust" ? '<' : '>'));
+    return Value(pystr::pad(s, need_int(b.get(0), "width"), fill,
+                            name == "center"  ? '^'
+                            : name == "ljust" ? '<'
+                                              : '>'));
   }
   if (name == "zfill") {
     ArgBinder b("zfill", args, {"width"});
@@ -621,10 +641,14 @@ std::optional<Value> dict_method(Interpreter& in, const Value& recv, const std::
     std::vector<Value> out;
     out.reserve(d.size());
     for (auto& [k, v] : d.items()) {
-      if (name == "items") out.push_back(Value::tuple({k, v}));
-      else out.push_back(name == "keys" ? k : v);
+      if (name == "items")
+        out.push_back(Value::tuple({k, v}));
+      else
+        out.push_back(name == "keys" ? k : v);
     }
-    return Value::list(std::move(out), name == "items" ? ListKind::ItemsView : name == "keys" ? ListKind::KeysView : ListKind::ValuesView);
+    return Value::list(std::move(out), name == "items"  ? ListKind::ItemsView
+                                       : name == "keys" ? ListKind::KeysView
+                                                        : ListKind::ValuesView);
   }
   if (name == "get") {
     if (args.pos.empty() || args.pos.size() > 2 || !args.kw.empty())
@@ -802,7 +826,8 @@ std::string apply_align(std::string body, const Spec& sp, char default_align, bo
     size_t sign_len = 0;
     if (!body.empty() && (body[0] == '-' || body[0] == '+' || body[0] == ' ')) sign_len = 1;
     if (body.size() > sign_len + 1 && body[sign_len] == '0' &&
-        (body[sign_len + 1] == 'x' || body[sign_len + 1] == 'X' || body[sign_len + 1] == 'o' || body[sign_len + 1] == 'b'))
+        (body[sign_len + 1] == 'x' || body[sign_len + 1] == 'X' || body[sign_len + 1] == 'o' ||
+         body[sign_len + 1] == 'b'))
       sign_len += 2;
     std::string f;
     utf8::append(f, fill);
@@ -817,7 +842,8 @@ std::string format_value(const Value& v, const std::string& spec_str) {
   if (spec_str.empty()) return to_str(v);
   const Spec sp = parse_spec(spec_str);
   if (v.is_string() || v.is_undefined()) {
-    if (sp.type && sp.type != 's') throw_error(ErrorKind::Type, std::string("Unknown format code '") + sp.type + "' for object of type 'str'");
+    if (sp.type && sp.type != 's')
+      throw_error(ErrorKind::Type, std::string("Unknown format code '") + sp.type + "' for object of type 'str'");
     std::string s = to_str(v);
     if (sp.precision >= 0) s = pystr::substr_cp(s, 0, sp.precision);
     return apply_align(s, sp, '<', false);
@@ -828,17 +854,32 @@ std::string format_value(const Value& v, const std::string& spec_str) {
     std::string digits;
     std::string prefix;
     switch (sp.type) {
-      case 0: case 'd': case 'n': digits = int_to_base(x < 0 ? -x : x, 10, false); break;
-      case 'x': digits = int_to_base(x < 0 ? -x : x, 16, false); prefix = sp.alt ? "0x" : ""; break;
-      case 'X': digits = int_to_base(x < 0 ? -x : x, 16, true); prefix = sp.alt ? "0X" : ""; break;
-      case 'o': digits = int_to_base(x < 0 ? -x : x, 8, false); prefix = sp.alt ? "0o" : ""; break;
-      case 'b': digits = int_to_base(x < 0 ? -x : x, 2, false); prefix = sp.alt ? "0b" : ""; break;
+      case 0:
+      case 'd':
+      case 'n': digits = int_to_base(x < 0 ? -x : x, 10, false); break;
+      case 'x':
+        digits = int_to_base(x < 0 ? -x : x, 16, false);
+        prefix = sp.alt ? "0x" : "";
+        break;
+      case 'X':
+        digits = int_to_base(x < 0 ? -x : x, 16, true);
+        prefix = sp.alt ? "0X" : "";
+        break;
+      case 'o':
+        digits = int_to_base(x < 0 ? -x : x, 8, false);
+        prefix = sp.alt ? "0o" : "";
+        break;
+      case 'b':
+        digits = int_to_base(x < 0 ? -x : x, 2, false);
+        prefix = sp.alt ? "0b" : "";
+        break;
       case 'c': {
         std::string s;
         utf8::append(s, static_cast<char32_t>(x));
         return apply_align(s, sp, '<', false);
       }
-      default: throw_error(ErrorKind::Type, std::string("Unknown format code '") + sp.type + "' for object of type 'int'");
+      default:
+        throw_error(ErrorKind::Type, std::string("Unknown format code '") + sp.type + "' for object of type 'int'");
     }
     if (sp.grouping) digits = group_digits(digits, sp.grouping, (sp.type == 0 || sp.type == 'd') ? 3 : 4);
     std::string sign = x < 0 ? "-" : (sp.sign == '+' ? "+" : sp.sign == ' ' ? " " : "");
@@ -849,12 +890,13 @@ std::string format_value(const Value& v, const std::string& spec_str) {
     std::string body;
     const double ax = std::fabs(x);
     switch (sp.type) {
-      case 'f': case 'F': case 'e': case 'E': case 'g': case 'G':
-        body = float_fmt(ax, sp.type, sp.precision < 0 ? 6 : sp.precision, sp.alt);
-        break;
-      case '%':
-        body = float_fmt(ax * 100, 'f', sp.precision < 0 ? 6 : sp.precision, sp.alt) + "%";
-        break;
+      case 'f':
+      case 'F':
+      case 'e':
+      case 'E':
+      case 'g':
+      case 'G': body = float_fmt(ax, sp.type, sp.precision < 0 ? 6 : sp.precision, sp.alt); break;
+      case '%': body = float_fmt(ax * 100, 'f', sp.precision < 0 ? 6 : sp.precision, sp.alt) + "%"; break;
       case 0:
       case 'n':
         if (sp.precision < 0) {
@@ -864,7 +906,8 @@ std::string format_value(const Value& v, const std::string& spec_str) {
           if (std::isfinite(ax) && body.find_first_of(".e") == std::string::npos) body += ".0";
         }
         break;
-      default: throw_error(ErrorKind::Type, std::string("Unknown format code '") + sp.type + "' for object of type 'float'");
+      default:
+        throw_error(ErrorKind::Type, std::string("Unknown format code '") + sp.type + "' for object of type 'float'");
     }
     if (sp.grouping) {
       const size_t dot = body.find_first_of(".e%");
@@ -910,8 +953,10 @@ std::string str_format(Interpreter& in, const std::string& fmt, CallArgs& args) 
     size_t j = i + 1;
     int depth = 1;
     while (j < fmt.size() && depth) {
-      if (fmt[j] == '{') ++depth;
-      else if (fmt[j] == '}') --depth;
+      if (fmt[j] == '{')
+        ++depth;
+      else if (fmt[j] == '}')
+        --depth;
       if (depth) ++j;
     }
     if (j >= fmt.size()) throw_error(ErrorKind::Type, "expected '}' before end of string");
@@ -923,8 +968,10 @@ std::string str_format(Interpreter& in, const std::string& fmt, CallArgs& args) 
     {
       int br = 0;
       for (size_t k = 0; k < field.size(); ++k) {
-        if (field[k] == '[') ++br;
-        else if (field[k] == ']') --br;
+        if (field[k] == '[')
+          ++br;
+        else if (field[k] == ']')
+          --br;
         else if (field[k] == ':' && br == 0) {
           colon = k;
           break;
@@ -949,16 +996,21 @@ std::string str_format(Interpreter& in, const std::string& fmt, CallArgs& args) 
     const std::string first = field.substr(0, k);
     Value v;
     if (first.empty()) {
-      if (used_manual) throw_error(ErrorKind::Type, "cannot switch from manual field specification to automatic field numbering");
+      if (used_manual)
+        throw_error(ErrorKind::Type, "cannot switch from manual field specification to automatic field numbering");
       used_auto = true;
       const auto idx = static_cast<size_t>(auto_idx++);
-      if (idx >= args.pos.size()) throw_error(ErrorKind::Type, "Replacement index " + std::to_string(idx) + " out of range for positional args tuple");
+      if (idx >= args.pos.size())
+        throw_error(ErrorKind::Type,
+                    "Replacement index " + std::to_string(idx) + " out of range for positional args tuple");
       v = args.pos[idx];
     } else if (std::all_of(first.begin(), first.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-      if (used_auto) throw_error(ErrorKind::Type, "cannot switch from automatic field numbering to manual field specification");
+      if (used_auto)
+        throw_error(ErrorKind::Type, "cannot switch from automatic field numbering to manual field specification");
       used_manual = true;
       const size_t idx = first.size() > 9 ? SIZE_MAX : std::stoul(first);
-      if (idx >= args.pos.size()) throw_error(ErrorKind::Type, "Replacement index " + first + " out of range for positional args tuple");
+      if (idx >= args.pos.size())
+        throw_error(ErrorKind::Type, "Replacement index " + first + " out of range for positional args tuple");
       v = args.pos[idx];
     } else {
       const Value* kv = args.kwarg(first);
@@ -975,14 +1027,18 @@ std::string str_format(Interpreter& in, const std::string& fmt, CallArgs& args) 
         const size_t e = field.find(']', k);
         if (e == std::string::npos) throw_error(ErrorKind::Type, "Missing ']' in format string");
         const std::string key = field.substr(k + 1, e - k - 1);
-        const bool numeric = !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+        const bool numeric =
+            !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
         v = in.getitem(v, numeric && key.size() < 18 ? Value(static_cast<int64_t>(std::stoll(key))) : Value(key));
         k = e + 1;
       }
     }
-    if (conv == 'r' || conv == 'a') v = Value(repr(v));
-    else if (conv == 's') v = Value(to_str(v));
-    else if (conv) throw_error(ErrorKind::Type, std::string("Unknown conversion specifier ") + conv);
+    if (conv == 'r' || conv == 'a')
+      v = Value(repr(v));
+    else if (conv == 's')
+      v = Value(to_str(v));
+    else if (conv)
+      throw_error(ErrorKind::Type, std::string("Unknown conversion specifier ") + conv);
     out += format_value(v, spec);
     in.check_size(out.size());
   }
@@ -1000,8 +1056,8 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
   }
   // Python skips the "not all arguments converted" check when the argument supports item access
   // (dict, list, range), not only for real mappings.
-  const bool subscriptable = args.is_dict() || (args.is_list() && (args.list().kind == ListKind::List ||
-                                                                   args.list().kind == ListKind::Range));
+  const bool subscriptable =
+      args.is_dict() || (args.is_list() && (args.list().kind == ListKind::List || args.list().kind == ListKind::Range));
   size_t next_arg = 0;
   bool used_mapping = false;
   auto take = [&]() -> const Value& {
@@ -1036,8 +1092,10 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
     std::string flags;
     while (i < fmt.size() && std::string_view("-+ #0").find(fmt[i]) != std::string_view::npos) flags += fmt[i++];
     if (flags.find('-') != std::string::npos) sp.align = '<';
-    if (flags.find('+') != std::string::npos) sp.sign = '+';
-    else if (flags.find(' ') != std::string::npos) sp.sign = ' ';
+    if (flags.find('+') != std::string::npos)
+      sp.sign = '+';
+    else if (flags.find(' ') != std::string::npos)
+      sp.sign = ' ';
     sp.alt = flags.find('#') != std::string::npos;
     const bool zero = flags.find('0') != std::string::npos && !sp.align;
     auto star = [&]() -> int64_t {
@@ -1084,10 +1142,21 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
     std::string body;
     bool numeric = false;
     switch (type) {
-      case 's': body = to_str(v); if (sp.precision >= 0) body = pystr::substr_cp(body, 0, sp.precision); break;
-      case 'r': case 'a': body = repr(v); if (sp.precision >= 0) body = pystr::substr_cp(body, 0, sp.precision); break;
-      case 'd': case 'i': case 'u': {
-        if (!v.is_number()) throw_error(ErrorKind::Type, std::string("%") + type + " format: a real number is required, not " + type_name(v));
+      case 's':
+        body = to_str(v);
+        if (sp.precision >= 0) body = pystr::substr_cp(body, 0, sp.precision);
+        break;
+      case 'r':
+      case 'a':
+        body = repr(v);
+        if (sp.precision >= 0) body = pystr::substr_cp(body, 0, sp.precision);
+        break;
+      case 'd':
+      case 'i':
+      case 'u': {
+        if (!v.is_number())
+          throw_error(ErrorKind::Type,
+                      std::string("%") + type + " format: a real number is required, not " + type_name(v));
         const int64_t x = v.is_float() ? static_cast<int64_t>(std::trunc(v.as_float())) : v.as_int();
         body = int_to_base(x, 10, false);
         if (sp.precision > 0 && static_cast<int>(body.size()) < sp.precision + (x < 0)) {
@@ -1098,8 +1167,12 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
         numeric = true;
         break;
       }
-      case 'x': case 'X': case 'o': {
-        if (!v.is_integral()) throw_error(ErrorKind::Type, std::string("%") + type + " format: an integer is required, not " + type_name(v));
+      case 'x':
+      case 'X':
+      case 'o': {
+        if (!v.is_integral())
+          throw_error(ErrorKind::Type,
+                      std::string("%") + type + " format: an integer is required, not " + type_name(v));
         const int64_t x = v.as_int();
         body = int_to_base(x < 0 ? -x : x, type == 'o' ? 8 : 16, type == 'X');
         if (sp.alt) body = (type == 'o' ? "0o" : type == 'x' ? "0x" : "0X") + body;
@@ -1107,7 +1180,12 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
         numeric = true;
         break;
       }
-      case 'e': case 'E': case 'f': case 'F': case 'g': case 'G': {
+      case 'e':
+      case 'E':
+      case 'f':
+      case 'F':
+      case 'g':
+      case 'G': {
         if (!v.is_number()) throw_error(ErrorKind::Type, "must be real number, not " + type_name(v));
         const double x = v.as_float();
         body = float_fmt(std::fabs(x), type, sp.precision < 0 ? 6 : sp.precision, sp.alt);
@@ -1116,12 +1194,14 @@ std::string percent_format(Interpreter& in, const std::string& fmt, const Value&
         break;
       }
       case 'c':
-        if (v.is_integral()) utf8::append(body, static_cast<char32_t>(v.as_int()));
-        else if (v.is_string() && utf8::length(v.str()) == 1) body = v.str();
-        else throw_error(ErrorKind::Type, "%c requires int or char");
+        if (v.is_integral())
+          utf8::append(body, static_cast<char32_t>(v.as_int()));
+        else if (v.is_string() && utf8::length(v.str()) == 1)
+          body = v.str();
+        else
+          throw_error(ErrorKind::Type, "%c requires int or char");
         break;
-      default:
-        throw_error(ErrorKind::Type, std::string("unsupported format character '") + type + "'");
+      default: throw_error(ErrorKind::Type, std::string("unsupported format character '") + type + "'");
     }
     Spec ap = sp;
     ap.zero = zero && numeric;

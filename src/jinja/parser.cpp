@@ -87,7 +87,8 @@ class Parser {
 
   struct DepthGuard {
     explicit DepthGuard(Parser& p) : p_(p) {
-      if (++p_.depth_ > kMaxParseDepth) p_.fail("template nesting too deep (limit " + std::to_string(kMaxParseDepth) + ")");
+      if (++p_.depth_ > kMaxParseDepth)
+        p_.fail("template nesting too deep (limit " + std::to_string(kMaxParseDepth) + ")");
     }
     ~DepthGuard() { --p_.depth_; }
     DepthGuard(const DepthGuard&) = delete;
@@ -326,9 +327,12 @@ class Parser {
         scan_expr(c->node.get(), m);
         return scan_args(c->args, m);
       }
-      case EK::Neg: case EK::Pos: case EK::Not:
-        return scan_expr(static_cast<const UnaryExpr*>(e)->operand.get(), m);
-      case EK::Binary: case EK::And: case EK::Or: {
+      case EK::Neg:
+      case EK::Pos:
+      case EK::Not: return scan_expr(static_cast<const UnaryExpr*>(e)->operand.get(), m);
+      case EK::Binary:
+      case EK::And:
+      case EK::Or: {
         auto* b = static_cast<const BinaryExpr*>(e);
         scan_expr(b->left.get(), m);
         return scan_expr(b->right.get(), m);
@@ -348,7 +352,8 @@ class Parser {
         scan_expr(c->then.get(), m);
         return scan_expr(c->otherwise.get(), m);
       }
-      case EK::List: case EK::Tuple:
+      case EK::List:
+      case EK::Tuple:
         for (auto& x : static_cast<const ListExpr*>(e)->items) scan_expr(x.get(), m);
         return;
       case EK::Dict:
@@ -621,13 +626,20 @@ class Parser {
     std::unique_ptr<CompareExpr> cmp;
     while (true) {
       CmpOp op;
-      if (is_op("==")) op = CmpOp::Eq;
-      else if (is_op("!=")) op = CmpOp::Ne;
-      else if (is_op("<")) op = CmpOp::Lt;
-      else if (is_op("<=")) op = CmpOp::Le;
-      else if (is_op(">")) op = CmpOp::Gt;
-      else if (is_op(">=")) op = CmpOp::Ge;
-      else if (is_name("in")) op = CmpOp::In;
+      if (is_op("=="))
+        op = CmpOp::Eq;
+      else if (is_op("!="))
+        op = CmpOp::Ne;
+      else if (is_op("<"))
+        op = CmpOp::Lt;
+      else if (is_op("<="))
+        op = CmpOp::Le;
+      else if (is_op(">"))
+        op = CmpOp::Gt;
+      else if (is_op(">="))
+        op = CmpOp::Ge;
+      else if (is_name("in"))
+        op = CmpOp::In;
       else if (is_name("not") && look().type == Tok::Name && look().text == "in") {
         op = CmpOp::NotIn;
         next();
@@ -982,9 +994,12 @@ class Parser {
         check_expr(t->node.get(), soft);
         return check_args(t->args, soft);
       }
-      case EK::Neg: case EK::Pos: case EK::Not:
-        return check_expr(static_cast<const UnaryExpr*>(e)->operand.get(), soft);
-      case EK::Binary: case EK::And: case EK::Or: {
+      case EK::Neg:
+      case EK::Pos:
+      case EK::Not: return check_expr(static_cast<const UnaryExpr*>(e)->operand.get(), soft);
+      case EK::Binary:
+      case EK::And:
+      case EK::Or: {
         auto* b = static_cast<const BinaryExpr*>(e);
         check_expr(b->left.get(), soft);
         return check_expr(b->right.get(), soft);
@@ -1004,7 +1019,8 @@ class Parser {
         check_expr(c->then.get(), true);
         return check_expr(c->otherwise.get(), true);
       }
-      case EK::List: case EK::Tuple:
+      case EK::List:
+      case EK::Tuple:
         for (auto& x : static_cast<const ListExpr*>(e)->items) check_expr(x.get(), soft);
         return;
       case EK::Dict:
@@ -1127,14 +1143,17 @@ class Parser {
         k = mark_args(t->args) && a && find_test(t->name) != nullptr;
         break;
       }
-      case EK::Neg: case EK::Pos: case EK::Not: k = mark(static_cast<UnaryExpr*>(e)->operand.get()); break;
+      case EK::Neg:
+      case EK::Pos:
+      case EK::Not: k = mark(static_cast<UnaryExpr*>(e)->operand.get()); break;
       case EK::Binary: {
         auto* b = static_cast<BinaryExpr*>(e);
         const bool a = mark(b->left.get());
         k = mark(b->right.get()) && a;
         break;
       }
-      case EK::And: case EK::Or: {  // short-circuit: a constant left side may decide alone
+      case EK::And:
+      case EK::Or: {  // short-circuit: a constant left side may decide alone
         auto* b = static_cast<BinaryExpr*>(e);
         k = mark(b->left.get());
         mark(b->right.get());
@@ -1157,7 +1176,8 @@ class Parser {
         k = a && (b || o);
         break;
       }
-      case EK::List: case EK::Tuple:
+      case EK::List:
+      case EK::Tuple:
         k = true;
         for (auto& x : static_cast<ListExpr*>(e)->items) k = mark(x.get()) && k;
         break;

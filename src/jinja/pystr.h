@@ -19,9 +19,9 @@ std::string capitalize(std::string_view s);  // str.capitalize()
 std::string swapcase(std::string_view s);
 std::string pad(std::string_view s, int64_t width, char32_t fill, char align);  // align: '<' '>' '^'
 bool is_all(std::string_view s, bool (*pred)(char32_t));  // non-empty and every code point satisfies pred
-bool is_cased_upper(std::string_view s);  // str.isupper()
-bool is_cased_lower(std::string_view s);  // str.islower()
-bool is_title(std::string_view s);        // str.istitle()
+bool is_cased_upper(std::string_view s);                  // str.isupper()
+bool is_cased_lower(std::string_view s);                  // str.islower()
+bool is_title(std::string_view s);                        // str.istitle()
 // Index (in code points) of sub in s[start:end] or -1; start/end already normalised to code points.
 int64_t find(std::string_view s, std::string_view sub, int64_t start, int64_t end, bool reverse);
 int64_t count(std::string_view s, std::string_view sub, int64_t start, int64_t end);

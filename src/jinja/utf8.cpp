@@ -102,10 +102,15 @@ static utf8proc_category_t cat(char32_t c) {
 bool py_isspace(char32_t c) {
   if (c < 0x80) return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F);
   switch (c) {
-    case 0x85: case 0xA0: case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
-      return true;
-    default:
-      return c >= 0x2000 && c <= 0x200A;
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000: return true;
+    default: return c >= 0x2000 && c <= 0x200A;
   }
 }
 
@@ -113,11 +118,15 @@ bool py_isprintable(char32_t c) {
   if (c < 0x80) return c >= 0x20 && c < 0x7F;
   if (c >= 0xD800 && c <= 0xDFFF) return false;
   switch (cat(c)) {
-    case UTF8PROC_CATEGORY_CN: case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS:
-    case UTF8PROC_CATEGORY_CO: case UTF8PROC_CATEGORY_ZS: case UTF8PROC_CATEGORY_ZL: case UTF8PROC_CATEGORY_ZP:
-      return false;
-    default:
-      return true;
+    case UTF8PROC_CATEGORY_CN:
+    case UTF8PROC_CATEGORY_CC:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO:
+    case UTF8PROC_CATEGORY_ZS:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP: return false;
+    default: return true;
   }
 }
 
@@ -159,11 +168,17 @@ bool py_iscased(char32_t c) { return py_isupper(c) || py_islower(c) || cat(c) ==
 
 bool py_is_linebreak(char32_t c) {
   switch (c) {
-    case '\n': case '\r': case 0x0B: case 0x0C: case 0x1C: case 0x1D: case 0x1E: case 0x85: case 0x2028:
-    case 0x2029:
-      return true;
-    default:
-      return false;
+    case '\n':
+    case '\r':
+    case 0x0B:
+    case 0x0C:
+    case 0x1C:
+    case 0x1D:
+    case 0x1E:
+    case 0x85:
+    case 0x2028:
+    case 0x2029: return true;
+    default: return false;
   }
 }
 
@@ -180,8 +195,10 @@ const SpecialCase* find_special(const SpecialCase (&table)[N], char32_t c) {
   size_t lo = 0, hi = N;
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
-    if (table[mid].cp < c) lo = mid + 1;
-    else hi = mid;
+    if (table[mid].cp < c)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo < N && table[lo].cp == c ? &table[lo] : nullptr;
 }
@@ -196,11 +213,12 @@ bool append_special(std::string& out, const SpecialCase* s) {
 bool case_ignorable(char32_t c) {
   if (c == '\'' || c == '.' || c == ':' || c == '^' || c == '`' || c == 0xB7 || c == 0x2019) return true;
   switch (cat(c)) {
-    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_SK:
-      return true;
-    default:
-      return false;
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_SK: return true;
+    default: return false;
   }
 }
 

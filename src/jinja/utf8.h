@@ -26,10 +26,10 @@ bool py_isalpha(char32_t c);
 bool py_isdigit(char32_t c);    // Nd (approximates Python isdigit)
 bool py_isnumeric(char32_t c);  // N*
 bool py_isalnum(char32_t c);
-bool py_isupper(char32_t c);    // cased upper
+bool py_isupper(char32_t c);  // cased upper
 bool py_islower(char32_t c);
 bool py_iscased(char32_t c);
-bool is_word(char32_t c);       // Python regex \w
+bool is_word(char32_t c);  // Python regex \w
 char32_t to_upper(char32_t c);
 char32_t to_lower(char32_t c);
 char32_t to_title(char32_t c);

@@ -44,7 +44,8 @@ Value Value::list(std::vector<Value> items, ListKind kind) {
   auto l = std::make_shared<ListData>();
   uint32_t d = 0;
   for (auto& v : items) d = std::max(d, v.depth());
-  if (d + 1 > kMaxValueDepth) throw_error(ErrorKind::Limit, "value nesting deeper than " + std::to_string(kMaxValueDepth));
+  if (d + 1 > kMaxValueDepth)
+    throw_error(ErrorKind::Limit, "value nesting deeper than " + std::to_string(kMaxValueDepth));
   l->depth = d + 1;
   l->items = std::move(items);
   l->kind = kind;
@@ -52,7 +53,8 @@ Value Value::list(std::vector<Value> items, ListKind kind) {
 }
 
 Value Value::dict(DictData d) {
-  if (d.depth > kMaxValueDepth) throw_error(ErrorKind::Limit, "value nesting deeper than " + std::to_string(kMaxValueDepth));
+  if (d.depth > kMaxValueDepth)
+    throw_error(ErrorKind::Limit, "value nesting deeper than " + std::to_string(kMaxValueDepth));
   return Value(std::shared_ptr<const DictData>(std::make_shared<DictData>(std::move(d))));
 }
 
@@ -297,7 +299,9 @@ std::string repr(const Value& v) {
         case ListKind::KeysView:
         case ListKind::ValuesView:
         case ListKind::ItemsView:
-          out = l.kind == ListKind::KeysView ? "dict_keys([" : l.kind == ListKind::ValuesView ? "dict_values([" : "dict_items([";
+          out = l.kind == ListKind::KeysView     ? "dict_keys(["
+                : l.kind == ListKind::ValuesView ? "dict_values(["
+                                                 : "dict_items([";
           repr_items(out, l.items);
           out += "])";
           break;
@@ -372,14 +376,19 @@ static int num_cmp(const Value& a, const Value& b) {  // -1, 0, 1; 2 = unordered
     const double f = a_int ? b.as_float() : a.as_float();
     if (std::isnan(f)) return 2;
     int r;
-    if (f >= 9.2233720368547758e18) r = -1;        // i < f
-    else if (f < -9.2233720368547758e18) r = 1;    // i > f
+    if (f >= 9.2233720368547758e18)
+      r = -1;  // i < f
+    else if (f < -9.2233720368547758e18)
+      r = 1;  // i > f
     else {
       const double fl = std::floor(f);
       const auto fi = static_cast<int64_t>(fl);
-      if (i < fi) r = -1;
-      else if (i > fi) r = 1;
-      else r = (fl == f) ? 0 : -1;
+      if (i < fi)
+        r = -1;
+      else if (i > fi)
+        r = 1;
+      else
+        r = (fl == f) ? 0 : -1;
     }
     return a_int ? r : -r;
   }
@@ -427,8 +436,8 @@ bool py_eq(const Value& a, const Value& b) {
 }
 
 [[noreturn]] static void not_supported(const Value& a, const Value& b, std::string_view op) {
-  throw_error(ErrorKind::Type, "'" + std::string(op) + "' not supported between instances of '" + type_name(a) + "' and '" +
-                                   type_name(b) + "'");
+  throw_error(ErrorKind::Type, "'" + std::string(op) + "' not supported between instances of '" + type_name(a) +
+                                   "' and '" + type_name(b) + "'");
 }
 
 static bool apply_cmp(int c, std::string_view op) {
@@ -448,8 +457,8 @@ bool py_compare(const Value& a, const Value& b, std::string_view op) {
   if (a.is_list() && b.is_list()) {
     const ListData& x = a.list();
     const ListData& y = b.list();
-    const bool ok = (x.kind == ListKind::List && y.kind == ListKind::List) ||
-                    (is_tuple_kind(x.kind) && is_tuple_kind(y.kind));
+    const bool ok =
+        (x.kind == ListKind::List && y.kind == ListKind::List) || (is_tuple_kind(x.kind) && is_tuple_kind(y.kind));
     if (!ok) not_supported(a, b, op);
     RecursionGuard g;
     const size_t n = std::min(x.items.size(), y.items.size());
@@ -591,8 +600,7 @@ static void json_value(std::string& out, const Value& v, const JsonOptions& opt,
           case Type::Bool: out += k.as_bool() ? "\"true\"" : "\"false\""; break;
           case Type::Float: out += '"' + json_float(k.as_float()) + '"'; break;
           case Type::None: out += "\"null\""; break;
-          default:
-            throw_error(ErrorKind::Type, "keys must be str, int, float, bool or None, not " + type_name(k));
+          default: throw_error(ErrorKind::Type, "keys must be str, int, float, bool or None, not " + type_name(k));
         }
         out += opt.key_sep;
         json_value(out, kv->second, opt, level + 1);
@@ -614,7 +622,8 @@ std::string to_json(const Value& v, const JsonOptions& opt) {
 
 template <class J>
 static Value from_json_impl(const J& j, int depth) {
-  if (depth > static_cast<int>(kMaxValueDepth)) throw_error(ErrorKind::Limit, "JSON nesting deeper than " + std::to_string(kMaxValueDepth));
+  if (depth > static_cast<int>(kMaxValueDepth))
+    throw_error(ErrorKind::Limit, "JSON nesting deeper than " + std::to_string(kMaxValueDepth));
   switch (j.type()) {
     case nlohmann::json::value_t::null: return Value::none();
     case nlohmann::json::value_t::boolean: return Value(j.template get<bool>());

@@ -175,10 +175,10 @@ class Namespace : public Object {
 
 // ---- Python semantics ----
 bool truthy(const Value& v);
-std::string to_str(const Value& v);   // str(v); undefined → ""
-std::string repr(const Value& v);     // repr(v)
+std::string to_str(const Value& v);  // str(v); undefined → ""
+std::string repr(const Value& v);    // repr(v)
 std::string repr_string(std::string_view s);
-std::string float_repr(double d);     // Python repr(float)
+std::string float_repr(double d);       // Python repr(float)
 std::string type_name(const Value& v);  // Python type name: 'str', 'int', 'NoneType', 'list', ...
 bool py_eq(const Value& a, const Value& b);
 // a < b etc. with Python rules; TypeError for unorderable types. op is one of "<", "<=", ">", ">=".
@@ -197,7 +197,7 @@ struct JsonOptions {
 // json.dumps(v, ...) as transformers' tojson override does it.
 std::string to_json(const Value& v, const JsonOptions& opt = {});
 // JSON (OpenAI request shapes, kwargs) → Value, keeping int vs float.
-Value from_json(const nlohmann::json& j);  // nlohmann::json sorts object keys: prefer ordered_json
+Value from_json(const nlohmann::json& j);          // nlohmann::json sorts object keys: prefer ordered_json
 Value from_json(const nlohmann::ordered_json& j);  // keeps the request's key order (tojson output depends on it)
 
 }  // namespace latent::jinja

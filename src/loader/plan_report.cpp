@@ -12,7 +12,7 @@ namespace {
 
 // Splits a name into the text with numeric path components replaced: layer -> "{L}", expert -> "*".
 struct NameKey {
-  std::string pattern;     // "model.layers.{L}.mlp.experts.*.up_proj.weight"
+  std::string pattern;  // "model.layers.{L}.mlp.experts.*.up_proj.weight"
   int64_t layer = -1;
 };
 
@@ -62,9 +62,10 @@ std::string ranges(const std::set<int64_t>& v) {
 
 // Forward-pass order for display: embedding, per-layer modules in execution order, final norm, head.
 int display_rank(const std::string& name) {
-  static const char* kOrder[] = {"input_layernorm", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
-                                 "kv_a_layernorm", "kv_b_proj", "indexer", "o_proj", "post_attention_layernorm",
-                                 "mlp.gate.", "shared_experts", "experts", "mlp."};
+  static const char* kOrder[] = {
+      "input_layernorm", "q_a_proj",       "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
+      "kv_a_layernorm",  "kv_b_proj",      "indexer",       "o_proj",   "post_attention_layernorm",
+      "mlp.gate.",       "shared_experts", "experts",       "mlp."};
   if (name.rfind("model.embed_tokens", 0) == 0) return 0;
   if (name.rfind("model.layers.", 0) == 0) {
     for (int i = 0; i < static_cast<int>(std::size(kOrder)); ++i)
@@ -254,7 +255,8 @@ std::string format_plan_text(const PrecisionPlan& plan, const ModelConfig& cfg, 
     all_b += t.second;
   }
   out += fmt::format("  {:<20} {:>10} params  {:>12}\n", "all", human_count(all_p), human_bytes(all_b));
-  if (skipped) out += fmt::format("  {} tensors not loaded (MTP layers / IndexShare), listed above as skipped\n", skipped);
+  if (skipped)
+    out += fmt::format("  {} tensors not loaded (MTP layers / IndexShare), listed above as skipped\n", skipped);
   out += fmt::format("\nactivations  {}\n", plan.activation_scheme());
   if (plan.lossy())
     out += fmt::format("lossy        YES: user-requested transforms above{}\n",
@@ -294,7 +296,8 @@ nlohmann::json plan_summary(const PrecisionPlan& plan) {
     if (e.skipped) continue;
     std::string k(weight_format_name(e.compute));
     weights[k] = weights.value(k, int64_t{0}) + e.shape.numel();
-    if (e.transform != "none") lossy.push_back({{"tensor", e.name}, {"transform", e.transform}, {"rel_error", e.rel_error}});
+    if (e.transform != "none")
+      lossy.push_back({{"tensor", e.name}, {"transform", e.transform}, {"rel_error", e.rel_error}});
   }
   return {{"weights_params_by_format", weights},
           {"activations", plan.activation_scheme()},

@@ -22,8 +22,8 @@ bool ends_with(std::string_view s, std::string_view suf) {
 }
 
 // Companion tensors are consumed together with the weight they scale.
-constexpr std::string_view kCompanionSuffixes[] = {".weight_scale_inv", ".weight_scale", ".weight_scale_2",
-                                                   ".input_scale", ".input_scale_inv", "_scales"};
+constexpr std::string_view kCompanionSuffixes[] = {".weight_scale_inv", ".weight_scale",    ".weight_scale_2",
+                                                   ".input_scale",      ".input_scale_inv", "_scales"};
 
 bool is_companion(std::string_view name) {
   for (auto s : kCompanionSuffixes)
@@ -50,8 +50,8 @@ int64_t layer_index(std::string_view name) {
 // Linear modules of the three architectures, by the last component of the module name.
 bool is_linear_module(std::string_view module) {
   static constexpr std::string_view kLinear[] = {
-      "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_proj",  "wq_b",
-      "wk",       "weights_proj", "gate_proj",     "up_proj",   "down_proj", "lm_head", "eh_proj"};
+      "q_a_proj", "q_b_proj",     "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",    "q_proj",  "wq_b",
+      "wk",       "weights_proj", "gate_proj",          "up_proj",   "down_proj", "lm_head", "eh_proj"};
   size_t dot = module.rfind('.');
   std::string_view last = dot == std::string_view::npos ? module : module.substr(dot + 1);
   for (auto l : kLinear)
@@ -84,8 +84,7 @@ struct Detector {
   void check_e8m0_scales(const std::string& name, const TensorView& v) const {
     const uint8_t* p = v.bytes();
     for (uint64_t i = 0; i < v.nbytes; ++i)
-      if (p[i] == 0xFF)
-        fail("{}: tensor '{}': e8m0 scale code 0xFF (NaN) at element {}", ckpt.file_of(name), name, i);
+      if (p[i] == 0xFF) fail("{}: tensor '{}': e8m0 scale code 0xFF (NaN) at element {}", ckpt.file_of(name), name, i);
   }
 
   void check_f32_scales(const std::string& name, const TensorView& v) const {
@@ -93,8 +92,7 @@ struct Detector {
       float f;  // memcpy: a tensor in a mapped file need not be 4-byte aligned
       std::memcpy(&f, v.bytes() + 4 * i, 4);
       if (!std::isfinite(f) || f <= 0.0f)
-        fail("{}: tensor '{}': scale {} at element {} is not a finite positive number", ckpt.file_of(name), name, f,
-             i);
+        fail("{}: tensor '{}': scale {} at element {} is not a finite positive number", ckpt.file_of(name), name, f, i);
     }
   }
 
@@ -104,8 +102,7 @@ struct Detector {
     const std::string file = ckpt.file_of(e.name);
     TensorView w = ckpt.view(e.name);
     if (info.shape.ndim != 2)
-      fail("{}: tensor '{}': Linear weight must be 2-D [out, in], got shape {}", file, e.name,
-           shape_str(info.shape));
+      fail("{}: tensor '{}': Linear weight must be 2-D [out, in], got shape {}", file, e.name, shape_str(info.shape));
     const int64_t rows = info.shape[0], cols = info.shape[1];
     QuantWeight q;
     q.rows = rows;
@@ -115,14 +112,14 @@ struct Detector {
       case DType::F32:
       case DType::BF16:
       case DType::F16: {
-        q.format = info.dtype == DType::F32 ? WeightFormat::F32
+        q.format = info.dtype == DType::F32    ? WeightFormat::F32
                    : info.dtype == DType::BF16 ? WeightFormat::BF16
                                                : WeightFormat::F16;
         q.cols = cols;
         for (auto s : kCompanionSuffixes)
           if (auto* c = companion(e.module, s))
-            fail("{}: tensor '{}' is {} (unquantized) but has a scale tensor '{}': unknown combination", file,
-                 e.name, dtype_name(info.dtype), c->name);
+            fail("{}: tensor '{}' is {} (unquantized) but has a scale tensor '{}': unknown combination", file, e.name,
+                 dtype_name(info.dtype), c->name);
         break;
       }
       case DType::U8:
@@ -130,8 +127,8 @@ struct Detector {
       case DType::F4_E2M1: {
         const TensorInfo* sc = companion(e.module, ".weight_scale");
         if (!sc)
-          fail("{}: tensor '{}' is packed {} but has no '{}.weight_scale' tensor (missing scale tensor)", file,
-               e.name, dtype_name(info.dtype), e.module);
+          fail("{}: tensor '{}' is packed {} but has no '{}.weight_scale' tensor (missing scale tensor)", file, e.name,
+               dtype_name(info.dtype), e.module);
         const int64_t logical = info.dtype == DType::F4_E2M1 ? cols : cols * 2;
         if (sc->dtype == DType::F8_E4M3)
           fail("{}: tensor '{}': FP4 weight with E4M3 block scales (NVFP4) is not supported yet", file, e.name);
@@ -163,9 +160,10 @@ struct Detector {
         const TensorInfo* s = companion(e.module, ".weight_scale");
         const TensorInfo* sc = sinv ? sinv : s;
         if (!sc)
-          fail("{}: tensor '{}' is {} but has neither '{}.weight_scale_inv' nor '.weight_scale' (missing scale "
-               "tensor)",
-               file, e.name, dtype_name(info.dtype), e.module);
+          fail(
+              "{}: tensor '{}' is {} but has neither '{}.weight_scale_inv' nor '.weight_scale' (missing scale "
+              "tensor)",
+              file, e.name, dtype_name(info.dtype), e.module);
         if (sc->dtype != DType::F32)
           fail("{}: tensor '{}': FP8 scale must be F32, got {}", ckpt.file_of(sc->name), sc->name,
                dtype_name(sc->dtype));
@@ -189,9 +187,10 @@ struct Detector {
           q.format = WeightFormat::FP8_E4M3_CHANNEL;
           e.scheme = "per-channel f32 scale";
         } else {
-          fail("{}: tensor '{}': scale shape {} fits no FP8 scheme for weight {} (per-tensor [1], per-channel [{}], "
-               "block [{}, {}])",
-               ckpt.file_of(sc->name), sc->name, shape_str(sc->shape), shape_str(info.shape), rows, nbr, nbc);
+          fail(
+              "{}: tensor '{}': scale shape {} fits no FP8 scheme for weight {} (per-tensor [1], per-channel [{}], "
+              "block [{}, {}])",
+              ckpt.file_of(sc->name), sc->name, shape_str(sc->shape), shape_str(info.shape), rows, nbr, nbc);
         }
         TensorView sv = ckpt.view(sc->name);
         check_f32_scales(sc->name, sv);
@@ -272,7 +271,7 @@ PrecisionPlan PrecisionPlan::build(const Checkpoint& ckpt, const ModelConfig& cf
       if (!plain && !e.skipped)
         fail("{}: tensor '{}' has dtype {}, expected an unquantized float (f32/bf16/f16)", ckpt.file_of(name), name,
              dtype_name(info.dtype));
-      e.stored = info.dtype == DType::F32 ? WeightFormat::F32
+      e.stored = info.dtype == DType::F32   ? WeightFormat::F32
                  : info.dtype == DType::F16 ? WeightFormat::F16
                                             : WeightFormat::BF16;
       e.compute = e.stored;

@@ -33,22 +33,22 @@ struct PlanOptions {
 };
 
 struct PlanEntry {
-  std::string name;     // checkpoint tensor name, e.g. "model.layers.3.mlp.experts.7.up_proj.weight"
-  std::string module;   // module name, e.g. "model.layers.3.mlp.experts.7.up_proj" (the name without ".weight")
-  Shape shape;          // logical [out, in] for Linear weights, else the tensor's shape
-  DType dtype = DType::F32;          // safetensors dtype of the main tensor
+  std::string name;          // checkpoint tensor name, e.g. "model.layers.3.mlp.experts.7.up_proj.weight"
+  std::string module;        // module name, e.g. "model.layers.3.mlp.experts.7.up_proj" (the name without ".weight")
+  Shape shape;               // logical [out, in] for Linear weights, else the tensor's shape
+  DType dtype = DType::F32;  // safetensors dtype of the main tensor
   WeightFormat stored = WeightFormat::F32;
   WeightFormat compute = WeightFormat::F32;
-  std::string scheme;                // human detail: "quark, e8m0/32", "fp8 block 128x128, scale_inv f32", ""
+  std::string scheme;                   // human detail: "quark, e8m0/32", "fp8 block 128x128, scale_inv f32", ""
   std::vector<std::string> companions;  // scale tensors used, e.g. "...weight_scale_inv"
-  std::string transform = "none";    // "none" or e.g. "bf16->mxfp4 (user --quantize)"
-  double rel_error = 0.0;            // relative Frobenius error of the transform (0 when none)
-  uint64_t bytes = 0;                // bytes as computed: checkpoint bytes of the tensor + companions, or the
-                                     // transformed codes + scales
-  bool skipped = false;              // MTP layer / unused tensor: not loaded
+  std::string transform = "none";       // "none" or e.g. "bf16->mxfp4 (user --quantize)"
+  double rel_error = 0.0;               // relative Frobenius error of the transform (0 when none)
+  uint64_t bytes = 0;                   // bytes as computed: checkpoint bytes of the tensor + companions, or the
+                                        // transformed codes + scales
+  bool skipped = false;                 // MTP layer / unused tensor: not loaded
   std::string skip_reason;
-  bool is_linear = false;            // a Linear weight [out, in] usable as QuantWeight
-  QuantWeight weight;                // view for compute (points into the mmap or into owned transform storage)
+  bool is_linear = false;  // a Linear weight [out, in] usable as QuantWeight
+  QuantWeight weight;      // view for compute (points into the mmap or into owned transform storage)
 };
 
 class PrecisionPlan {

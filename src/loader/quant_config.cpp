@@ -103,9 +103,10 @@ QuantConfig QuantConfig::parse(const nlohmann::json& qc, const std::string& wher
   } else if (c.method == "compressed-tensors") {
     c.exclude = string_list(qc, "ignore", where);
   } else {
-    fail("{}: quantization_config.quant_method '{}' is not supported (supported: fp8, quark, mxfp4, "
-         "compressed-tensors)",
-         where, c.method);
+    fail(
+        "{}: quantization_config.quant_method '{}' is not supported (supported: fp8, quark, mxfp4, "
+        "compressed-tensors)",
+        where, c.method);
   }
   return c;
 }

@@ -13,8 +13,8 @@ namespace latent {
 
 struct QuantConfig {
   bool present = false;
-  std::string method;          // "fp8", "quark", "mxfp4", "compressed-tensors", "" when absent
-  int64_t block_rows = 128;    // fp8 weight_block_size
+  std::string method;        // "fp8", "quark", "mxfp4", "compressed-tensors", "" when absent
+  int64_t block_rows = 128;  // fp8 weight_block_size
   int64_t block_cols = 128;
   std::string activation_scheme = "fp32 activations; weights dequantized in registers";
   std::vector<std::string> exclude;  // module patterns that stay unquantized (family semantics, see matches())

@@ -51,8 +51,8 @@ struct Transformed {
 };
 
 // W [rows, cols] fp32 -> target format; returns the QuantWeight view into `t`.
-QuantWeight quantize_into(const std::vector<float>& w, int64_t rows, int64_t cols, WeightFormat target,
-                          Transformed& t, const std::string& name) {
+QuantWeight quantize_into(const std::vector<float>& w, int64_t rows, int64_t cols, WeightFormat target, Transformed& t,
+                          const std::string& name) {
   QuantWeight q;
   q.format = target;
   q.rows = rows;
@@ -89,8 +89,7 @@ QuantWeight quantize_into(const std::vector<float>& w, int64_t rows, int64_t col
       q.block_rows = q.block_cols = 128;
       q.scale = t.scales_f32.data();
       break;
-    default:
-      fail("--quantize: target format {} is not supported", weight_format_name(target));
+    default: fail("--quantize: target format {} is not supported", weight_format_name(target));
   }
   q.data = t.codes.data();
   return q;
@@ -136,7 +135,8 @@ void apply_quantize_rules(std::vector<PlanEntry>& entries, const PlanOptions& op
       offenders.push_back(fmt::format("{} rel_error {:.4f}", e.name, e.rel_error));
   }
   for (size_t i = 0; i < hits.size(); ++i)
-    if (hits[i] == 0) fail("--quantize '{}': the pattern matches no Linear weight of this model", opt.quantize[i].pattern);
+    if (hits[i] == 0)
+      fail("--quantize '{}': the pattern matches no Linear weight of this model", opt.quantize[i].pattern);
   if (!offenders.empty() && !opt.allow_lossy) {
     std::string list;
     for (size_t i = 0; i < offenders.size(); ++i) list += (i ? ", " : "") + offenders[i];

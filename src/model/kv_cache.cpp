@@ -27,8 +27,8 @@ int64_t kv_bytes_per_token(const ModelConfig& cfg, DType dtype, int64_t mtp_laye
   return std::max<int64_t>(1, elems * elem_size(dtype));
 }
 
-int64_t PagedKvCache::blocks_for_budget(const ModelConfig& cfg, int64_t budget_bytes, int64_t block_tokens,
-                                        DType dtype, int64_t mtp_layers) {
+int64_t PagedKvCache::blocks_for_budget(const ModelConfig& cfg, int64_t budget_bytes, int64_t block_tokens, DType dtype,
+                                        int64_t mtp_layers) {
   if (block_tokens < 1) fail("--kv-block-tokens must be >= 1 (got {})", block_tokens);
   const int64_t per_block = kv_bytes_per_token(cfg, dtype, mtp_layers) * block_tokens;
   const int64_t n = budget_bytes / per_block;

@@ -128,8 +128,14 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
     }
     for (MtpWeights& mt : w_.mtp) {
       prep(mt.eh_proj);
-      if (mt.own_embed) prep(mt.embed); else mt.embed = w_.embed;
-      if (mt.own_head) prep(mt.head); else mt.head = w_.lm_head;
+      if (mt.own_embed)
+        prep(mt.embed);
+      else
+        mt.embed = w_.embed;
+      if (mt.own_head)
+        prep(mt.head);
+      else
+        mt.head = w_.lm_head;
       mtp_p_.push_back({upload_vector(mt.enorm, "enorm"), upload_vector(mt.hnorm, "hnorm"),
                         upload_vector(mt.head_norm, "shared_head.norm")});
     }
@@ -269,7 +275,6 @@ const float* Model::upload_vector(const std::vector<float>& v, const char* what)
 // The step workspace: every buffer of a step carved from one backend allocation.
 // ---------------------------------------------------------------------------------------------------------------
 
-
 // Rows of indexer scores computed per call: bounds the [rows, T] score matrix to ~64 MB of fp32.
 static int64_t score_block_rows(int64_t N, int64_t Tm) {
   return std::max<int64_t>(1, std::min<int64_t>(N, (int64_t{1} << 24) / std::max<int64_t>(Tm, 1)));
@@ -375,7 +380,8 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
 void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64_t max_blocks) {
   const Dims d = dims_for(max_tokens, max_seqs, max_ctx, max_blocks, max_tokens);
   // Host image of the step metadata (stage_step), at its largest: every array and its alignment.
-  const size_t meta = static_cast<size_t>(4 * (d.N + (d.S + 1) + d.S + d.S * d.MB + d.R + 3 * d.N) + 8 * 2 * d.N + 64 * 10);
+  const size_t meta =
+      static_cast<size_t>(4 * (d.N + (d.S + 1) + d.S + d.S * d.MB + d.R + 3 * d.N) + 8 * 2 * d.N + 64 * 10);
   if (stage_host_.size() < meta) stage_host_.resize(meta);
   Buffers b{};
   const size_t need = carve(d, nullptr, b);
@@ -568,8 +574,8 @@ void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, b
   const int64_t T = m.max_ctx;
   for (int64_t r0 = 0; r0 < N; r0 += b.score_rows) {
     const int64_t nr = std::min(b.score_rows, N - r0);
-    be_.indexer_scores_paged(iq.row_slice(r0, nr), iwt.row_slice(r0, nr), pool, m.seqs, r0, nI, score_scale,
-                             b.pos + r0, T, b.scores);
+    be_.indexer_scores_paged(iq.row_slice(r0, nr), iwt.row_slice(r0, nr), pool, m.seqs, r0, nI, score_scale, b.pos + r0,
+                             T, b.scores);
     be_.topk_select(b.scores, nr, T, k, b.pos + r0, b.sel + r0 * k, b.cnt + r0);
   }
 }
@@ -639,8 +645,7 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
       be_.matmul(*L.kv_b, gc, kvb);
       KeySelection ks;
       if (sparse) ks = {b.sel + q0 * cfg_.index_topk, b.cnt + q0, cfg_.index_topk};
-      be_.mla_attention_naive(L.d, q.row_slice(q0, n), kvb, gk, T, b.pos + q0, ks, L.softmax_scale,
-                              o.row_slice(q0, n));
+      be_.mla_attention_naive(L.d, q.row_slice(q0, n), kvb, gk, T, b.pos + q0, ks, L.softmax_scale, o.row_slice(q0, n));
     }
     ++s;
   }
@@ -698,8 +703,8 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
   const bool with_mtp = !mtp_hrows.empty();
   if (with_mtp && static_cast<int64_t>(mtp_hrows.size()) != N)
     fail("model: {} MTP hidden rows for {} tokens", mtp_hrows.size(), N);
-  const size_t bytes = static_cast<size_t>((with_mtp ? reinterpret_cast<char*>(b.mtp_hrows + N)
-                                                     : reinterpret_cast<char*>(b.slots + N)) - base);
+  const size_t bytes = static_cast<size_t>(
+      (with_mtp ? reinterpret_cast<char*>(b.mtp_hrows + N) : reinterpret_cast<char*>(b.slots + N)) - base);
   if (stage_host_.size() < bytes) stage_host_.resize(bytes);
   auto host_of = [&](auto* dev) {
     return reinterpret_cast<decltype(dev)>(stage_host_.data() + (reinterpret_cast<char*>(dev) - base));
@@ -720,7 +725,7 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
   if (sd_.vocab_split)  // vocab-parallel embedding: local row, or the zero row for another rank's token
     for (int64_t i = 0; i < N; ++i)
       h_tok[i] = h_tok[i] >= sd_.vocab0 && h_tok[i] < sd_.vocab1 ? static_cast<int32_t>(h_tok[i] - sd_.vocab0)
-                                                                : static_cast<int32_t>(sd_.vocab1 - sd_.vocab0);
+                                                                 : static_cast<int32_t>(sd_.vocab1 - sd_.vocab0);
   int64_t at = 0, r = 0;
   for (int64_t s = 0; s < S; ++s) {
     const StepSequence& q = st.seqs[s];
@@ -753,8 +758,7 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
   const int64_t rows = sh.rows;
   if (sampling) {
     if (!ids) fail("model step: sampling without an ids output");
-    if (sampling->n_rows != rows)
-      fail("model step: {} sampling rows for {} logits rows", sampling->n_rows, rows);
+    if (sampling->n_rows != rows) fail("model step: {} sampling rows for {} logits rows", sampling->n_rows, rows);
     if (rank_.parallel.ranks > 1) fail("model step: sampling on the backend needs a single-rank model");
     upload_sampling(*sampling);
   }
@@ -859,8 +863,8 @@ void Model::forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buf
   (void)st;
 }
 
-void Model::decoder_layer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse,
-                          bool input_normed, const float* next_norm) {
+void Model::decoder_layer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse, bool input_normed,
+                          const float* next_norm) {
   const int64_t N = m.N;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const Tensor h = b.h.with_rows(N), x = b.x.with_rows(N), y = b.y.with_rows(N);
@@ -937,8 +941,7 @@ int64_t Model::graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
 // flat order, as in the eager step: the logits rows (and the head-input rows kept for the MTP draft step) of the
 // real sequences are the first rows of the graph's. The first step of a shape runs eagerly at that shape (every
 // one-time setup of the ops happens there) and is then recorded.
-void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long, GraphShape g,
-                       int64_t rows) {
+void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long, GraphShape g, int64_t rows) {
   const int64_t S = static_cast<int64_t>(st.seqs.size()), B = g.B, T = g.T, NB = B * T, V = cfg_.vocab_size;
   const int64_t bt = cache.block_tokens(), MB = res_blocks_;
   const Dims d = dims_for(NB, B, res_ctx_, MB, NB);

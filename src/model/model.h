@@ -14,10 +14,10 @@
 #include "format/hf_config.h"
 #include "format/safetensors.h"
 #include "loader/precision_plan.h"
-#include "parallel/communicator.h"
 #include "model/kv_cache.h"
 #include "model/shard.h"
 #include "model/weights.h"
+#include "parallel/communicator.h"
 
 namespace latent {
 
@@ -65,16 +65,16 @@ struct ModelOptions {
 // (slots start + n_slots .. start + n_slots + n_draft - 2 are written as scratch, overwritten by later steps).
 struct MtpSequence {
   int64_t start = 0;
-  int64_t n_slots = 0;               // >= 1
-  std::span<const int32_t> tokens;   // [n_slots]: the token of each slot (t_start ..)
+  int64_t n_slots = 0;              // >= 1
+  std::span<const int32_t> tokens;  // [n_slots]: the token of each slot (t_start ..)
   // The hidden state of slot start + i is row hidden_row + i of the last Model::step's flat batch (its head input,
   // the final RMSNorm's output); with zero_first, slot `start` gets a zero vector instead (no previous position:
   // slot 0, or the first slot after a prefix taken from the cache).
   int64_t hidden_row = 0;
   bool zero_first = false;
-  std::span<const int32_t> blocks;   // block table covering start + n_slots + max(n_draft - 1, 0) slots
-  int32_t n_draft = 0;               // 0: only fill the slots
-  bool decode = true;                // absorbed attention form (false: the naive form, for long prompt chunks)
+  std::span<const int32_t> blocks;  // block table covering start + n_slots + max(n_draft - 1, 0) slots
+  int32_t n_draft = 0;              // 0: only fill the slots
+  bool decode = true;               // absorbed attention form (false: the naive form, for long prompt chunks)
 };
 
 // The sequences of the graph that runs a decode step of n sequences of t tokens each (Model::step): the batch
@@ -223,15 +223,15 @@ class Model {
   // MTP: backend buffers for the kept head-input rows ([rows + 1, D], the last row zero) and the draft hidden rows.
   void ensure_mtp_buffers(int64_t rows, int64_t seqs);
   void mtp_pass(std::span<const MtpSequence> seqs, const void* hidden_src, std::span<const int32_t> hrows,
-                std::span<const int32_t> tokens, std::span<const StepSequence> sseqs, PagedKvCache& cache,
-                int32_t* ids, float* logits, const std::vector<bool>* banned);
+                std::span<const int32_t> tokens, std::span<const StepSequence> sseqs, PagedKvCache& cache, int32_t* ids,
+                float* logits, const std::vector<bool>* banned);
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   void indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   void mlp(const MlpWeights& w, const Tensor& x, int64_t inter, Buffers& b, const Tensor& y);
   void moe(int64_t l, const Meta& m, Buffers& b, const Tensor& y);
   const float* upload_vector(const std::vector<float>& v, const char* what);
   void reduce_partial(const Tensor& y, const Tensor& yf);  // all-reduce of a rank's partial sum (yf: F32 staging)
-  void download_rows(const Tensor& t, float* dst);  // a contiguous backend tensor to host fp32
+  void download_rows(const Tensor& t, float* dst);         // a contiguous backend tensor to host fp32
   void build_block_args();  // mla_, moe_ from the prepared weights and the uploaded vectors
 
   struct LayerParams {  // the small per-channel vectors, in backend memory (null when absent)

@@ -24,17 +24,17 @@ struct Model::Buffers {
   Tensor g;
   MoeScratch moe;
   Tensor hx;
-  float *lg;
-  float* lgall;  // [ranks, R, vocab_chunk]: the all-gathered logits slices (vocab-parallel lm_head only)
-  Tensor mtp_in, mtp_cat;        // MTP: [2N, D] enorm(embed) rows then hnorm(hidden) rows; their concat [N, 2D]
+  float* lg;
+  float* lgall;            // [ranks, R, vocab_chunk]: the all-gathered logits slices (vocab-parallel lm_head only)
+  Tensor mtp_in, mtp_cat;  // MTP: [2N, D] enorm(embed) rows then hnorm(hidden) rows; their concat [N, 2D]
   int32_t *mtp_idx, *mtp_hrows;  // [2N] the concat's row order, [N] the hidden rows gathered
   int64_t score_rows;
 };
 
 struct Model::Meta {
   int64_t N = 0, S = 0, max_ctx = 0, max_blocks = 0, rows = 0;
-  bool any_long = false;      // some sequence sees more than index_topk keys (DSA selection needed)
-  bool graph = false;         // a graph step: shapes fixed by the reserved limits (indexer over max_ctx keys)
+  bool any_long = false;             // some sequence sees more than index_topk keys (DSA selection needed)
+  bool graph = false;                // a graph step: shapes fixed by the reserved limits (indexer over max_ctx keys)
   const int32_t* q_begin = nullptr;  // host [S+1]
   const int32_t* ctx = nullptr;      // host [S]
   StepSeqs seqs;                     // backend memory
@@ -43,8 +43,16 @@ struct Model::Meta {
   // The step's shape over the metadata arrays carved in b (host copies h_qb [S+1], h_ctx [S]).
   Meta(const Step& st, int64_t n, int64_t s, int64_t ctx_max, int64_t blocks_max, int64_t n_rows, bool long_seq,
        const int32_t* h_qb, const int32_t* h_ctx, const Buffers& b)
-      : N(n), S(s), max_ctx(ctx_max), max_blocks(blocks_max), rows(n_rows), any_long(long_seq), q_begin(h_qb),
-        ctx(h_ctx), seqs{s, b.q_begin, b.ctx_len, b.btab, blocks_max, ctx_max}, step(&st) {}
+      : N(n),
+        S(s),
+        max_ctx(ctx_max),
+        max_blocks(blocks_max),
+        rows(n_rows),
+        any_long(long_seq),
+        q_begin(h_qb),
+        ctx(h_ctx),
+        seqs{s, b.q_begin, b.ctx_len, b.btab, blocks_max, ctx_max},
+        step(&st) {}
 };
 
 }  // namespace latent

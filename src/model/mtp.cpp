@@ -107,8 +107,8 @@ void Model::mtp_draft(std::span<const MtpSequence> seqs, PagedKvCache& cache, in
   int64_t max_draft = 0;
   for (const MtpSequence& q : seqs) {
     if (q.n_slots < 1 || static_cast<int64_t>(q.tokens.size()) != q.n_slots || q.start < 0 || q.n_draft < 0)
-      fail("mtp draft: a sequence needs n_slots >= 1 tokens (got {} slots, {} tokens, start {}, {} drafts)",
-           q.n_slots, q.tokens.size(), q.start, q.n_draft);
+      fail("mtp draft: a sequence needs n_slots >= 1 tokens (got {} slots, {} tokens, start {}, {} drafts)", q.n_slots,
+           q.tokens.size(), q.start, q.n_draft);
     const int64_t first = q.zero_first ? 1 : 0;
     if (q.n_slots > first && (q.hidden_row + first < 0 || q.hidden_row + q.n_slots - 1 >= kept_rows_))
       fail("mtp draft: hidden rows [{}, {}) outside the last step's {} rows", q.hidden_row + first,
@@ -139,7 +139,8 @@ void Model::mtp_draft(std::span<const MtpSequence> seqs, PagedKvCache& cache, in
     const MtpSequence& q = seqs[i];
     toks.insert(toks.end(), q.tokens.begin(), q.tokens.end());
     for (int64_t j = 0; j < q.n_slots; ++j)
-      hrows.push_back(q.zero_first && j == 0 ? static_cast<int32_t>(kept_cap_) : static_cast<int32_t>(q.hidden_row + j));
+      hrows.push_back(q.zero_first && j == 0 ? static_cast<int32_t>(kept_cap_)
+                                             : static_cast<int32_t>(q.hidden_row + j));
     StepSequence s;
     s.start = q.start;
     s.n_tokens = q.n_slots;

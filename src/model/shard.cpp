@@ -113,14 +113,9 @@ QuantWeight slice_rows(const QuantWeight& w, int64_t r0, int64_t r1, const std::
     case WeightFormat::FP8_E4M3_BLOCK:
       s.scale = static_cast<const float*>(w.scale) + (r0 / w.block_rows) * w.scale_cols();
       break;
-    case WeightFormat::FP8_E4M3_CHANNEL:
-      s.scale = static_cast<const float*>(w.scale) + r0;
-      break;
-    case WeightFormat::MXFP4:
-      s.scale = static_cast<const uint8_t*>(w.scale) + r0 * w.scale_cols();
-      break;
-    default:
-      break;  // plain floats; per-tensor FP8 keeps its one scale
+    case WeightFormat::FP8_E4M3_CHANNEL: s.scale = static_cast<const float*>(w.scale) + r0; break;
+    case WeightFormat::MXFP4: s.scale = static_cast<const uint8_t*>(w.scale) + r0 * w.scale_cols(); break;
+    default: break;  // plain floats; per-tensor FP8 keeps its one scale
   }
   return s;
 }

@@ -196,8 +196,10 @@ std::vector<std::string> missing_tensors(const ModelConfig& cfg, const Precision
 void require_tensors(const ModelConfig& cfg, const PrecisionPlan& plan, int64_t mtp_layers) {
   const int64_t L = cfg.num_hidden_layers;
   if (mtp_layers > 0 && cfg.num_nextn_predict_layers < mtp_layers)
-    fail("speculative decoding (method mtp): the checkpoint has no MTP layer (config.json num_nextn_predict_layers "
-         "{}, {} needed)", cfg.num_nextn_predict_layers, mtp_layers);
+    fail(
+        "speculative decoding (method mtp): the checkpoint has no MTP layer (config.json num_nextn_predict_layers "
+        "{}, {} needed)",
+        cfg.num_nextn_predict_layers, mtp_layers);
   const std::vector<std::string> missing = missing_tensors(cfg, plan, mtp_layers);
   if (missing.empty()) return;
   const std::string& first = missing.front();

@@ -16,27 +16,27 @@ struct MlpWeights {  // SwiGLU: down(silu(gate x) * up x)
 };
 
 struct IndexerWeights {
-  bool present = false;  // false on V3 and on GLM IndexShare "shared" layers
-  QuantWeight wq_b;      // [nI*dI, dq]
-  QuantWeight wk;        // [dI, D]
-  QuantWeight weights_proj;  // [nI, D]
+  bool present = false;                   // false on V3 and on GLM IndexShare "shared" layers
+  QuantWeight wq_b;                       // [nI*dI, dq]
+  QuantWeight wk;                         // [dI, D]
+  QuantWeight weights_proj;               // [nI, D]
   std::vector<float> k_norm_w, k_norm_b;  // [dI] LayerNorm
 };
 
 struct AttentionWeights {
-  QuantWeight q_a;   // [dq, D]
-  QuantWeight q_b;   // [H*(dn+dr), dq]
-  QuantWeight kv_a;  // [dc+dr, D]
-  QuantWeight kv_b;  // [H*(dn+dv), dc]
-  QuantWeight o;     // [D, H*dv]
-  std::vector<float> q_a_norm, kv_a_norm;       // [dq], [dc]
+  QuantWeight q_a;                                 // [dq, D]
+  QuantWeight q_b;                                 // [H*(dn+dr), dq]
+  QuantWeight kv_a;                                // [dc+dr, D]
+  QuantWeight kv_b;                                // [H*(dn+dv), dc]
+  QuantWeight o;                                   // [D, H*dv]
+  std::vector<float> q_a_norm, kv_a_norm;          // [dq], [dc]
   std::vector<float> q_a_bias, kv_a_bias, o_bias;  // attention_bias only (else empty)
 };
 
 struct MoeWeights {
-  QuantWeight router;                // [E, D]
-  std::vector<float> score_bias;     // [E] e_score_correction_bias (empty if absent)
-  std::vector<MlpWeights> experts;   // E
+  QuantWeight router;               // [E, D]
+  std::vector<float> score_bias;    // [E] e_score_correction_bias (empty if absent)
+  std::vector<MlpWeights> experts;  // E
   bool has_shared = false;
   MlpWeights shared;
 };
@@ -61,11 +61,11 @@ struct MtpWeights {
 };
 
 struct ModelWeights {
-  QuantWeight embed;  // [V, D]
+  QuantWeight embed;                 // [V, D]
   std::vector<LayerWeights> layers;  // L decoder layers, then the decoder blocks of the MTP layers (if loaded)
-  std::vector<float> final_norm;  // [D]
-  QuantWeight lm_head;            // [V, D]
-  std::vector<MtpWeights> mtp;    // the MTP layers loaded (PlanOptions::mtp_layers)
+  std::vector<float> final_norm;     // [D]
+  QuantWeight lm_head;               // [V, D]
+  std::vector<MtpWeights> mtp;       // the MTP layers loaded (PlanOptions::mtp_layers)
 };
 
 // Whether decoder layer l (l >= num_hidden_layers: an MTP layer) is MoE / has its own DSA indexer. MTP layers

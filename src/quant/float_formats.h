@@ -56,8 +56,7 @@ struct MiniFloat {
     } else if constexpr (S == Specials::Fn) {
       if (mag == kSignBit - 1) return std::bit_cast<float>(sign | 0x7FC00000u);
     } else if constexpr (S == Specials::Ieee) {
-      if ((mag >> M) == kExpOnes)
-        return std::bit_cast<float>(sign | ((mag & kMantMask) ? 0x7FC00000u : 0x7F800000u));
+      if ((mag >> M) == kExpOnes) return std::bit_cast<float>(sign | ((mag & kMantMask) ? 0x7FC00000u : 0x7F800000u));
     }
     uint32_t e_field = mag >> M;
     uint32_t m = mag & kMantMask;
@@ -78,10 +77,14 @@ struct MiniFloat {
     const uint32_t sign = (bits >> 31) ? kSignBit : 0u;
     const uint32_t abs = bits & 0x7FFFFFFFu;
     if (abs > 0x7F800000u) {  // NaN
-      if constexpr (S == Specials::Ieee) return sign | (kExpOnes << M) | (1u << (M - 1));
-      else if constexpr (S == Specials::Fn) return sign | (kSignBit - 1);
-      else if constexpr (S == Specials::Fnuz) return kSignBit;
-      else return 0;
+      if constexpr (S == Specials::Ieee)
+        return sign | (kExpOnes << M) | (1u << (M - 1));
+      else if constexpr (S == Specials::Fn)
+        return sign | (kSignBit - 1);
+      else if constexpr (S == Specials::Fnuz)
+        return kSignBit;
+      else
+        return 0;
     }
     uint32_t mag;
     if (abs == 0x7F800000u) {
@@ -89,8 +92,10 @@ struct MiniFloat {
     } else {
       int e = int(abs >> 23) - 127;  // value = sig * 2^(e - 23)
       uint32_t sig = abs & 0x7FFFFFu;
-      if (abs >> 23) sig |= 0x800000u;
-      else e = -126;
+      if (abs >> 23)
+        sig |= 0x800000u;
+      else
+        e = -126;
       // Quantum at exponent e is 2^(max(e, emin) - M): shift the 24-bit significand right by `shift`, RNE.
       const int below = e < kEmin ? kEmin - e : 0;
       const int shift = 23 - M + below;
@@ -110,10 +115,14 @@ struct MiniFloat {
       if constexpr (S == Specials::None) {
         mag = kMaxFinite;
       } else {
-        if (ov == Overflow::Saturate) mag = kMaxFinite;
-        else if constexpr (S == Specials::Ieee) mag = kExpOnes << M;
-        else if constexpr (S == Specials::Fn) mag = kSignBit - 1;
-        else return kSignBit;  // Fnuz NaN
+        if (ov == Overflow::Saturate)
+          mag = kMaxFinite;
+        else if constexpr (S == Specials::Ieee)
+          mag = kExpOnes << M;
+        else if constexpr (S == Specials::Fn)
+          mag = kSignBit - 1;
+        else
+          return kSignBit;  // Fnuz NaN
       }
     }
     if constexpr (S == Specials::Fnuz) {
@@ -176,7 +185,7 @@ constexpr uint16_t f32_to_bf16(float f) {
 }
 
 // ---- f16 (IEEE binary16) ---------------------------------------------------------------------------------------
-constexpr float f16_to_f32(uint16_t h) { return detail::F16::decode(h); }  // exact, subnormals included
+constexpr float f16_to_f32(uint16_t h) { return detail::F16::decode(h); }        // exact, subnormals included
 constexpr uint16_t f32_to_f16(float f, Overflow ov = Overflow::NonSaturating) {  // RNE; NaN -> 0x7E00|sign
   return uint16_t(detail::F16::encode(f, ov));
 }

@@ -39,9 +39,7 @@ uint8_t mxfp4_scale_code(float amax, Mxfp4ScaleRule rule) {
   amax = std::fabs(amax);
   int se = 0;
   switch (rule) {
-    case Mxfp4ScaleRule::OcpFloor:
-      se = floor_log2(amax) - 2;
-      break;
+    case Mxfp4ScaleRule::OcpFloor: se = floor_log2(amax) - 2; break;
     case Mxfp4ScaleRule::Even: {
       // Round the fp32 mantissa at 2 bits (add half an ulp of a 2-bit mantissa), keep the exponent.
       const uint32_t field = (std::bit_cast<uint32_t>(amax) + 0x200000u) >> 23;

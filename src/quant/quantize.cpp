@@ -60,8 +60,8 @@ QuantizedMatrix quantize_matrix(const float* w, int64_t rows, int64_t cols, Weig
       }
       break;
     case WeightFormat::FP8_E4M3_BLOCK:
-      q.scale_f32.resize(size_t(((rows + opt.block_rows - 1) / opt.block_rows) *
-                                ((cols + opt.block_cols - 1) / opt.block_cols)));
+      q.scale_f32.resize(
+          size_t(((rows + opt.block_rows - 1) / opt.block_rows) * ((cols + opt.block_cols - 1) / opt.block_cols)));
       quantize_fp8_block(w, rows, cols, opt.block_rows, opt.block_cols, d, q.scale_f32.data());
       break;
     case WeightFormat::FP8_E4M3_TENSOR:

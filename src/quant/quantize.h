@@ -15,7 +15,7 @@ struct QuantizeOptions {
   Mxfp4ScaleRule mxfp4_rule = Mxfp4ScaleRule::OcpFloor;
   int64_t block_rows = 128;  // FP8_E4M3_BLOCK
   int64_t block_cols = 128;
-  bool fnuz = false;         // FP8: store e4m3fnuz codes (same bits, scales doubled: lossless)
+  bool fnuz = false;  // FP8: store e4m3fnuz codes (same bits, scales doubled: lossless)
 };
 
 struct QuantizedMatrix {

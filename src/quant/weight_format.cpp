@@ -70,9 +70,7 @@ int64_t QuantWeight::row_bytes() const {
 void dequant_row_ref(const QuantWeight& w, int64_t r, float* out) {
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes();
   switch (w.format) {
-    case WeightFormat::F32:
-      std::memcpy(out, row, size_t(w.cols) * 4);
-      return;
+    case WeightFormat::F32: std::memcpy(out, row, size_t(w.cols) * 4); return;
     case WeightFormat::BF16:
     case WeightFormat::F16:
       for (int64_t c = 0; c < w.cols; ++c) {
@@ -87,12 +85,8 @@ void dequant_row_ref(const QuantWeight& w, int64_t r, float* out) {
       for (int64_t c = 0; c < w.cols; ++c) out[c] = t[row[c]] * load_f32(w.scale, s0 + c / w.block_cols);
       return;
     }
-    case WeightFormat::FP8_E4M3_TENSOR:
-      dequant_row_fp8(row, load_f32(w.scale, 0), w.cols, w.fnuz, out);
-      return;
-    case WeightFormat::FP8_E4M3_CHANNEL:
-      dequant_row_fp8(row, load_f32(w.scale, r), w.cols, w.fnuz, out);
-      return;
+    case WeightFormat::FP8_E4M3_TENSOR: dequant_row_fp8(row, load_f32(w.scale, 0), w.cols, w.fnuz, out); return;
+    case WeightFormat::FP8_E4M3_CHANNEL: dequant_row_fp8(row, load_f32(w.scale, r), w.cols, w.fnuz, out); return;
     case WeightFormat::MXFP4:
       dequant_row_mxfp4(row, static_cast<const uint8_t*>(w.scale) + r * w.scale_cols(), w.cols, out);
       return;

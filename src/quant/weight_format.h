@@ -26,8 +26,8 @@ bool is_quantized(WeightFormat f);
 
 struct QuantWeight {
   WeightFormat format = WeightFormat::F32;
-  int64_t rows = 0;  // out features
-  int64_t cols = 0;  // in features (logical elements)
+  int64_t rows = 0;             // out features
+  int64_t cols = 0;             // in features (logical elements)
   const void* data = nullptr;   // element codes, row-major
   const void* scale = nullptr;  // FP8: float scales; MXFP4: e8m0 codes (uint8)
   bool fnuz = false;            // FP8 codes are e4m3fnuz (value = fn value / 2)

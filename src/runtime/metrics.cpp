@@ -56,8 +56,8 @@ Histogram::Snapshot Histogram::snapshot() const {
 namespace {
 
 std::vector<double> latency_buckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-          160.0, 640.0, 2560.0};
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 }
 std::vector<double> token_buckets() {
   return {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000};
@@ -95,7 +95,8 @@ Metrics::Metrics()
     request_success.declare(r);
     choice_success.declare(r);
   }
-  for (const char* r : {"overloaded", "validation", "auth", "context_length", "too_large"}) requests_rejected.declare(r);
+  for (const char* r : {"overloaded", "validation", "auth", "context_length", "too_large"})
+    requests_rejected.declare(r);
   for (const char* r : {"client_disconnect", "timeout", "shutdown"}) requests_aborted.declare(r);
 }
 
@@ -147,15 +148,16 @@ std::string Metrics::render(const std::string& prefix, const std::string& model_
     head(name, "histogram", help);
     const auto s = h.snapshot();
     for (size_t i = 0; i < s.bounds.size(); ++i)
-      out += fmt::format("{}{}_bucket{{{},le=\"{}\"}} {}\n", prefix, name, ml, fmt_double(s.bounds[i]),
-                         s.cumulative[i]);
+      out +=
+          fmt::format("{}{}_bucket{{{},le=\"{}\"}} {}\n", prefix, name, ml, fmt_double(s.bounds[i]), s.cumulative[i]);
     out += fmt::format("{}{}_bucket{{{},le=\"+Inf\"}} {}\n", prefix, name, ml, s.cumulative.back());
     out += fmt::format("{}{}_sum{{{}}} {}\n", prefix, name, ml, fmt_double(s.sum));
     out += fmt::format("{}{}_count{{{}}} {}\n", prefix, name, ml, s.count);
   };
 
   const MetricsGauges g = gauges();
-  gauge("num_requests_running", "Requests with sequences in the running batch.", static_cast<double>(g.requests_running));
+  gauge("num_requests_running", "Requests with sequences in the running batch.",
+        static_cast<double>(g.requests_running));
   gauge("num_requests_waiting", "Requests waiting in the queue.", static_cast<double>(g.requests_waiting));
   gauge("num_sequences_running", "Sequences (choices) in the running batch.", static_cast<double>(g.sequences_running));
   gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).",
@@ -201,9 +203,9 @@ std::string Metrics::render(const std::string& prefix, const std::string& model_
   }
   gauge("spec_decode_mean_acceptance_length",
         "Tokens emitted per verify: 1 + accepted drafts / verifies (0 before the first verify).",
-        spec_drafts.value() > 0 ? 1.0 + static_cast<double>(spec_accepted_tokens.value()) /
-                                            static_cast<double>(spec_drafts.value())
-                                : 0.0);
+        spec_drafts.value() > 0
+            ? 1.0 + static_cast<double>(spec_accepted_tokens.value()) / static_cast<double>(spec_drafts.value())
+            : 0.0);
   labeled("request_success_total", "finished_reason", "Finished requests by the finish reason of their first choice.",
           request_success);
   labeled("choice_success_total", "finished_reason", "Finished choices (sequences) by finish reason.", choice_success);

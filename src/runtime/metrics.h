@@ -55,8 +55,8 @@ class Histogram {
 };
 
 struct MetricsGauges {
-  int64_t requests_running = 0;   // requests with at least one sequence scheduled
-  int64_t requests_waiting = 0;   // requests in the queue
+  int64_t requests_running = 0;  // requests with at least one sequence scheduled
+  int64_t requests_waiting = 0;  // requests in the queue
   int64_t sequences_running = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
@@ -68,16 +68,16 @@ class Metrics {
  public:
   Metrics();
 
-  Counter requests_total;            // accepted into the queue
+  Counter requests_total;  // accepted into the queue
   Counter prompt_tokens;
   Counter generation_tokens;
   Counter reasoning_tokens;
   Counter unknown_fields;
-  Counter repetition_loops;          // sequences in which a repetition loop was detected (runtime/repetition.h)
-  Counter preemptions;               // sequences whose cache was dropped to make room (recomputed later)
+  Counter repetition_loops;  // sequences in which a repetition loop was detected (runtime/repetition.h)
+  Counter preemptions;       // sequences whose cache was dropped to make room (recomputed later)
   Counter prefix_cache_queries, prefix_cache_hits;  // prompt tokens looked up / found in the prefix cache
   Counter spec_draft_tokens, spec_accepted_tokens;
-  Counter spec_drafts;               // verifies of at least one draft token (a sequence in a step)
+  Counter spec_drafts;                                // verifies of at least one draft token (a sequence in a step)
   LabeledCounter spec_proposed_at, spec_accepted_at;  // position="1" .. "k": drafts proposed / accepted there
   // One verify: `proposed` draft tokens of a sequence, the first `accepted` of them accepted.
   void count_spec_verify(int64_t proposed, int64_t accepted);

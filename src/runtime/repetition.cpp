@@ -17,9 +17,9 @@ std::optional<LoopInfo> LoopDetector::push(int32_t token) {
       run_[static_cast<size_t>(p)] = 0;
       continue;
     }
-    run_[static_cast<size_t>(p)] =
-        tokens_[static_cast<size_t>(n - 1)] == tokens_[static_cast<size_t>(n - 1 - p)] ? run_[static_cast<size_t>(p)] + 1
-                                                                                       : 0;
+    run_[static_cast<size_t>(p)] = tokens_[static_cast<size_t>(n - 1)] == tokens_[static_cast<size_t>(n - 1 - p)]
+                                       ? run_[static_cast<size_t>(p)] + 1
+                                       : 0;
   }
   return current();
 }

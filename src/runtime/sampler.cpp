@@ -136,7 +136,9 @@ SampleResult Sampler::sample(std::span<float> logits, std::span<const int32_t> p
       for (int64_t i = 0; i < V; ++i) all.emplace_back(logits[static_cast<size_t>(i)], static_cast<int32_t>(i));
       const size_t n = std::min<size_t>(static_cast<size_t>(p_.top_logprobs), all.size());
       std::partial_sort(all.begin(), all.begin() + static_cast<int64_t>(n), all.end(),
-                        [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+                        [](const auto& a, const auto& b) {
+                          return a.first > b.first || (a.first == b.first && a.second < b.second);
+                        });
       // Ids masked out (a grammar constraint, banned padding) are not alternatives: fewer than n may be listed.
       for (size_t i = 0; i < n && all[i].first > kNegInf; ++i) res.top.emplace_back(all[i].second, all[i].first - lse);
     }
@@ -165,8 +167,9 @@ SampleResult token_logprob(std::span<const float> logits, int32_t token, int top
     for (size_t i = 0; i < V; ++i)
       if (allowed(i)) all.emplace_back(logits[i], static_cast<int32_t>(i));
     const size_t n = std::min<size_t>(static_cast<size_t>(top_n), all.size());
-    std::partial_sort(all.begin(), all.begin() + static_cast<int64_t>(n), all.end(),
-                      [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::partial_sort(all.begin(), all.begin() + static_cast<int64_t>(n), all.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
     for (size_t i = 0; i < n; ++i) r.top.emplace_back(all[i].second, all[i].first - lse);
   }
   return r;

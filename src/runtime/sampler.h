@@ -33,8 +33,8 @@ struct SamplingParams {
 
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0.0f;                              // of `token` (when logprobs requested)
-  std::vector<std::pair<int32_t, float>> top;        // top_logprobs alternatives, descending
+  float logprob = 0.0f;                        // of `token` (when logprobs requested)
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, descending
 };
 
 class Sampler {

@@ -1,7 +1,7 @@
 #include "runtime/scheduler.h"
 
-#include <algorithm>
 #include <fmt/format.h>
+#include <algorithm>
 #include <limits>
 
 #include "core/log.h"
@@ -24,7 +24,7 @@ void RequestHandle::cancel() { cancelled_.store(true); }
 struct Scheduler::Seq {
   SeqId id = -1;
   Req* req = nullptr;
-  int j = 0;  // choice within the request
+  int j = 0;                    // choice within the request
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t n_prompt = 0;
   int64_t n_computed = 0;  // tokens whose KV is in the engine's cache
@@ -76,7 +76,7 @@ struct Scheduler::StepPlan {
   std::vector<int64_t> offset;  // each item's first row in the step's flat token order
   int64_t want = 0;             // logits rows
   bool on_device = false;
-  bool drafting = false;        // this step makes drafts for the next one (speculative decoding, batch not too large)
+  bool drafting = false;  // this step makes drafts for the next one (speculative decoding, batch not too large)
 };
 
 struct Scheduler::DraftFork {
@@ -90,7 +90,8 @@ int Scheduler::Seq::choice() const { return req->g.choice_offset + j; }
 Scheduler::Scheduler(Engine& engine, SchedulerOptions opt, Metrics* metrics)
     : engine_(engine), opt_(opt), metrics_(metrics), alloc_(opt.kv_total_blocks, opt.kv_block_tokens) {
   if (opt_.num_speculative_tokens < 0)
-    throw std::invalid_argument(fmt::format("num_speculative_tokens must be >= 0 (got {})", opt_.num_speculative_tokens));
+    throw std::invalid_argument(
+        fmt::format("num_speculative_tokens must be >= 0 (got {})", opt_.num_speculative_tokens));
   if (opt_.num_speculative_tokens > 0 && engine_.draft_layers() == 0)
     throw std::invalid_argument("speculative decoding needs a draft layer (an MTP layer) the engine does not have");
   spec_k_ = opt_.num_speculative_tokens;
@@ -118,17 +119,20 @@ std::shared_ptr<RequestHandle> Scheduler::submit(GenerationRequest req) {
   if (req.n < 1) req.n = 1;
   if (req.max_tokens < 0) throw SchedulerRejected(K::TooLarge, "max_tokens is negative");
   if (P >= opt_.max_context)
-    throw SchedulerRejected(K::TooLarge, fmt::format("the prompt has {} tokens; the context holds {}", P, opt_.max_context));
+    throw SchedulerRejected(K::TooLarge,
+                            fmt::format("the prompt has {} tokens; the context holds {}", P, opt_.max_context));
   if (req.n > opt_.max_num_seqs)
-    throw SchedulerRejected(K::TooLarge, fmt::format("n = {} exceeds the running batch of {} sequences (--max-num-seqs)",
-                                                     req.n, opt_.max_num_seqs));
+    throw SchedulerRejected(
+        K::TooLarge,
+        fmt::format("n = {} exceeds the running batch of {} sequences (--max-num-seqs)", req.n, opt_.max_num_seqs));
   const int64_t need = alloc_.blocks_for(P + 1) * req.n;
   if (need > alloc_.total_blocks())
     throw SchedulerRejected(
         K::TooLarge,
-        fmt::format("the request needs {} KV cache blocks ({} choice(s) x {} prompt tokens) but the KV cache holds only "
-                    "{} blocks of {} tokens (--kv-cache-bytes)",
-                    need, req.n, P, alloc_.total_blocks(), alloc_.block_tokens()));
+        fmt::format(
+            "the request needs {} KV cache blocks ({} choice(s) x {} prompt tokens) but the KV cache holds only "
+            "{} blocks of {} tokens (--kv-cache-bytes)",
+            need, req.n, P, alloc_.total_blocks(), alloc_.block_tokens()));
   auto r = std::make_shared<Req>();
   r->handle = std::make_shared<RequestHandle>();
   r->g = std::move(req);
@@ -153,7 +157,8 @@ void Scheduler::begin_drain() {
 }
 
 bool Scheduler::wait_idle(double timeout_s) {
-  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto until =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   while (true) {
     {
       std::lock_guard lk(mu_);
@@ -316,8 +321,9 @@ void Scheduler::expire(Clock::time_point now) {
   if (opt_.request_timeout_s > 0)
     for (auto& r : running_)
       if (!r->ended && secs(now - r->g.arrival) > opt_.request_timeout_s)
-        abort_request(*r, AbortReason::Timeout,
-                      fmt::format("the request did not finish within {} s (--request-timeout)", opt_.request_timeout_s));
+        abort_request(
+            *r, AbortReason::Timeout,
+            fmt::format("the request did not finish within {} s (--request-timeout)", opt_.request_timeout_s));
 }
 
 void Scheduler::admit(Clock::time_point now) {
@@ -528,11 +534,15 @@ void Scheduler::emit(Seq& s, const SampleResult& res, Clock::time_point now) {
       if (!r.g.ignore_eos && !r.loop_warned) {
         r.loop_warned = true;
         if (opt_.stop_on_loop)
-          log::warn("sequence {}: repetition loop detected (period {}, {} tokens): stopped (--stop-on-loop), "
-                    "finish_reason length", s.id, li->period, li->span);
+          log::warn(
+              "sequence {}: repetition loop detected (period {}, {} tokens): stopped (--stop-on-loop), "
+              "finish_reason length",
+              s.id, li->period, li->span);
         else
-          log::info("sequence {}: repetition loop detected (period {}, {} tokens); it keeps generating "
-                    "(--stop-on-loop would end it)", s.id, li->period, li->span);
+          log::info(
+              "sequence {}: repetition loop detected (period {}, {} tokens); it keeps generating "
+              "(--stop-on-loop would end it)",
+              s.id, li->period, li->span);
       }
       if (opt_.stop_on_loop) return finish_seq(s, FinishReason::Length);
     }
@@ -769,8 +779,8 @@ bool Scheduler::run_step(StepPlan& sp) {
   std::vector<Seq*> item_seqs;
   item_seqs.reserve(sp.ran.size());
   for (Plan* p : sp.ran) item_seqs.push_back(p->s);
-  sp.on_device = opt_.device_sampling && sp.want > 0 && engine_.samples_on_device() &&
-                 plan_device_sampling(sp.items, item_seqs);
+  sp.on_device =
+      opt_.device_sampling && sp.want > 0 && engine_.samples_on_device() && plan_device_sampling(sp.items, item_seqs);
   if (!sp.on_device) logits_.resize(static_cast<size_t>(std::max<int64_t>(sp.want, 1) * V));
   try {
     if (sp.on_device) {
@@ -817,8 +827,7 @@ bool Scheduler::run_step(StepPlan& sp) {
 // the token the target would have drawn anyway and a rejected one is replaced by that token: the output is the
 // target's sample, token for token (rejection sampling with the draft as a point mass: a draft d is accepted with
 // probability p(d), and on rejection the token is drawn from p restricted to the other ids).
-void Scheduler::emit_verified(Seq& s, const EngineStepItem& it, int64_t row, Clock::time_point now,
-                              int64_t& accepted) {
+void Scheduler::emit_verified(Seq& s, const EngineStepItem& it, int64_t row, Clock::time_point now, int64_t& accepted) {
   const int64_t V = engine_.vocab_size(), len = static_cast<int64_t>(it.tokens.size());
   accepted = 0;
   for (int64_t j = 0; j < len; ++j) {

@@ -69,7 +69,7 @@ struct GenerationRequest {
   int n = 1;
   int choice_offset = 0;
   SamplingParams sampling;
-  int64_t max_tokens = 16;       // per choice, >= 0 (0: the prompt is only computed, e.g. for its logprobs)
+  int64_t max_tokens = 16;  // per choice, >= 0 (0: the prompt is only computed, e.g. for its logprobs)
   // >= 0: the prompt tokens' logprobs with this many alternatives are delivered (GenerationSink::on_prompt_logprobs).
   // The prompt is then computed in full: the prefix cache is not attached for it (the logits of every row are
   // needed), though its blocks are still offered to the cache for later requests.
@@ -104,18 +104,18 @@ class RequestHandle {
 };
 
 struct SchedulerOptions {
-  int64_t max_num_seqs = 64;         // sequences in the running batch
-  int64_t max_queue_len = 1024;      // waiting requests
-  int64_t max_batch_tokens = 512;    // tokens per engine step (decodes + prefill chunks)
-  int64_t prefill_chunk = 256;       // prefill chunk size (tokens)
-  int64_t max_context = 4096;        // tokens per sequence (prompt + generated)
-  double max_queue_wait_s = 600;     // 0 = unlimited
-  double request_timeout_s = 0;      // 0 = off; from arrival
+  int64_t max_num_seqs = 64;       // sequences in the running batch
+  int64_t max_queue_len = 1024;    // waiting requests
+  int64_t max_batch_tokens = 512;  // tokens per engine step (decodes + prefill chunks)
+  int64_t prefill_chunk = 256;     // prefill chunk size (tokens)
+  int64_t max_context = 4096;      // tokens per sequence (prompt + generated)
+  double max_queue_wait_s = 600;   // 0 = unlimited
+  double request_timeout_s = 0;    // 0 = off; from arrival
   int64_t kv_block_tokens = 64;
   int64_t kv_total_blocks = 1024;
-  bool stop_on_loop = false;         // end a choice (reason Length) that falls into a repetition loop
-  bool prefix_cache = true;          // reuse cached full KV blocks of identical prefixes (runtime/kv_blocks.h)
-  uint64_t prefix_cache_salt = 0;    // hashes what else decides a block's contents (model, plan, cache dtype)
+  bool stop_on_loop = false;                  // end a choice (reason Length) that falls into a repetition loop
+  bool prefix_cache = true;                   // reuse cached full KV blocks of identical prefixes (runtime/kv_blocks.h)
+  uint64_t prefix_cache_salt = 0;             // hashes what else decides a block's contents (model, plan, cache dtype)
   const std::vector<bool>* banned = nullptr;  // [vocab] ids never sampled (padding without a token string)
   // Sample on the engine's device when it can (Engine::samples_on_device): a step whose logits rows all sample
   // there (no logprobs, no prompt logprobs, no n > 1 fork at the prompt's end) gets only the ids back. The draws
@@ -230,8 +230,8 @@ class Scheduler {
   uint64_t next_order_ = 1;
   int consecutive_failures_ = 0;
   std::vector<float> logits_;
-  int64_t spec_k_ = 0;  // draft tokens per sequence (0: off)
-  bool sp_on_device_ = false;  // the step being applied was sampled on the engine's device
+  int64_t spec_k_ = 0;            // draft tokens per sequence (0: off)
+  bool sp_on_device_ = false;     // the step being applied was sampled on the engine's device
   std::vector<DraftFork> forks_;  // siblings forked this step, drafted after the first draft pass
   std::vector<EngineDraftItem> ditems_;
   std::vector<int32_t> dbuf_;

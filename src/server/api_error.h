@@ -30,7 +30,9 @@ class ApiError : public std::runtime_error {
   std::vector<std::pair<std::string, std::string>> headers;  // e.g. Retry-After, WWW-Authenticate, Allow
 
   nlohmann::ordered_json body() const;
-  std::string body_text() const { return body().dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace); }
+  std::string body_text() const {
+    return body().dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  }
 };
 
 // 400 invalid_request_error with the given code.

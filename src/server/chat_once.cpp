@@ -65,8 +65,10 @@ std::string run_chat_once(LoadedModel& m, const ChatOnceOptions& opt, std::FILE*
         in_reasoning = false;
         std::fputs(e.delta.content.c_str(), out);
         for (const auto& t : e.delta.tool_calls) {
-          if (t.first) std::fprintf(out, "\n[tool call %s] ", t.name.c_str());
-          else std::fputs(t.arguments.c_str(), out);
+          if (t.first)
+            std::fprintf(out, "\n[tool call %s] ", t.name.c_str());
+          else
+            std::fputs(t.arguments.c_str(), out);
         }
       }
       std::fflush(out);

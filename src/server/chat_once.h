@@ -11,9 +11,9 @@
 namespace latent::server {
 
 struct ChatOnceOptions {
-  std::string text;                 // the user message
-  std::string system;               // optional system message
-  int64_t max_tokens = 0;           // 0: up to the context
+  std::string text;        // the user message
+  std::string system;      // optional system message
+  int64_t max_tokens = 0;  // 0: up to the context
   std::optional<double> temperature;
   std::optional<int64_t> seed;
   std::optional<bool> enable_thinking;

@@ -32,7 +32,8 @@ std::optional<std::string> parse_content(const ojson& m, const std::string& base
     if (!t->is_string()) invalid_type(path(pp, "type"), "a string");
     const std::string type = t->get<std::string>();
     if (type != "text")
-      unsupported(path(pp, "type"), fmt::format("Content part type '{}' is not supported; only 'text' parts are.", type));
+      unsupported(path(pp, "type"),
+                  fmt::format("Content part type '{}' is not supported; only 'text' parts are.", type));
     const ojson* tx = get(part, "text");
     if (!tx) missing_param(path(pp, "text"));
     if (!tx->is_string()) invalid_type(path(pp, "text"), "a string");
@@ -49,8 +50,10 @@ ojson parse_tool_calls(const ojson& tc, const std::string& base) {
     const ojson& call = tc[k];
     if (!call.is_object()) invalid_type(p, "a tool call object");
     ojson o = ojson::object();
-    if (auto id = opt_string(call, "id", path(p, "id"))) o["id"] = *id;
-    else o["id"] = fmt::format("call_{}", k);
+    if (auto id = opt_string(call, "id", path(p, "id")))
+      o["id"] = *id;
+    else
+      o["id"] = fmt::format("call_{}", k);
     if (auto type = opt_string(call, "type", path(p, "type")); type && *type != "function")
       invalid_value(path(p, "type"), fmt::format("Tool call type '{}' is not supported; use 'function'.", *type));
     o["type"] = "function";
@@ -88,7 +91,8 @@ ojson parse_messages(const ojson& b) {
   if (!ms) missing_param("messages");
   if (!ms->is_array()) invalid_type("messages", "an array of message objects");
   if (ms->empty()) invalid_value("messages", "'messages' must contain at least one message.");
-  if (ms->size() > 4096) invalid_value("messages", fmt::format("'messages' has {} items; at most 4096 are allowed.", ms->size()));
+  if (ms->size() > 4096)
+    invalid_value("messages", fmt::format("'messages' has {} items; at most 4096 are allowed.", ms->size()));
   static const std::set<std::string> kRoles = {"system", "developer", "user", "assistant", "tool"};
   ojson out = ojson::array();
   for (size_t i = 0; i < ms->size(); ++i) {
@@ -100,7 +104,8 @@ ojson parse_messages(const ojson& b) {
     if (!r->is_string()) invalid_type(path(p, "role"), "a string");
     std::string role = r->get<std::string>();
     if (!kRoles.count(role))
-      invalid_value(path(p, "role"), fmt::format("Invalid role '{}'; expected one of system, developer, user, assistant, tool.", role));
+      invalid_value(path(p, "role"),
+                    fmt::format("Invalid role '{}'; expected one of system, developer, user, assistant, tool.", role));
     if (role == "developer") role = "system";
     ojson o = ojson::object();
     o["role"] = role;
@@ -116,8 +121,10 @@ ojson parse_messages(const ojson& b) {
     if (role == "assistant") {
       auto rc = opt_string(m, "reasoning_content", path(p, "reasoning_content"));
       auto rs = opt_string(m, "reasoning", path(p, "reasoning"));
-      if (rc) o["reasoning_content"] = *rc;
-      else if (rs) o["reasoning_content"] = *rs;
+      if (rc)
+        o["reasoning_content"] = *rc;
+      else if (rs)
+        o["reasoning_content"] = *rs;
       if (!tool_calls.is_null() && !tool_calls.empty()) o["tool_calls"] = std::move(tool_calls);
     }
     if (role == "tool") {
@@ -136,7 +143,8 @@ ojson parse_tools(const ojson& b) {
   if (!ts) return nullptr;
   if (!ts->is_array()) invalid_type("tools", "an array of tool objects");
   if (ts->empty()) invalid_value("tools", "'tools' must not be empty; omit it when there are no tools.");
-  if (ts->size() > 128) invalid_value("tools", fmt::format("'tools' has {} items; at most 128 are allowed.", ts->size()));
+  if (ts->size() > 128)
+    invalid_value("tools", fmt::format("'tools' has {} items; at most 128 are allowed.", ts->size()));
   static const std::regex kName("^[A-Za-z0-9_-]{1,64}$");
   std::set<std::string> names;
   ojson out = ojson::array();
@@ -146,7 +154,8 @@ ojson parse_tools(const ojson& b) {
     if (!t.is_object()) invalid_type(p, "a tool object");
     auto type = opt_string(t, "type", path(p, "type"));
     if (!type) missing_param(path(p, "type"));
-    if (*type != "function") unsupported(path(p, "type"), fmt::format("Tool type '{}' is not supported; use 'function'.", *type));
+    if (*type != "function")
+      unsupported(path(p, "type"), fmt::format("Tool type '{}' is not supported; use 'function'.", *type));
     const ojson* f = get(t, "function");
     if (!f) missing_param(path(p, "function"));
     const std::string fp = path(p, "function");
@@ -155,7 +164,8 @@ ojson parse_tools(const ojson& b) {
     if (!name) missing_param(path(fp, "name"));
     if (!std::regex_match(*name, kName))
       invalid_value(path(fp, "name"), fmt::format("Tool name '{}' must match ^[A-Za-z0-9_-]{{1,64}}$.", *name));
-    if (!names.insert(*name).second) invalid_value(path(fp, "name"), fmt::format("Tool name '{}' is not unique.", *name));
+    if (!names.insert(*name).second)
+      invalid_value(path(fp, "name"), fmt::format("Tool name '{}' is not unique.", *name));
     opt_string(*f, "description", path(fp, "description"));
     if (const ojson* params = get(*f, "parameters")) {
       if (!params->is_object()) invalid_type(path(fp, "parameters"), "a JSON Schema object");
@@ -166,7 +176,8 @@ ojson parse_tools(const ojson& b) {
           pt && !(pt->is_string() ? *pt == "object" : std::find(pt->begin(), pt->end(), ojson("object")) != pt->end()))
         invalid_value(path(fp, "parameters"),
                       fmt::format("Invalid schema for function '{}': the parameters must describe a JSON object "
-                                  "(type 'object'), got type {}.", *name, pt->dump()));
+                                  "(type 'object'), got type {}.",
+                                  *name, pt->dump()));
     }
     opt_bool(*f, "strict", path(fp, "strict"));
     ojson tool = ojson::object();
@@ -188,13 +199,15 @@ std::optional<ToolChoiceIn> parse_tool_choice(const ojson& b) {
   if (tc->is_string()) {
     const std::string s = tc->get<std::string>();
     if (s != "none" && s != "auto" && s != "required")
-      invalid_value("tool_choice", fmt::format("Invalid 'tool_choice' '{}'; expected none, auto, required or a function.", s));
+      invalid_value("tool_choice",
+                    fmt::format("Invalid 'tool_choice' '{}'; expected none, auto, required or a function.", s));
     return ToolChoiceIn{s, ""};
   }
   if (!tc->is_object()) invalid_type("tool_choice", "a string or an object");
   auto type = opt_string(*tc, "type", "tool_choice.type");
   if (!type) missing_param("tool_choice.type");
-  if (*type != "function") invalid_value("tool_choice.type", fmt::format("Invalid 'tool_choice.type' '{}'; expected 'function'.", *type));
+  if (*type != "function")
+    invalid_value("tool_choice.type", fmt::format("Invalid 'tool_choice.type' '{}'; expected 'function'.", *type));
   const ojson* f = get(*tc, "function");
   if (!f) missing_param("tool_choice.function");
   if (!f->is_object()) invalid_type("tool_choice.function", "an object");
@@ -218,7 +231,8 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
   parse_stop_fields(b, c, ctx);
   r.logprobs = opt_bool(b, "logprobs", "logprobs").value_or(false);
   if (auto tl = opt_int(b, "top_logprobs", "top_logprobs")) {
-    if (*tl < 0 || *tl > 20) invalid_value("top_logprobs", fmt::format("'top_logprobs' must be in 0..20 (got {}).", *tl));
+    if (*tl < 0 || *tl > 20)
+      invalid_value("top_logprobs", fmt::format("'top_logprobs' must be in 0..20 (got {}).", *tl));
     r.top_logprobs = static_cast<int>(*tl);
   }
   r.tools = parse_tools(b);
@@ -228,7 +242,10 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
   if (auto e = opt_string(b, "reasoning_effort", "reasoning_effort")) {
     static const std::set<std::string> kEfforts = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
     if (!kEfforts.count(*e))
-      invalid_value("reasoning_effort", fmt::format("Invalid 'reasoning_effort' '{}'; expected one of none, minimal, low, medium, high, xhigh, max.", *e));
+      invalid_value(
+          "reasoning_effort",
+          fmt::format("Invalid 'reasoning_effort' '{}'; expected one of none, minimal, low, medium, high, xhigh, max.",
+                      *e));
     r.reasoning_effort = *e;
   }
   if (const ojson* k = get(b, "chat_template_kwargs")) {
@@ -250,7 +267,8 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
   r.include_reasoning = opt_bool(b, "include_reasoning", "include_reasoning").value_or(true);
   if (auto ct = opt_string(b, "chat_template", "chat_template")) {
     if (!ctx.trust_request_chat_template)
-      invalid_value("chat_template", "'chat_template' in a request is not allowed (server flag --trust-request-chat-template).");
+      invalid_value("chat_template",
+                    "'chat_template' in a request is not allowed (server flag --trust-request-chat-template).");
     r.chat_template = *ct;
   }
   r.add_generation_prompt = opt_bool(b, "add_generation_prompt", "add_generation_prompt").value_or(true);
@@ -269,8 +287,7 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
   // Cross-field checks (docs/api.md §validation-order), in order.
   if (get(b, "stream_options") && !c.stream)
     invalid_value("stream_options", "'stream_options' is only allowed when 'stream' is true.");
-  if (r.top_logprobs > 0 && !r.logprobs)
-    invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs': true.");
+  if (r.top_logprobs > 0 && !r.logprobs) invalid_value("top_logprobs", "'top_logprobs' requires 'logprobs': true.");
   if (tool_choice && tool_choice->mode != "none" && r.tools.is_null())
     invalid_value("tool_choice", "'tool_choice' requires 'tools'.");
   if (tool_choice && tool_choice->mode == "named") {
@@ -278,36 +295,84 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
     for (const auto& t : r.tools)
       if (t["function"]["name"] == tool_choice->name) found = true;
     if (!found)
-      invalid_value("tool_choice.function.name", fmt::format("Tool '{}' named in 'tool_choice' is not in 'tools'.", tool_choice->name));
+      invalid_value("tool_choice.function.name",
+                    fmt::format("Tool '{}' named in 'tool_choice' is not in 'tools'.", tool_choice->name));
   }
   if (r.continue_final_message && r.add_generation_prompt && get(b, "add_generation_prompt"))
-    invalid_value("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true.");
+    invalid_value("continue_final_message",
+                  "'continue_final_message' and 'add_generation_prompt' cannot both be true.");
   if (r.continue_final_message) {
     r.add_generation_prompt = false;
     if (r.messages.back()["role"] != "assistant")
-      invalid_value("continue_final_message", "'continue_final_message' requires the last message to be from the assistant.");
+      invalid_value("continue_final_message",
+                    "'continue_final_message' requires the last message to be from the assistant.");
   }
-  r.tool_choice = r.tools.is_null() ? ToolChoice::None
+  r.tool_choice = r.tools.is_null()                             ? ToolChoice::None
                   : !tool_choice || tool_choice->mode == "auto" ? ToolChoice::Auto
-                  : tool_choice->mode == "none"                ? ToolChoice::None
-                  : tool_choice->mode == "required"            ? ToolChoice::Required
-                                                               : ToolChoice::Named;
+                  : tool_choice->mode == "none"                 ? ToolChoice::None
+                  : tool_choice->mode == "required"             ? ToolChoice::Required
+                                                                : ToolChoice::Named;
   if (r.tool_choice == ToolChoice::Named) r.tool_choice_name = tool_choice->name;
   if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named) &&
       r.structured.kind != StructuredSpec::Kind::None)
-    invalid_value(r.structured.param, fmt::format("'{}' cannot be combined with 'tool_choice' {}.", r.structured.param,
-                                                  r.tool_choice == ToolChoice::Required ? "'required'" : "naming a function"));
+    invalid_value(r.structured.param,
+                  fmt::format("'{}' cannot be combined with 'tool_choice' {}.", r.structured.param,
+                              r.tool_choice == ToolChoice::Required ? "'required'" : "naming a function"));
 
-  count_unknown(b, c, {"messages", "model", "stream", "stream_options", "max_completion_tokens", "max_tokens",
-                       "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                       "repetition_penalty", "logit_bias", "n", "seed", "stop", "stop_token_ids", "ignore_eos",
-                       "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "response_format",
-                       "reasoning_effort", "chat_template_kwargs", "thinking", "include_reasoning", "chat_template",
-                       "add_generation_prompt", "continue_final_message", "skip_special_tokens", "user", "metadata",
-                       "store", "service_tier", "safety_identifier", "prompt_cache_key", "modalities", "audio",
-                       "prediction", "web_search_options", "functions", "function_call", "thinking_token_budget",
-                       "include_stop_str_in_output", "echo", "guided_json", "guided_regex", "guided_choice",
-                       "guided_grammar", "structured_outputs"});
+  count_unknown(b, c,
+                {"messages",
+                 "model",
+                 "stream",
+                 "stream_options",
+                 "max_completion_tokens",
+                 "max_tokens",
+                 "temperature",
+                 "top_p",
+                 "top_k",
+                 "min_p",
+                 "presence_penalty",
+                 "frequency_penalty",
+                 "repetition_penalty",
+                 "logit_bias",
+                 "n",
+                 "seed",
+                 "stop",
+                 "stop_token_ids",
+                 "ignore_eos",
+                 "logprobs",
+                 "top_logprobs",
+                 "tools",
+                 "tool_choice",
+                 "parallel_tool_calls",
+                 "response_format",
+                 "reasoning_effort",
+                 "chat_template_kwargs",
+                 "thinking",
+                 "include_reasoning",
+                 "chat_template",
+                 "add_generation_prompt",
+                 "continue_final_message",
+                 "skip_special_tokens",
+                 "user",
+                 "metadata",
+                 "store",
+                 "service_tier",
+                 "safety_identifier",
+                 "prompt_cache_key",
+                 "modalities",
+                 "audio",
+                 "prediction",
+                 "web_search_options",
+                 "functions",
+                 "function_call",
+                 "thinking_token_budget",
+                 "include_stop_str_in_output",
+                 "echo",
+                 "guided_json",
+                 "guided_regex",
+                 "guided_choice",
+                 "guided_grammar",
+                 "structured_outputs"});
   c.model = resolve_model(c.model, c.model_given, ctx);
   return r;
 }
@@ -315,10 +380,14 @@ ChatRequest parse_chat_request(const ojson& b, const ValidationContext& ctx) {
 ojson chat_template_variables(const ChatRequest& r) {
   ojson v = r.chat_template_kwargs;
   std::optional<bool> think;
-  if (v.contains("enable_thinking")) think = v["enable_thinking"].get<bool>();
-  else if (v.contains("thinking") && v["thinking"].is_boolean()) think = v["thinking"].get<bool>();
-  else if (r.thinking) think = *r.thinking;
-  else if (r.reasoning_effort) think = *r.reasoning_effort != "none";
+  if (v.contains("enable_thinking"))
+    think = v["enable_thinking"].get<bool>();
+  else if (v.contains("thinking") && v["thinking"].is_boolean())
+    think = v["thinking"].get<bool>();
+  else if (r.thinking)
+    think = *r.thinking;
+  else if (r.reasoning_effort)
+    think = *r.reasoning_effort != "none";
   if (think) {
     v["enable_thinking"] = *think;
     v["thinking"] = *think;

@@ -134,8 +134,9 @@ bool ChoiceOutput::push(const SampleResult& s, bool stop_token, ChoiceDelta& out
     last_channel_ = route.channel;
   }
   if (route.channel == Channel::Reasoning) produced_reasoning_ = true;
-  const bool skip = route.drop || (cfg_.skip_special && cfg_.codec->is_special(s.token) &&
-                                   std::find(cfg_.keep_ids.begin(), cfg_.keep_ids.end(), s.token) == cfg_.keep_ids.end());
+  const bool skip =
+      route.drop || (cfg_.skip_special && cfg_.codec->is_special(s.token) &&
+                     std::find(cfg_.keep_ids.begin(), cfg_.keep_ids.end(), s.token) == cfg_.keep_ids.end());
   if (!skip) {
     if (route.channel == Channel::Reasoning) {
       const std::string t = reasoning_detok_.push(s.token);
@@ -171,8 +172,10 @@ std::string ChoiceOutput::finish(FinishReason r, ChoiceDelta& out) {
   }
   ws_hold_.clear();
   move_logprobs(out, true);
-  if (r == FinishReason::Length) finish_reason_ = "length";
-  else finish_reason_ = calls_.empty() ? "stop" : "tool_calls";
+  if (r == FinishReason::Length)
+    finish_reason_ = "length";
+  else
+    finish_reason_ = calls_.empty() ? "stop" : "tool_calls";
   return finish_reason_;
 }
 

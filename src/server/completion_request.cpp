@@ -45,13 +45,15 @@ void parse_prompt(const ojson& b, CompletionRequest& r, const ValidationContext&
     for (size_t i = 0; i < p->size(); ++i) {
       const ojson& s = (*p)[i];
       if (!s.is_string()) invalid_type(index("prompt", i), "a string");
-      if (s.get<std::string>().empty()) invalid_value(index("prompt", i), fmt::format("'prompt[{}]' must not be empty.", i));
+      if (s.get<std::string>().empty())
+        invalid_value(index("prompt", i), fmt::format("'prompt[{}]' must not be empty.", i));
       r.prompt_texts.push_back(s.get<std::string>());
     }
   } else if (first.is_array()) {
     check_count(p->size());
     r.prompt_is_tokens = true;
-    for (size_t i = 0; i < p->size(); ++i) r.prompt_tokens.push_back(parse_ids((*p)[i], index("prompt", i), ctx, false));
+    for (size_t i = 0; i < p->size(); ++i)
+      r.prompt_tokens.push_back(parse_ids((*p)[i], index("prompt", i), ctx, false));
   } else if (first.is_number() && !first.is_number_float()) {
     r.prompt_is_tokens = true;
     r.prompt_tokens.push_back(parse_ids(*p, "prompt", ctx, false));
@@ -92,11 +94,38 @@ CompletionRequest parse_completion_request(const ojson& b, const ValidationConte
   c.skip_special_tokens = opt_bool(b, "skip_special_tokens", "skip_special_tokens").value_or(true);
   if (get(b, "stream_options") && !c.stream)
     invalid_value("stream_options", "'stream_options' is only allowed when 'stream' is true.");
-  count_unknown(b, c, {"prompt", "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k",
-                       "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "n",
-                       "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "echo", "suffix", "best_of",
-                       "add_special_tokens", "skip_special_tokens", "user", "response_format", "guided_json",
-                       "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"});
+  count_unknown(b, c,
+                {"prompt",
+                 "model",
+                 "stream",
+                 "stream_options",
+                 "max_tokens",
+                 "temperature",
+                 "top_p",
+                 "top_k",
+                 "min_p",
+                 "presence_penalty",
+                 "frequency_penalty",
+                 "repetition_penalty",
+                 "logit_bias",
+                 "n",
+                 "seed",
+                 "stop",
+                 "stop_token_ids",
+                 "ignore_eos",
+                 "logprobs",
+                 "echo",
+                 "suffix",
+                 "best_of",
+                 "add_special_tokens",
+                 "skip_special_tokens",
+                 "user",
+                 "response_format",
+                 "guided_json",
+                 "guided_regex",
+                 "guided_choice",
+                 "guided_grammar",
+                 "structured_outputs"});
   c.model = resolve_model(c.model, c.model_given, ctx);
   return r;
 }

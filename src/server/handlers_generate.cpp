@@ -51,7 +51,12 @@ ResponseHeader make_header(const Service& svc, const std::string& prefix, const 
 }  // namespace
 
 GenerationRun::GenerationRun(HttpContext& ctx, std::shared_ptr<Service> svc, GenerationJob job, bool stream)
-    : ctx_(ctx), svc_(std::move(svc)), job_(std::move(job)), stream_(stream), t0_(Clock::now()), last_write_(t0_),
+    : ctx_(ctx),
+      svc_(std::move(svc)),
+      job_(std::move(job)),
+      stream_(stream),
+      t0_(Clock::now()),
+      last_write_(t0_),
       ping_s_(ctx.opt.sse_ping_interval_s) {
   ctx_.active_generations.fetch_add(1);
   text_offset_.assign(static_cast<size_t>(job_.n_choices), 0);
@@ -137,12 +142,15 @@ void GenerationRun::convert(std::vector<StreamEvent>& ev, std::string& out) {
         }
         break;
       case StreamEvent::Kind::Finish:
-        if (chat) out += sse_data(chat_chunk(header, e.choice, ojson::object(), nullptr, e.finish_reason.c_str(), format));
-        else out += sse_data(completion_chunk(header, e.choice, "", nullptr, e.finish_reason.c_str(), format));
+        if (chat)
+          out += sse_data(chat_chunk(header, e.choice, ojson::object(), nullptr, e.finish_reason.c_str(), format));
+        else
+          out += sse_data(completion_chunk(header, e.choice, "", nullptr, e.finish_reason.c_str(), format));
         ++finished_;
         break;
       case StreamEvent::Kind::Abort:
-        out += error_event(abort_code(e.abort), e.abort == AbortReason::EngineError ? "Internal server error." : e.message);
+        out += error_event(abort_code(e.abort),
+                           e.abort == AbortReason::EngineError ? "Internal server error." : e.message);
         done_ = true;
         break;
     }

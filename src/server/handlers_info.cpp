@@ -76,7 +76,8 @@ void handle_tokenize(HttpContext& ctx, HttpRequest& req, HttpResponse& res) {
       std::string().swap(req.body);
       r = parse_tokenize_request(body, svc->validation());
     }
-    std::vector<int32_t> ids = r.prompt ? svc->codec().encode(*r.prompt, r.add_special_tokens) : svc->chat_prompt_ids(r.chat);
+    std::vector<int32_t> ids =
+        r.prompt ? svc->codec().encode(*r.prompt, r.add_special_tokens) : svc->chat_prompt_ids(r.chat);
     ojson out = ojson::object();
     out["count"] = ids.size();
     out["max_model_len"] = svc->info().max_model_len;

@@ -33,7 +33,8 @@ std::unique_ptr<HfCodec> HfCodec::load(const std::string& model_dir, const std::
     c->tmpl_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir));
     c->origin_ = c->tmpl_->origin();
   } else {
-    log::warn("{}: the model has no chat template; /v1/chat/completions is unavailable (use --chat-template FILE)", model_dir);
+    log::warn("{}: the model has no chat template; /v1/chat/completions is unavailable (use --chat-template FILE)",
+              model_dir);
   }
   return c;
 }

@@ -39,7 +39,7 @@ struct HttpResponse {
   std::vector<std::pair<std::string, std::string>> headers;
   std::string content_type;
   std::string body;
-  bool close = false;                        // close the connection after this answer
+  bool close = false;                         // close the connection after this answer
   std::shared_ptr<GenerationRun> generation;  // set by the generation handlers: the connection drives it
   void set_header(std::string k, std::string v) { headers.emplace_back(std::move(k), std::move(v)); }
   void set_content(std::string b, std::string type) {

@@ -19,8 +19,8 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
-#include <optional>
 #include <cmath>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -148,8 +148,10 @@ bool authorized(const HttpOptions& o, const HttpRequest& req) {
   if (o.api_keys.empty()) return true;
   std::string key;
   const std::string auth = req.header("Authorization");
-  if (auth.size() > 7 && (auth.compare(0, 7, "Bearer ") == 0 || auth.compare(0, 7, "bearer ") == 0)) key = auth.substr(7);
-  else key = req.header("x-api-key");
+  if (auth.size() > 7 && (auth.compare(0, 7, "Bearer ") == 0 || auth.compare(0, 7, "bearer ") == 0))
+    key = auth.substr(7);
+  else
+    key = req.header("x-api-key");
   bool ok = false;
   for (const auto& k : o.api_keys) ok |= ct_equal(key, k);  // no early exit
   return ok && !key.empty();
@@ -218,7 +220,8 @@ namespace {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket s, HttpServer::Impl& srv) : srv_(srv), ctx_(srv.ctx), sock_(std::move(s)), timer_(sock_.get_executor()) {
+  Session(tcp::socket s, HttpServer::Impl& srv)
+      : srv_(srv), ctx_(srv.ctx), sock_(std::move(s)), timer_(sock_.get_executor()) {
     srv_.connections.fetch_add(1);
   }
   ~Session() {
@@ -313,9 +316,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_header() {
     t_first_byte_ = Clock::now();
     arm(t_first_byte_ + seconds(ctx_.opt.read_timeout_s), TimerKind::Reading);
-    bhttp::async_read_header(sock_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      self->on_header(ec);
-    });
+    bhttp::async_read_header(sock_, buf_, *parser_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void fail_read(beast::error_code ec) {
@@ -579,9 +581,8 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     write_started_ = Clock::now();
     arm_generation_timer();
-    asio::async_write(sock_, asio::buffer(wire_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      self->on_stream_written(ec);
-    });
+    asio::async_write(sock_, asio::buffer(wire_),
+                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_stream_written(ec); });
   }
 
   void arm_generation_timer() {
@@ -745,7 +746,8 @@ void HttpServer::Impl::accept() {
     }
     beast::error_code e2;
     sock.set_option(tcp::no_delay(true), e2);
-    if (ctx.opt.socket_send_buffer > 0) sock.set_option(asio::socket_base::send_buffer_size(ctx.opt.socket_send_buffer), e2);
+    if (ctx.opt.socket_send_buffer > 0)
+      sock.set_option(asio::socket_base::send_buffer_size(ctx.opt.socket_send_buffer), e2);
     std::make_shared<Session>(std::move(sock), *this)->start();
     accept();
   });

@@ -16,20 +16,20 @@ namespace latent::server {
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                      // 0 = any free port (tests)
-  int threads = 2;                      // io threads: they serve every connection
-  int workers = 4;                      // threads that parse request bodies, render templates and tokenize
+  int port = 8000;  // 0 = any free port (tests)
+  int threads = 2;  // io threads: they serve every connection
+  int workers = 4;  // threads that parse request bodies, render templates and tokenize
   size_t max_request_bytes = 32u << 20;
-  double read_timeout_s = 60;           // headers + body of one request
-  double keep_alive_timeout_s = 60;     // an idle keep-alive connection is closed after this
-  double write_timeout_s = 30;          // a client that takes longer to accept one write is dropped (request cancelled)
-  int socket_send_buffer = 0;           // SO_SNDBUF of accepted connections in bytes; 0 = the system's (autotuned)
-  std::vector<std::string> api_keys;    // empty = open
+  double read_timeout_s = 60;         // headers + body of one request
+  double keep_alive_timeout_s = 60;   // an idle keep-alive connection is closed after this
+  double write_timeout_s = 30;        // a client that takes longer to accept one write is dropped (request cancelled)
+  int socket_send_buffer = 0;         // SO_SNDBUF of accepted connections in bytes; 0 = the system's (autotuned)
+  std::vector<std::string> api_keys;  // empty = open
   bool metrics_enabled = true;
   bool metrics_require_auth = false;
   std::string metrics_prefix = "latent:";
-  std::string allowed_origins;          // "" = CORS off; "*" or a comma list
-  double sse_ping_interval_s = 15;      // 0 = off
+  std::string allowed_origins;      // "" = CORS off; "*" or a comma list
+  double sse_ping_interval_s = 15;  // 0 = off
   ReasoningField reasoning_field = ReasoningField::Both;
   std::string version = "0.0.0", git_sha = "unknown", build_type = "unknown", cuda = "none";
 };

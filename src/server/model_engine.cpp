@@ -1,9 +1,9 @@
 #include "server/model_engine.h"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -12,15 +12,18 @@ namespace latent::server {
 HostKvAuto host_kv_auto(int64_t max_num_seqs, int64_t max_model_len, bool prefix_cache, int64_t bytes_per_token,
                         int64_t block_tokens, int64_t available_bytes, int64_t replicas) {
   if (max_num_seqs < 1 || max_model_len < 1 || bytes_per_token < 1 || block_tokens < 1 || replicas < 1)
-    fail("--kv-cache-bytes auto: needs positive sizes (max_num_seqs {}, max_model_len {}, {} bytes/token, "
-         "{} tokens/block)", max_num_seqs, max_model_len, bytes_per_token, block_tokens);
+    fail(
+        "--kv-cache-bytes auto: needs positive sizes (max_num_seqs {}, max_model_len {}, {} bytes/token, "
+        "{} tokens/block)",
+        max_num_seqs, max_model_len, bytes_per_token, block_tokens);
   HostKvAuto a;
   // Saturated far above any memory (the cap below then decides): flags up to 1e18 must not overflow.
   constexpr int64_t kMaxTokens = int64_t{1} << 50;
   a.running_tokens = max_num_seqs > kMaxTokens / max_model_len ? kMaxTokens : max_num_seqs * max_model_len;
-  a.prefix_tokens = prefix_cache ? static_cast<int64_t>(std::ceil(static_cast<double>(a.running_tokens) *
-                                                                  HostKvAuto::kPrefixCacheShare))
-                                 : 0;
+  a.prefix_tokens =
+      prefix_cache
+          ? static_cast<int64_t>(std::ceil(static_cast<double>(a.running_tokens) * HostKvAuto::kPrefixCacheShare))
+          : 0;
   // Products checked in double: a block or a pool beyond 2^62 bytes is refused, not wrapped.
   constexpr double kMaxBytes = 4.6e18;
   if (static_cast<double>(bytes_per_token) * static_cast<double>(block_tokens) * static_cast<double>(replicas) >
@@ -31,21 +34,23 @@ HostKvAuto host_kv_auto(int64_t max_num_seqs, int64_t max_model_len, bool prefix
   a.blocks = (a.running_tokens + a.prefix_tokens + block_tokens - 1) / block_tokens;
   a.available_bytes = std::max<int64_t>(0, available_bytes);
   if (a.available_bytes > 0) {
-    const int64_t cap = static_cast<int64_t>(static_cast<double>(a.available_bytes) * HostKvAuto::kHostMemoryShare) /
-                        per_block;
+    const int64_t cap =
+        static_cast<int64_t>(static_cast<double>(a.available_bytes) * HostKvAuto::kHostMemoryShare) / per_block;
     if (cap < a.blocks) {
       a.blocks = cap;
       a.capped = true;
     }
     if (a.blocks < 1)
-      fail("--kv-cache-bytes auto: {:.1f} MiB of memory is available; half of it does not hold one KV block of {} "
-           "tokens ({} bytes); free memory or give --kv-cache-bytes", a.available_bytes / 1048576.0, block_tokens,
-           per_block);
+      fail(
+          "--kv-cache-bytes auto: {:.1f} MiB of memory is available; half of it does not hold one KV block of {} "
+          "tokens ({} bytes); free memory or give --kv-cache-bytes",
+          a.available_bytes / 1048576.0, block_tokens, per_block);
   }
   if (static_cast<double>(a.blocks) * static_cast<double>(per_block) > kMaxBytes)  // only when memory is unknown
-    fail("--kv-cache-bytes auto: {} sequences x {} tokens at {} bytes/token does not fit in memory (the available "
-         "memory could not be read to cap it); give --kv-cache-bytes or smaller --max-num-seqs / --max-model-len",
-         max_num_seqs, max_model_len, bytes_per_token);
+    fail(
+        "--kv-cache-bytes auto: {} sequences x {} tokens at {} bytes/token does not fit in memory (the available "
+        "memory could not be read to cap it); give --kv-cache-bytes or smaller --max-num-seqs / --max-model-len",
+        max_num_seqs, max_model_len, bytes_per_token);
   a.tokens = a.blocks * block_tokens;
   a.bytes = a.blocks * per_block;
   return a;
@@ -60,8 +65,8 @@ ModelEngine::ModelEngine(ParallelModel& pm)
 
 int64_t ModelEngine::vocab_size() const { return model_.config().vocab_size; }
 
-int64_t ModelEngine::configure(int64_t budget_bytes, int64_t block_tokens, int64_t max_batch_tokens,
-                               int64_t max_seqs, int64_t max_context, double mem_fraction) {
+int64_t ModelEngine::configure(int64_t budget_bytes, int64_t block_tokens, int64_t max_batch_tokens, int64_t max_seqs,
+                               int64_t max_context, double mem_fraction) {
   const ModelConfig& c = model_.config();
   cache_.reset();
   rank_caches_.clear();
@@ -78,16 +83,17 @@ int64_t ModelEngine::configure(int64_t budget_bytes, int64_t block_tokens, int64
   }
   if (budget_bytes <= 0) {
     const auto [free_b, total_b] = model_.backend().memory_info();
-    if (total_b == 0) fail("--kv-cache-bytes auto: the {} backend has no device memory to size it from",
-                           model_.backend().name());
+    if (total_b == 0)
+      fail("--kv-cache-bytes auto: the {} backend has no device memory to size it from", model_.backend().name());
     if (!(mem_fraction > 0.0 && mem_fraction <= 1.0))
       fail("--gpu-memory-utilization must be in (0, 1] (got {})", mem_fraction);
     const double keep = (1.0 - mem_fraction) * static_cast<double>(total_b);
     budget_bytes = static_cast<int64_t>(static_cast<double>(free_b) - keep);
     if (budget_bytes <= 0)
-      fail("KV cache: {:.1f} MiB of {:.1f} MiB device memory is free after the weights and the step workspace; "
-           "--gpu-memory-utilization {} leaves none for the KV cache",
-           free_b / 1048576.0, total_b / 1048576.0, mem_fraction);
+      fail(
+          "KV cache: {:.1f} MiB of {:.1f} MiB device memory is free after the weights and the step workspace; "
+          "--gpu-memory-utilization {} leaves none for the KV cache",
+          free_b / 1048576.0, total_b / 1048576.0, mem_fraction);
   }
   // Every rank holds the whole (replicated) cache: a device budget is per GPU; ranks on host memory share it.
   if (pm_ && model_.backend().device() == Device::Cpu) budget_bytes /= pm_->ranks();
@@ -160,7 +166,8 @@ ModelEngine::Crossover ModelEngine::speculation_crossover(int64_t k, int64_t max
     if (b * per_seq > cache_->num_blocks() || b * (k + 1) > max_batch_tokens_ || b * ctx > max_batch_tokens_) break;
     tables.assign(static_cast<size_t>(b), {});
     for (int64_t s = 0; s < b; ++s)
-      for (int64_t j = 0; j < per_seq; ++j) tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + j));
+      for (int64_t j = 0; j < per_seq; ++j)
+        tables[static_cast<size_t>(s)].push_back(static_cast<int32_t>(s * per_seq + j));
     auto run = [&](int64_t n, int64_t start, bool decode, bool all) {
       std::vector<EngineStepItem> items(static_cast<size_t>(b));
       toks.assign(static_cast<size_t>(b * n), 0);
@@ -221,8 +228,10 @@ ModelEngine::Crossover ModelEngine::speculation_crossover(int64_t k, int64_t max
     c.summary += fmt::format("{}batch {}: verify+draft {:.2f}x a decode step", c.summary.empty() ? "" : ", ", b, ratio);
     if (ratio < expect) c.max_batch = b;
   }
-  c.summary += fmt::format("; worth it below {:.2f}x (1 + a + ... + a^{} tokens per verify at a prior acceptance a = "
-                           "{})", expect, k, alpha);
+  c.summary += fmt::format(
+      "; worth it below {:.2f}x (1 + a + ... + a^{} tokens per verify at a prior acceptance a = "
+      "{})",
+      expect, k, alpha);
   if (c.max_batch == max_seqs || (c.max_batch > 0 && c.max_batch * 2 > max_seqs)) c.max_batch = max_seqs;
   return c;
 }

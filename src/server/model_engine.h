@@ -18,12 +18,12 @@ namespace latent::server {
 struct HostKvAuto {
   static constexpr double kPrefixCacheShare = 0.25;
   static constexpr double kHostMemoryShare = 0.5;
-  int64_t running_tokens = 0;  // max_num_seqs x max_model_len
-  int64_t prefix_tokens = 0;   // the prefix cache's share (0 when it is off)
-  int64_t blocks = 0;          // the pool, after the cap
-  int64_t tokens = 0;          // blocks x block_tokens
-  int64_t bytes = 0;           // tokens x bytes per token (x replicas): what may become resident
-  int64_t available_bytes = 0; // the memory it was capped against (0: unknown, no cap)
+  int64_t running_tokens = 0;   // max_num_seqs x max_model_len
+  int64_t prefix_tokens = 0;    // the prefix cache's share (0 when it is off)
+  int64_t blocks = 0;           // the pool, after the cap
+  int64_t tokens = 0;           // blocks x block_tokens
+  int64_t bytes = 0;            // tokens x bytes per token (x replicas): what may become resident
+  int64_t available_bytes = 0;  // the memory it was capped against (0: unknown, no cap)
   bool capped = false;
 };
 HostKvAuto host_kv_auto(int64_t max_num_seqs, int64_t max_model_len, bool prefix_cache, int64_t bytes_per_token,
@@ -72,7 +72,7 @@ class ModelEngine : public Engine {
   int64_t host_replicas() const { return pm_ && model_.backend().device() == Device::Cpu ? pm_->ranks() : 1; }
 
  private:
-  Model& model_;               // the model (rank 0 of a parallel one)
+  Model& model_;  // the model (rank 0 of a parallel one)
   ParallelModel* pm_ = nullptr;
   std::vector<std::unique_ptr<PagedKvCache>> rank_caches_;  // parallel: one pool per rank
   std::vector<PagedKvCache*> rank_cache_ptrs_;

@@ -61,7 +61,8 @@ ojson chat_logprobs_json(const std::vector<LogprobEntry>& entries, const TextCod
     o["bytes"] = bytes_array(raw_bytes(codec, e.token));
     ojson top = ojson::array();
     for (auto [id, lp] : e.top)
-      top.push_back(ojson{{"token", piece(codec, id)}, {"logprob", finite(lp)}, {"bytes", bytes_array(raw_bytes(codec, id))}});
+      top.push_back(
+          ojson{{"token", piece(codec, id)}, {"logprob", finite(lp)}, {"bytes", bytes_array(raw_bytes(codec, id))}});
     o["top_logprobs"] = std::move(top);
     content.push_back(std::move(o));
   }

@@ -73,13 +73,15 @@ void parse_max_tokens(const ojson& b, CommonParams& c, bool chat, bool allow_zer
   std::optional<int64_t> mct, mt;
   if (chat) {
     mct = opt_int(b, "max_completion_tokens", "max_completion_tokens");
-    if (mct && *mct < 1) invalid_value("max_completion_tokens", fmt::format("'max_completion_tokens' must be >= 1 (got {}).", *mct));
+    if (mct && *mct < 1)
+      invalid_value("max_completion_tokens", fmt::format("'max_completion_tokens' must be >= 1 (got {}).", *mct));
   }
   mt = opt_int(b, "max_tokens", "max_tokens");
   if (mt && *mt < (allow_zero ? 0 : 1))
     invalid_value("max_tokens", allow_zero ? fmt::format("'max_tokens' must be >= 0 (got {}).", *mt)
                                            : fmt::format("'max_tokens' must be >= 1 (got {}); 0 is allowed only with "
-                                                         "'echo' on /v1/completions.", *mt));
+                                                         "'echo' on /v1/completions.",
+                                                         *mt));
   if (mct) {
     c.max_tokens = mct;
     c.max_tokens_param = "max_completion_tokens";
@@ -95,7 +97,8 @@ void parse_sampling_fields(const ojson& b, CommonParams& c, const ValidationCont
   if ((c.top_k = opt_int(b, "top_k", "top_k"))) {
     const int64_t k = *c.top_k;
     if (k < -1 || (ctx.vocab_size > 0 && k > ctx.vocab_size))
-      invalid_value("top_k", fmt::format("'top_k' must be -1 or 0 (disabled) or in 1..{} (got {}).", ctx.vocab_size, k));
+      invalid_value("top_k",
+                    fmt::format("'top_k' must be -1 or 0 (disabled) or in 1..{} (got {}).", ctx.vocab_size, k));
   }
   if ((c.min_p = opt_number(b, "min_p", "min_p"))) range(*c.min_p, 0, 1, "min_p");
   if ((c.presence_penalty = opt_number(b, "presence_penalty", "presence_penalty")))
@@ -106,18 +109,23 @@ void parse_sampling_fields(const ojson& b, CommonParams& c, const ValidationCont
     range(*c.repetition_penalty, 0, 2, "repetition_penalty", /*lo_open=*/true);
   if (const ojson* lb = get(b, "logit_bias")) {
     if (!lb->is_object()) invalid_type("logit_bias", "an object mapping token ids to numbers");
-    if (lb->size() > 1024) invalid_value("logit_bias", fmt::format("'logit_bias' has {} entries; at most 1024 are allowed.", lb->size()));
+    if (lb->size() > 1024)
+      invalid_value("logit_bias", fmt::format("'logit_bias' has {} entries; at most 1024 are allowed.", lb->size()));
     for (auto it = lb->begin(); it != lb->end(); ++it) {
       const std::string& key = it.key();
       const std::string p = "logit_bias." + key;
       int64_t id = -1;
-      const bool digits = !key.empty() && key.size() <= 12 && std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      const bool digits = !key.empty() && key.size() <= 12 &&
+                          std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
       if (digits) id = std::stoll(key);
       if (!digits || id >= ctx.vocab_size)
-        invalid_value("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id in [0, {}).", key, ctx.vocab_size));
+        invalid_value("logit_bias",
+                      fmt::format("'logit_bias' key '{}' is not a token id in [0, {}).", key, ctx.vocab_size));
       if (!it->is_number()) invalid_type(p, "a number");
       const double v = it->get<double>();
-      if (v < -100 || v > 100) invalid_value("logit_bias", fmt::format("'logit_bias' value for '{}' must be in [-100, 100] (got {}).", key, v));
+      if (v < -100 || v > 100)
+        invalid_value("logit_bias",
+                      fmt::format("'logit_bias' value for '{}' must be in [-100, 100] (got {}).", key, v));
       c.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(v));
     }
   }
@@ -136,13 +144,15 @@ void parse_stop_fields(const ojson& b, CommonParams& c, const ValidationContext&
     auto one = [&](const ojson& v, const std::string& p) {
       if (!v.is_string()) invalid_type(p, "a string");
       const std::string s = v.get<std::string>();
-      if (s.empty() || s.size() > 256) invalid_value(p, fmt::format("'{}' must be 1..256 bytes (got {}).", p, s.size()));
+      if (s.empty() || s.size() > 256)
+        invalid_value(p, fmt::format("'{}' must be 1..256 bytes (got {}).", p, s.size()));
       c.stop.push_back(s);
     };
     if (st->is_string()) {
       one(*st, "stop");
     } else if (st->is_array()) {
-      if (st->size() > 16) invalid_value("stop", fmt::format("'stop' has {} entries; at most 16 are allowed.", st->size()));
+      if (st->size() > 16)
+        invalid_value("stop", fmt::format("'stop' has {} entries; at most 16 are allowed.", st->size()));
       for (size_t i = 0; i < st->size(); ++i) one((*st)[i], index("stop", i));
     } else {
       invalid_type("stop", "a string or an array of strings");
@@ -150,11 +160,14 @@ void parse_stop_fields(const ojson& b, CommonParams& c, const ValidationContext&
   }
   if (const ojson* ids = get(b, "stop_token_ids")) {
     if (!ids->is_array()) invalid_type("stop_token_ids", "an array of integers");
-    if (ids->size() > 64) invalid_value("stop_token_ids", fmt::format("'stop_token_ids' has {} entries; at most 64 are allowed.", ids->size()));
+    if (ids->size() > 64)
+      invalid_value("stop_token_ids",
+                    fmt::format("'stop_token_ids' has {} entries; at most 64 are allowed.", ids->size()));
     for (size_t i = 0; i < ids->size(); ++i) {
       const std::string p = index("stop_token_ids", i);
       const int64_t id = as_int((*ids)[i], p);
-      if (id < 0 || id >= ctx.vocab_size) invalid_value(p, fmt::format("'{}' = {} is not a token id in [0, {}).", p, id, ctx.vocab_size));
+      if (id < 0 || id >= ctx.vocab_size)
+        invalid_value(p, fmt::format("'{}' = {} is not a token id in [0, {}).", p, id, ctx.vocab_size));
       c.stop_token_ids.push_back(static_cast<int32_t>(id));
     }
   }

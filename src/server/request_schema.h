@@ -80,11 +80,11 @@ struct ChatRequest {
 struct CompletionRequest {
   CommonParams c;
   bool prompt_is_tokens = false;
-  std::vector<std::string> prompt_texts;              // when !prompt_is_tokens
-  std::vector<std::vector<int32_t>> prompt_tokens;    // when prompt_is_tokens
-  std::optional<int> logprobs;                        // legacy 0..5
-  bool echo = false;                                  // the prompt comes first in each choice (with logprobs: its
-                                                      // tokens' logprobs, the first null)
+  std::vector<std::string> prompt_texts;            // when !prompt_is_tokens
+  std::vector<std::vector<int32_t>> prompt_tokens;  // when prompt_is_tokens
+  std::optional<int> logprobs;                      // legacy 0..5
+  bool echo = false;                                // the prompt comes first in each choice (with logprobs: its
+                                                    // tokens' logprobs, the first null)
   bool add_special_tokens = true;
   StructuredSpec structured;
   size_t n_prompts() const { return prompt_is_tokens ? prompt_tokens.size() : prompt_texts.size(); }

@@ -1,5 +1,6 @@
 // RequestState: the scheduler's sink for one HTTP request. On the scheduler thread it runs each choice's output
-// pipeline (choice_output.h) and queues events; the connection is notified (never blocking the scheduler) and takes them and turns them into SSE chunks or the final JSON.
+// pipeline (choice_output.h) and queues events; the connection is notified (never blocking the scheduler) and takes
+// them and turns them into SSE chunks or the final JSON.
 #pragma once
 #include <atomic>
 #include <chrono>

@@ -21,9 +21,12 @@ struct Problem {
 std::string pointer_token(std::string_view key) {
   std::string out;
   for (char c : key) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
+    if (c == '~')
+      out += "~0";
+    else if (c == '/')
+      out += "~1";
+    else
+      out += c;
   }
   return out;
 }
@@ -61,7 +64,7 @@ bool non_negative_integer(const ojson& v) {
 
 const std::set<std::string, std::less<>>& type_names() {
   static const std::set<std::string, std::less<>> k = {"array",  "boolean", "integer", "null",
-                                                        "number", "object",  "string"};
+                                                       "number", "object",  "string"};
   return k;
 }
 
@@ -138,7 +141,8 @@ class Checker {
       if (!t.is_string()) wrong(at, "type", "a type name or an array of type names", t);
       if (!type_names().count(t.get<std::string>()))
         bad(at, fmt::format("'{}' is not a JSON Schema type (expected one of array, boolean, integer, null, number, "
-                            "object, string)", t.get<std::string>()));
+                            "object, string)",
+                            t.get<std::string>()));
     };
     if (!v.is_array()) return one(v);
     if (v.empty()) bad(at, "'type' must not be an empty array");
@@ -220,8 +224,10 @@ class Checker {
       if (!v.is_object()) wrong(at, k, "an object", v);
       const std::string here = child(at, k);
       for (auto it = v.begin(); it != v.end(); ++it) {
-        if (it.value().is_array()) string_list(it.key(), it.value(), here);
-        else schema(it.value(), child(here, it.key()));
+        if (it.value().is_array())
+          string_list(it.key(), it.value(), here);
+        else
+          schema(it.value(), child(here, it.key()));
       }
       return;
     }

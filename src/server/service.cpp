@@ -55,9 +55,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }  // namespace
 
 SamplingDefaults SamplingDefaults::from_flag(const std::string& json_text, const std::string& what) {
-  static const char* const kKeys[] = {"temperature",      "top_p",             "top_k",
-                                      "min_p",            "presence_penalty",  "frequency_penalty",
-                                      "repetition_penalty"};
+  static const char* const kKeys[] = {
+      "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"};
   ojson b;
   try {
     b = parse_json_body(json_text);
@@ -77,8 +76,10 @@ SamplingDefaults SamplingDefaults::from_flag(const std::string& json_text, const
       }
     }
     if (!found)
-      fail("{}: unknown field '{}' (did you mean '{}'? allowed: temperature, top_p, top_k, min_p, presence_penalty, "
-           "frequency_penalty, repetition_penalty)", what, k, best);
+      fail(
+          "{}: unknown field '{}' (did you mean '{}'? allowed: temperature, top_p, top_k, min_p, presence_penalty, "
+          "frequency_penalty, repetition_penalty)",
+          what, k, best);
   }
   CommonParams c;
   try {
@@ -106,8 +107,10 @@ Service::Service(ModelInfo info, ServiceOptions opt, const TextCodec& codec, Sch
     if (auto t = codec_.token_id(a)) rt_.assistant.push_back(*t);
   const bool glm = codec_.token_id("<tool_call>").has_value();
   const bool deepseek = codec_.token_id("<｜tool▁calls▁begin｜>").has_value();
-  if (opt_.tool_parser == "glm47" || (opt_.tool_parser == "auto" && glm)) tool_format_ = ToolFormat::Glm47;
-  else if (opt_.tool_parser == "deepseek" || (opt_.tool_parser == "auto" && deepseek)) tool_format_ = ToolFormat::DeepSeek;
+  if (opt_.tool_parser == "glm47" || (opt_.tool_parser == "auto" && glm))
+    tool_format_ = ToolFormat::Glm47;
+  else if (opt_.tool_parser == "deepseek" || (opt_.tool_parser == "auto" && deepseek))
+    tool_format_ = ToolFormat::DeepSeek;
   if (tool_format_ == ToolFormat::Glm47) {
     if (auto t = codec_.token_id("<tool_call>")) rt_.tool_start.push_back(*t);
   } else if (tool_format_ == ToolFormat::DeepSeek) {
@@ -133,12 +136,14 @@ namespace {
 
 // continue_final_message: cut the rendering right after the final assistant message's content.
 std::string cut_after_final(const std::string& rendered, const ojson& last) {
-  const std::string content = last.value("content", ojson(nullptr)).is_string() ? last["content"].get<std::string>() : "";
+  const std::string content =
+      last.value("content", ojson(nullptr)).is_string() ? last["content"].get<std::string>() : "";
   std::string_view c = content;
   while (!c.empty() && (c.back() == ' ' || c.back() == '\n' || c.back() == '\t')) c.remove_suffix(1);
   if (c.empty()) return rendered;
   const size_t p = rendered.rfind(c);
-  if (p == std::string::npos) invalid_value("messages", "The final assistant message could not be located in the rendered prompt.");
+  if (p == std::string::npos)
+    invalid_value("messages", "The final assistant message could not be located in the rendered prompt.");
   return rendered.substr(0, p + c.size());
 }
 
@@ -146,7 +151,8 @@ std::string cut_after_final(const std::string& rendered, const ojson& last) {
 
 std::string Service::render_chat(const ChatRequest& r) const {
   if (!codec_.has_chat_template())
-    invalid_value("messages", "This model has no chat template; use /v1/completions or start the server with --chat-template.");
+    invalid_value("messages",
+                  "This model has no chat template; use /v1/completions or start the server with --chat-template.");
   const ojson vars = chat_template_variables(r);
   const ojson tools = r.tool_choice == ToolChoice::None ? ojson(nullptr) : r.tools;  // none: not rendered (docs/api.md)
   std::string text;
@@ -219,7 +225,8 @@ std::vector<int32_t> Service::budgeted(std::string_view text, bool add_special, 
   return std::move(b.ids);
 }
 
-int64_t Service::resolve_max_tokens(const CommonParams& c, int64_t P, const std::string& prompt_param, bool chat) const {
+int64_t Service::resolve_max_tokens(const CommonParams& c, int64_t P, const std::string& prompt_param,
+                                    bool chat) const {
   const int64_t C = info_.max_model_len;
   if (P >= C) {
     metrics_.requests_rejected.inc("context_length");
@@ -234,10 +241,11 @@ int64_t Service::resolve_max_tokens(const CommonParams& c, int64_t P, const std:
     if (P + M > C) {
       if (opt_.clamp_max_tokens) return C - P;
       metrics_.requests_rejected.inc("context_length");
-      bad_request("context_length_exceeded", c.max_tokens_param,
-                  fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
-                              "the {}, {} in the completion). Please reduce the length of the {} or completion.",
-                              C, P + M, P, chat ? "messages" : "prompt", M, chat ? "messages" : "prompt"));
+      bad_request(
+          "context_length_exceeded", c.max_tokens_param,
+          fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
+                      "the {}, {} in the completion). Please reduce the length of the {} or completion.",
+                      C, P + M, P, chat ? "messages" : "prompt", M, chat ? "messages" : "prompt"));
     }
     return M;
   }
@@ -286,9 +294,8 @@ ApiError rejection_error(const SchedulerRejected& r) {
 }
 
 GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
-                              const std::vector<int64_t>& max_tokens,
-                              std::vector<OutputConfig> configs, const SamplingParams& sp,
-                              LogitConstraintFactory constraint, int prompt_logprobs) {
+                              const std::vector<int64_t>& max_tokens, std::vector<OutputConfig> configs,
+                              const SamplingParams& sp, LogitConstraintFactory constraint, int prompt_logprobs) {
   GenerationJob job;
   job.model = c.model;
   job.n_choices = static_cast<int>(configs.size());
@@ -326,7 +333,8 @@ GenerationJob Service::submit(std::vector<std::vector<int32_t>> prompts, const C
 std::shared_ptr<const structured::TokenVocab> Service::structured_vocab() {
   if (vocab_) return vocab_;
   if (!codec_.byte_level())
-    unsupported("response_format", "Constrained decoding needs a byte-level BPE tokenizer; this model's tokenizer is not one.");
+    unsupported("response_format",
+                "Constrained decoding needs a byte-level BPE tokenizer; this model's tokenizer is not one.");
   std::vector<std::string> bytes(static_cast<size_t>(codec_.id_limit()));
   for (int32_t id = 0; id < static_cast<int32_t>(bytes.size()); ++id) {
     // Reasoning markers never appear in constrained output; special tokens only where a tool syntax needs them.
@@ -366,15 +374,26 @@ LogitConstraintFactory Service::structured_constraint(const StructuredSpec& s, i
   std::shared_ptr<const structured::CompiledGrammar> cg;
   switch (s.kind) {
     case K::None: return {};
-    case K::JsonObject: cg = compiled("json_object", [] { return structured::json_object_grammar(); }, s.param); break;
+    case K::JsonObject:
+      cg = compiled(
+          "json_object", [] { return structured::json_object_grammar(); }, s.param);
+      break;
     case K::JsonSchema:
-      cg = compiled("schema:" + s.schema.dump(), [&] { return structured::json_schema_grammar(s.schema); }, s.param);
+      cg = compiled(
+          "schema:" + s.schema.dump(), [&] { return structured::json_schema_grammar(s.schema); }, s.param);
       break;
-    case K::Regex: cg = compiled("regex:" + s.text, [&] { return structured::regex_grammar(s.text); }, s.param); break;
+    case K::Regex:
+      cg = compiled(
+          "regex:" + s.text, [&] { return structured::regex_grammar(s.text); }, s.param);
+      break;
     case K::Choice:
-      cg = compiled("choice:" + ojson(s.choices).dump(), [&] { return structured::choice_grammar(s.choices); }, s.param);
+      cg = compiled(
+          "choice:" + ojson(s.choices).dump(), [&] { return structured::choice_grammar(s.choices); }, s.param);
       break;
-    case K::Grammar: cg = compiled("gbnf:" + s.text, [&] { return structured::gbnf_grammar(s.text); }, s.param); break;
+    case K::Grammar:
+      cg = compiled(
+          "gbnf:" + s.text, [&] { return structured::gbnf_grammar(s.text); }, s.param);
+      break;
   }
   return structured::constraint_factory(cg, start_after);
 }
@@ -388,18 +407,23 @@ LogitConstraintFactory Service::tool_constraint(const ChatRequest& r, int32_t st
     // V3 / R1 write "function<｜tool▁sep｜>NAME```json", V3.1 "NAME<｜tool▁sep｜>ARGS": ask the template.
     syntax = structured::ToolSyntax::DeepSeekV3;
     try {
-      ojson msgs = ojson::array({ojson{{"role", "user"}, {"content", "x"}},
-                                 ojson{{"role", "assistant"}, {"content", ""},
-                                       {"tool_calls", ojson::array({ojson{{"id", "call_0"}, {"type", "function"},
-                                                                          {"function", {{"name", "probe_tool"}, {"arguments", "{}"}}}}})}}});
+      ojson msgs = ojson::array(
+          {ojson{{"role", "user"}, {"content", "x"}},
+           ojson{{"role", "assistant"},
+                 {"content", ""},
+                 {"tool_calls", ojson::array({ojson{{"id", "call_0"},
+                                                    {"type", "function"},
+                                                    {"function", {{"name", "probe_tool"}, {"arguments", "{}"}}}}})}}});
       const std::string text = codec_.render_chat(msgs, nullptr, false, ojson::object());
       if (text.find("probe_tool<｜tool▁sep｜>") != std::string::npos) syntax = structured::ToolSyntax::DeepSeekV31;
     } catch (const std::exception&) {
     }
   }
   const bool parallel = r.parallel_tool_calls && r.tool_choice == ToolChoice::Required;
-  const std::string key = fmt::format("tools:{}:{}:{}:{}", static_cast<int>(syntax), r.tool_choice_name, parallel, r.tools.dump());
-  auto cg = compiled(key, [&] { return structured::tool_call_grammar(syntax, r.tools, r.tool_choice_name, parallel); }, "tools");
+  const std::string key =
+      fmt::format("tools:{}:{}:{}:{}", static_cast<int>(syntax), r.tool_choice_name, parallel, r.tools.dump());
+  auto cg = compiled(
+      key, [&] { return structured::tool_call_grammar(syntax, r.tools, r.tool_choice_name, parallel); }, "tools");
   return structured::constraint_factory(cg, start_after);
 }
 
@@ -473,8 +497,7 @@ GenerationJob Service::start_completion(const CompletionRequest& r) {
   }
   // Prompt rows are computed only when their logprobs are asked for (echo alone needs no logits row).
   const int prompt_lp = r.echo && r.logprobs ? *r.logprobs : -1;
-  return submit(std::move(prompts), r.c, M, std::move(configs), sp, structured_constraint(r.structured, -1),
-                prompt_lp);
+  return submit(std::move(prompts), r.c, M, std::move(configs), sp, structured_constraint(r.structured, -1), prompt_lp);
 }
 
 }  // namespace latent::server

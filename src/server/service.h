@@ -113,9 +113,8 @@ class Service {
   std::vector<int32_t> stop_ids(const CommonParams& c) const;
   // prompt_logprobs >= 0: the scheduler reports the prompt tokens' logprobs (GenerationRequest::prompt_logprobs).
   GenerationJob submit(std::vector<std::vector<int32_t>> prompts, const CommonParams& c,
-                       const std::vector<int64_t>& max_tokens,
-                       std::vector<OutputConfig> configs, const SamplingParams& sp,
-                       LogitConstraintFactory constraint = {}, int prompt_logprobs = -1);
+                       const std::vector<int64_t>& max_tokens, std::vector<OutputConfig> configs,
+                       const SamplingParams& sp, LogitConstraintFactory constraint = {}, int prompt_logprobs = -1);
   // Constrained decoding: the compiled grammar for a request (cached by its text), or 400 naming `param` when it
   // cannot be compiled. start_after: the constraint begins after this token (the reasoning end), -1 = at once.
   LogitConstraintFactory structured_constraint(const StructuredSpec& s, int32_t start_after);

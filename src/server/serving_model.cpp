@@ -94,8 +94,10 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   for (const auto& w : m->files.plan->warnings()) log::warn("{}", w);
   if (opt.max_model_len > 0 && cfg.max_position_embeddings > 0 && opt.max_model_len > cfg.max_position_embeddings &&
       !opt.allow_long_context)
-    fail("--max-model-len {} exceeds the model's max_position_embeddings {} (add --allow-long-context to serve it "
-         "anyway)", opt.max_model_len, cfg.max_position_embeddings);
+    fail(
+        "--max-model-len {} exceeds the model's max_position_embeddings {} (add --allow-long-context to serve it "
+        "anyway)",
+        opt.max_model_len, cfg.max_position_embeddings);
   if (opt.prefault) prefault(*m->files.ckpt, progress);
   if (progress) progress("model", 0, 0);
   ModelOptions mo;
@@ -105,7 +107,8 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   if (mo.mtp_layers > 0 && opt.plan.mtp_layers < 1)
     fail("speculative decoding: the precision plan was built without the MTP layer (PlanOptions::mtp_layers)");
   m->num_speculative_tokens = opt.num_speculative_tokens;
-  if (progress) mo.upload_progress = [&progress](uint64_t done, uint64_t total) { progress("weights onto the GPU", done, total); };
+  if (progress)
+    mo.upload_progress = [&progress](uint64_t done, uint64_t total) { progress("weights onto the GPU", done, total); };
   if (opt.parallel.active()) {
     m->parallel = std::make_unique<ParallelModel>(cfg, *m->files.plan, opt.backend, opt.threads, opt.parallel, mo);
     m->engine = std::make_unique<ModelEngine>(*m->parallel);
@@ -126,7 +129,8 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
       m->banned[static_cast<size_t>(id)] = true;
       ++n_banned;
     }
-  if (n_banned == V) fail("{}: the tokenizer has no token for any id of the model's vocabulary ({} ids)", opt.model_dir, V);
+  if (n_banned == V)
+    fail("{}: the tokenizer has no token for any id of the model's vocabulary ({} ids)", opt.model_dir, V);
 
   ModelInfo& info = m->info;
   info.served_names = opt.served_names.empty() ? std::vector<std::string>{dir_name(opt.model_dir)} : opt.served_names;

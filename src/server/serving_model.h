@@ -25,7 +25,7 @@ struct ServeModelOptions {
   bool bf16_activations = false;
   ParallelConfig parallel;  // ranks > 1: a ParallelModel (tensor / expert parallel, one thread per rank)
   bool cuda_graphs = true;  // decode steps as CUDA graphs where the backend supports them (ModelOptions::graphs)
-  int64_t num_speculative_tokens = 0;  // > 0: the MTP layer is loaded and drafts this many tokens per step
+  int64_t num_speculative_tokens = 0;     // > 0: the MTP layer is loaded and drafts this many tokens per step
   std::vector<std::string> served_names;  // empty: the directory's name
   int64_t max_model_len = 0;              // 0: config max_position_embeddings
   bool allow_long_context = false;        // accept max_model_len > max_position_embeddings
@@ -38,14 +38,14 @@ struct ServeModelOptions {
 struct LoadedModel {
   ModelFiles files;
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Model> model;            // one rank (null when parallel)
+  std::unique_ptr<Model> model;             // one rank (null when parallel)
   std::unique_ptr<ParallelModel> parallel;  // several ranks
   std::unique_ptr<ModelEngine> engine;
   std::unique_ptr<HfCodec> codec;
   ModelInfo info;
-  std::vector<bool> banned;  // [vocab_size]: ids with no token string (never sampled)
+  std::vector<bool> banned;            // [vocab_size]: ids with no token string (never sampled)
   int64_t num_speculative_tokens = 0;  // ServeModelOptions::num_speculative_tokens (the MTP layer is loaded)
-  std::string plan_text;     // `latent plan` table for the start log
+  std::string plan_text;               // `latent plan` table for the start log
 };
 
 // stage: "tokenizer", "checkpoint", "weights", "model"; done/total in bytes for "weights".

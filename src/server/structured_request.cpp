@@ -54,7 +54,8 @@ void parse_structured(const ojson& b, StructuredSpec& s) {
     auto t = opt_string(*rf, "type", "response_format.type");
     if (!t) missing_param("response_format.type");
     if (*t != "text" && *t != "json_object" && *t != "json_schema")
-      invalid_value("response_format.type", fmt::format("Invalid 'response_format.type' '{}'; expected text, json_object or json_schema.", *t));
+      invalid_value("response_format.type",
+                    fmt::format("Invalid 'response_format.type' '{}'; expected text, json_object or json_schema.", *t));
     if (*t == "json_object") {
       StructuredSpec x;
       x.kind = Kind::JsonObject;
@@ -65,7 +66,9 @@ void parse_structured(const ojson& b, StructuredSpec& s) {
       if (!js) missing_param("response_format.json_schema");
       if (!js->is_object()) invalid_type("response_format.json_schema", "an object");
       if (auto n = opt_string(*js, "name", "response_format.json_schema.name")) {
-        if (n->empty() || n->size() > 64) invalid_value("response_format.json_schema.name", "'response_format.json_schema.name' must have 1 to 64 characters.");
+        if (n->empty() || n->size() > 64)
+          invalid_value("response_format.json_schema.name",
+                        "'response_format.json_schema.name' must have 1 to 64 characters.");
       }
       opt_bool(*js, "strict", "response_format.json_schema.strict");
       opt_string(*js, "description", "response_format.json_schema.description");
@@ -108,12 +111,18 @@ void parse_structured(const ojson& b, StructuredSpec& s) {
     for (auto it = so->begin(); it != so->end(); ++it) {
       if (it->is_null()) continue;
       const std::string p = "structured_outputs." + it.key();
-      if (it.key() == "json") add(Kind::JsonSchema, p, *it);
-      else if (it.key() == "regex") add(Kind::Regex, p, *it);
-      else if (it.key() == "choice") add(Kind::Choice, p, *it);
-      else if (it.key() == "grammar") add(Kind::Grammar, p, *it);
-      else if (it.key() == "json_object") add(Kind::JsonObject, p, *it);
-      else unsupported(p, fmt::format("'{}' is not supported; use json, regex, choice, grammar or json_object.", p));
+      if (it.key() == "json")
+        add(Kind::JsonSchema, p, *it);
+      else if (it.key() == "regex")
+        add(Kind::Regex, p, *it);
+      else if (it.key() == "choice")
+        add(Kind::Choice, p, *it);
+      else if (it.key() == "grammar")
+        add(Kind::Grammar, p, *it);
+      else if (it.key() == "json_object")
+        add(Kind::JsonObject, p, *it);
+      else
+        unsupported(p, fmt::format("'{}' is not supported; use json, regex, choice, grammar or json_object.", p));
     }
     if (found.size() - before > 1)
       invalid_value("structured_outputs", "'structured_outputs' must set exactly one of json, regex, choice, grammar.");

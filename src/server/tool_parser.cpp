@@ -139,7 +139,8 @@ class GlmParser : public MarkupParser {
       pos = ve + kVe.size();
       args[key] = typed_value(std::string(name), key, value);
     }
-    if (tools_.is_array() && !known_tool(name)) log::warn("model called tool '{}', which is not in the request's tools", name);
+    if (tools_.is_array() && !known_tool(name))
+      log::warn("model called tool '{}', which is not in the request's tools", name);
     calls.push_back({std::string(name), py_json_dumps(args)});
     return true;
   }
@@ -173,8 +174,10 @@ class GlmParser : public MarkupParser {
       if (ty->is_array()) {
         bool only_string = false, other = false;
         for (const auto& e : *ty) {
-          if (e == "string") only_string = true;
-          else if (e != "null") other = true;
+          if (e == "string")
+            only_string = true;
+          else if (e != "null")
+            other = true;
         }
         is_string = only_string && !other;
       }

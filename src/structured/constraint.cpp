@@ -48,7 +48,8 @@ void GrammarConstraint::mask(std::span<float> logits) {
     if (bits == ~uint64_t{0}) continue;
     const size_t end = std::min(V, w * 64 + 64);
     if (bits == 0) {
-      std::fill(logits.begin() + static_cast<std::ptrdiff_t>(w * 64), logits.begin() + static_cast<std::ptrdiff_t>(end), kNegInf);
+      std::fill(logits.begin() + static_cast<std::ptrdiff_t>(w * 64), logits.begin() + static_cast<std::ptrdiff_t>(end),
+                kNegInf);
       continue;
     }
     for (size_t i = w * 64; i < end; ++i)
@@ -85,8 +86,10 @@ bool glm_raw_string(const ojson& prop) {
   if (!ty->is_array()) return false;
   bool str = false, other = false;
   for (const auto& e : *ty) {
-    if (e == "string") str = true;
-    else if (e != "null") other = true;
+    if (e == "string")
+      str = true;
+    else if (e != "null")
+      other = true;
   }
   return str && !other;
 }
@@ -113,8 +116,9 @@ std::shared_ptr<const Grammar> tool_call_grammar(ToolSyntax syntax, const ojson&
         if (params.contains("type") && params["type"] != "object")
           throw GrammarError(fmt::format("the parameters of tool '{}' must be an object schema", name));
         for (auto it = params.begin(); it != params.end(); ++it) {
-          static const std::vector<std::string> kOk = {"type", "properties", "required", "additionalProperties",
-                                                       "title", "description", "$defs", "definitions", "$schema", "strict"};
+          static const std::vector<std::string> kOk = {"type",    "properties",  "required", "additionalProperties",
+                                                       "title",   "description", "$defs",    "definitions",
+                                                       "$schema", "strict"};
           if (std::find(kOk.begin(), kOk.end(), it.key()) == kOk.end())
             throw GrammarError(fmt::format("unsupported JSON Schema keyword '{}' at {}", it.key(), where), it.key());
         }
@@ -127,8 +131,9 @@ std::shared_ptr<const Grammar> tool_call_grammar(ToolSyntax syntax, const ojson&
           for (auto it = p->begin(); it != p->end(); ++it) {
             const std::string pw = where + "/properties/" + it.key();
             const ExprId v = glm_raw_string(*it) ? c.raw_string(*it, pw) : c.value(*it, pw);
-            const ExprId kv = b.seq({b.opt(b.byte('\n')), b.literal("<arg_key>"), b.literal(it.key()), b.literal("</arg_key>"),
-                                     b.opt(b.byte('\n')), b.literal("<arg_value>"), v, b.literal("</arg_value>")});
+            const ExprId kv =
+                b.seq({b.opt(b.byte('\n')), b.literal("<arg_key>"), b.literal(it.key()), b.literal("</arg_key>"),
+                       b.opt(b.byte('\n')), b.literal("<arg_value>"), v, b.literal("</arg_value>")});
             const bool req = std::find(required.begin(), required.end(), it.key()) != required.end();
             parts.push_back(req ? kv : b.opt(kv));
           }
@@ -142,7 +147,8 @@ std::shared_ptr<const Grammar> tool_call_grammar(ToolSyntax syntax, const ojson&
     }
     switch (syntax) {
       case ToolSyntax::Glm:
-        calls.push_back(b.seq({b.literal("<tool_call>"), b.literal(name), args, b.opt(b.byte('\n')), b.literal("</tool_call>")}));
+        calls.push_back(
+            b.seq({b.literal("<tool_call>"), b.literal(name), args, b.opt(b.byte('\n')), b.literal("</tool_call>")}));
         break;
       case ToolSyntax::DeepSeekV3:
         calls.push_back(b.seq({b.literal("<｜tool▁call▁begin｜>function<｜tool▁sep｜>"), b.literal(name),
@@ -159,8 +165,10 @@ std::shared_ptr<const Grammar> tool_call_grammar(ToolSyntax syntax, const ojson&
   b.define(call, b.alt(std::move(calls)));
   const ExprId sep = syntax == ToolSyntax::Glm ? b.opt(b.byte('\n')) : b.byte('\n');
   const ExprId list = parallel ? b.seq({b.ref(call), b.star(b.seq({sep, b.ref(call)}))}) : b.ref(call);
-  if (syntax == ToolSyntax::Glm) b.define(root, list);
-  else b.define(root, b.seq({b.literal("<｜tool▁calls▁begin｜>"), list, b.literal("<｜tool▁calls▁end｜>")}));
+  if (syntax == ToolSyntax::Glm)
+    b.define(root, list);
+  else
+    b.define(root, b.seq({b.literal("<｜tool▁calls▁begin｜>"), list, b.literal("<｜tool▁calls▁end｜>")}));
   return compile(b, root);
 }
 

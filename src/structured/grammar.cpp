@@ -258,8 +258,9 @@ class Lowerer {
       }
       case K::Ref: {
         if (x.rule < 0 || static_cast<size_t>(x.rule) >= b_.n_rules() || !b_.defined(x.rule))
-          throw GrammarError(fmt::format("rule '{}' is used but not defined",
-                                         x.rule >= 0 && static_cast<size_t>(x.rule) < b_.n_rules() ? b_.rule_name(x.rule) : "?"));
+          throw GrammarError(
+              fmt::format("rule '{}' is used but not defined",
+                          x.rule >= 0 && static_cast<size_t>(x.rule) < b_.n_rules() ? b_.rule_name(x.rule) : "?"));
         const int32_t t = node();
         tmp_[static_cast<size_t>(from)].calls.push_back({x.rule, t});
         return t;
@@ -323,8 +324,9 @@ class Lowerer {
       for (auto& [to, set] : by_target) out.edges.push_back({set, target(to)});
       for (auto& c : calls) {
         const Grammar::Call gc{c.rule, target(c.ret)};
-        if (std::find_if(out.calls.begin(), out.calls.end(),
-                         [&](const Grammar::Call& o) { return o.rule == gc.rule && o.ret == gc.ret; }) == out.calls.end())
+        if (std::find_if(out.calls.begin(), out.calls.end(), [&](const Grammar::Call& o) {
+              return o.rule == gc.rule && o.ret == gc.ret;
+            }) == out.calls.end())
           out.calls.push_back(gc);
       }
       g.nodes[static_cast<size_t>(gid[static_cast<size_t>(t)])] = std::move(out);
@@ -379,7 +381,8 @@ std::shared_ptr<const Grammar> compile(const GrammarBuilder& b, int32_t root, si
       const auto& nd = nodes[i];
       bool l = nd.final;
       for (const auto& e : nd.edges) l = l || live[static_cast<size_t>(e.to)];
-      for (const auto& c : nd.calls) l = l || (productive[static_cast<size_t>(c.rule)] && live[static_cast<size_t>(c.ret)]);
+      for (const auto& c : nd.calls)
+        l = l || (productive[static_cast<size_t>(c.rule)] && live[static_cast<size_t>(c.ret)]);
       if (l) {
         live[i] = 1;
         changed = true;
@@ -444,7 +447,8 @@ std::shared_ptr<const Grammar> compile(const GrammarBuilder& b, int32_t root, si
     color[static_cast<size_t>(r)] = 1;
     for (int32_t s : left[static_cast<size_t>(r)]) {
       if (color[static_cast<size_t>(s)] == 1)
-        throw GrammarError(fmt::format("the grammar is left-recursive through rule '{}'", g->rule_names[static_cast<size_t>(s)]));
+        throw GrammarError(
+            fmt::format("the grammar is left-recursive through rule '{}'", g->rule_names[static_cast<size_t>(s)]));
       if (color[static_cast<size_t>(s)] == 0) dfs(s);
     }
     color[static_cast<size_t>(r)] = 2;

@@ -18,15 +18,18 @@ namespace {
 }
 
 const std::set<std::string>& handled_keywords() {
-  static const std::set<std::string> k = {"type", "properties", "required", "additionalProperties", "items",
-                                          "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-                                          "$defs", "definitions", "pattern", "minLength", "maxLength"};
+  static const std::set<std::string> k = {"type",      "properties", "required",    "additionalProperties",
+                                          "items",     "minItems",   "maxItems",    "enum",
+                                          "const",     "anyOf",      "oneOf",       "allOf",
+                                          "$ref",      "$defs",      "definitions", "pattern",
+                                          "minLength", "maxLength"};
   return k;
 }
 
 const std::set<std::string>& annotation_keywords() {
-  static const std::set<std::string> k = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
-                                          "deprecated", "readOnly", "writeOnly", "strict", "discriminator"};
+  static const std::set<std::string> k = {"title",    "description", "default",  "examples",
+                                          "$schema",  "$id",         "$comment", "deprecated",
+                                          "readOnly", "writeOnly",   "strict",   "discriminator"};
   return k;
 }
 
@@ -35,7 +38,9 @@ int64_t count(const ojson& s, const char* key, const std::string& where) {
   if (it == s.end()) return -1;
   if (!it->is_number_integer() || it->get<int64_t>() < 0)
     invalid(where, fmt::format("'{}' must be a non-negative integer", key));
-  if (it->get<int64_t>() > 10000) throw GrammarError(fmt::format("'{}' = {} at {} is too large (at most 10000)", key, it->get<int64_t>(), where), key);
+  if (it->get<int64_t>() > 10000)
+    throw GrammarError(fmt::format("'{}' = {} at {} is too large (at most 10000)", key, it->get<int64_t>(), where),
+                       key);
   return it->get<int64_t>();
 }
 
@@ -58,7 +63,8 @@ ExprId JsonSchemaCompiler::json_char() {
   ByteSet esc;
   for (char c : {'"', '\\', '/', 'b', 'f', 'n', 'r', 't'}) esc.set(static_cast<uint8_t>(c));
   ByteSet hexd = ByteSet::range('0', '9') | ByteSet::range('a', 'f') | ByteSet::range('A', 'F');
-  ExprId escape = b_.seq({b_.byte('\\'), b_.alt({b_.bytes(esc), b_.seq({b_.byte('u'), b_.repeat(b_.bytes(hexd), 4, 4)})})});
+  ExprId escape =
+      b_.seq({b_.byte('\\'), b_.alt({b_.bytes(esc), b_.seq({b_.byte('u'), b_.repeat(b_.bytes(hexd), 4, 4)})})});
   return b_.alt({b_.bytes(plain), b_.any_non_ascii(), escape});
 }
 
@@ -72,9 +78,11 @@ ExprId JsonSchemaCompiler::any_value() {
                                b_.literal("false"), b_.literal("null")}));
   const ExprId kv = b_.seq({str, ws(), b_.byte(':'), ws(), b_.ref(any_rule_)});
   const ExprId sep = b_.seq({ws(), b_.byte(','), ws()});
-  b_.define(object_any_rule_, b_.seq({b_.byte('{'), ws(), b_.opt(b_.seq({kv, b_.star(b_.seq({sep, kv}))})), ws(), b_.byte('}')}));
+  b_.define(object_any_rule_,
+            b_.seq({b_.byte('{'), ws(), b_.opt(b_.seq({kv, b_.star(b_.seq({sep, kv}))})), ws(), b_.byte('}')}));
   const ExprId v = b_.ref(any_rule_);
-  b_.define(array_any_rule_, b_.seq({b_.byte('['), ws(), b_.opt(b_.seq({v, b_.star(b_.seq({sep, v}))})), ws(), b_.byte(']')}));
+  b_.define(array_any_rule_,
+            b_.seq({b_.byte('['), ws(), b_.opt(b_.seq({v, b_.star(b_.seq({sep, v}))})), ws(), b_.byte(']')}));
   return b_.ref(any_rule_);
 }
 
@@ -82,7 +90,9 @@ ExprId JsonSchemaCompiler::resolve_ref(const std::string& ref, const std::string
   for (auto& [r, id] : refs_)
     if (r == ref) return b_.ref(id);
   if (ref.empty() || ref[0] != '#')
-    throw GrammarError(fmt::format("$ref '{}' at {}: only references into the same schema ('#...') are supported", ref, where), "$ref");
+    throw GrammarError(
+        fmt::format("$ref '{}' at {}: only references into the same schema ('#...') are supported", ref, where),
+        "$ref");
   const ojson* target = &root_;
   if (ref.size() > 1) {
     if (ref[1] != '/') invalid(where, fmt::format("$ref '{}' is not a JSON pointer", ref));
@@ -151,14 +161,16 @@ ExprId JsonSchemaCompiler::value(const ojson& s, const std::string& where) {
     }
   if (auto it = s.find("allOf"); it != s.end()) {
     if (!it->is_array() || it->empty()) invalid(where, "'allOf' must be a non-empty array");
-    if (it->size() != 1) throw GrammarError(fmt::format("'allOf' with more than one schema at {} is not supported", where), "allOf");
+    if (it->size() != 1)
+      throw GrammarError(fmt::format("'allOf' with more than one schema at {} is not supported", where), "allOf");
     return value((*it)[0], where + "/allOf/0");
   }
   if (auto it = s.find("type"); it != s.end()) {
     static const std::set<std::string> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
     auto check = [&](const ojson& t) {
       if (!t.is_string() || !kTypes.count(t.get<std::string>()))
-        invalid(where, fmt::format("'type' {} is not one of object, array, string, number, integer, boolean, null", t.dump()));
+        invalid(where,
+                fmt::format("'type' {} is not one of object, array, string, number, integer, boolean, null", t.dump()));
       return t.get<std::string>();
     };
     if (it->is_array()) {
@@ -185,8 +197,8 @@ ExprId JsonSchemaCompiler::typed(const std::string& t, const ojson& s, const std
   if (t == "boolean") return b_.alt({b_.literal("true"), b_.literal("false")});
   if (t == "null") return b_.literal("null");
   ByteSet d19 = ByteSet::range('1', '9'), d09 = ByteSet::range('0', '9');
-  const ExprId int_part = b_.seq({b_.opt(b_.byte('-')),
-                                  b_.alt({b_.byte('0'), b_.seq({b_.bytes(d19), b_.repeat(b_.bytes(d09), 0, 15)})})});
+  const ExprId int_part =
+      b_.seq({b_.opt(b_.byte('-')), b_.alt({b_.byte('0'), b_.seq({b_.bytes(d19), b_.repeat(b_.bytes(d09), 0, 15)})})});
   if (t == "integer") {
     if (integer_rule_ < 0) {
       integer_rule_ = new_rule("json_integer");
@@ -197,8 +209,9 @@ ExprId JsonSchemaCompiler::typed(const std::string& t, const ojson& s, const std
   if (number_rule_ < 0) {
     number_rule_ = new_rule("json_number");
     ByteSet e = ByteSet::of('e') | ByteSet::of('E'), pm = ByteSet::of('+') | ByteSet::of('-');
-    b_.define(number_rule_, b_.seq({int_part, b_.opt(b_.seq({b_.byte('.'), b_.repeat(b_.bytes(d09), 1, 16)})),
-                                    b_.opt(b_.seq({b_.bytes(e), b_.opt(b_.bytes(pm)), b_.repeat(b_.bytes(d09), 1, 2)}))}));
+    b_.define(number_rule_,
+              b_.seq({int_part, b_.opt(b_.seq({b_.byte('.'), b_.repeat(b_.bytes(d09), 1, 16)})),
+                      b_.opt(b_.seq({b_.bytes(e), b_.opt(b_.bytes(pm)), b_.repeat(b_.bytes(d09), 1, 2)}))}));
   }
   return b_.ref(number_rule_);
 }
@@ -209,7 +222,8 @@ ExprId JsonSchemaCompiler::string(const ojson& s, const std::string& where) {
   if (auto it = s.find("pattern"); it != s.end()) {
     if (!it->is_string()) invalid(where, "'pattern' must be a string");
     if (lo >= 0 || hi >= 0)
-      throw GrammarError(fmt::format("'pattern' together with 'minLength' / 'maxLength' at {} is not supported", where), "pattern");
+      throw GrammarError(fmt::format("'pattern' together with 'minLength' / 'maxLength' at {} is not supported", where),
+                         "pattern");
     ExprId body;
     try {
       body = regex_expr(b_, it->get<std::string>(), /*json_string_body=*/true);
@@ -226,8 +240,9 @@ ExprId JsonSchemaCompiler::string(const ojson& s, const std::string& where) {
     return b_.ref(string_rule_);
   }
   const int32_t r = new_rule("string");
-  b_.define(r, b_.seq({b_.byte('"'), b_.repeat(json_char(), static_cast<int32_t>(std::max<int64_t>(lo, 0)),
-                                                hi < 0 ? kUnbounded : static_cast<int32_t>(hi)),
+  b_.define(r, b_.seq({b_.byte('"'),
+                       b_.repeat(json_char(), static_cast<int32_t>(std::max<int64_t>(lo, 0)),
+                                 hi < 0 ? kUnbounded : static_cast<int32_t>(hi)),
                        b_.byte('"')}));
   return b_.ref(r);
 }
@@ -249,7 +264,8 @@ ExprId JsonSchemaCompiler::raw_string(const ojson& s, const std::string& where) 
       }
     }
   }
-  const int64_t lo = s.is_object() ? count(s, "minLength", where) : -1, hi = s.is_object() ? count(s, "maxLength", where) : -1;
+  const int64_t lo = s.is_object() ? count(s, "minLength", where) : -1,
+                hi = s.is_object() ? count(s, "maxLength", where) : -1;
   ByteSet ascii = ByteSet::range(0x20, 0x7F) & ~ByteSet::of('<');
   ascii.set('\n');
   ascii.set('\t');
@@ -274,9 +290,12 @@ ExprId JsonSchemaCompiler::object(const ojson& s, const std::string& where) {
   const ojson* extra = nullptr;  // schema of further properties; null = none allowed
   static const ojson kTrue = true;
   if (auto it = s.find("additionalProperties"); it != s.end()) {
-    if (it->is_boolean()) extra = it->get<bool>() ? &kTrue : nullptr;
-    else if (it->is_object()) extra = &*it;
-    else invalid(where, "'additionalProperties' must be a boolean or a schema");
+    if (it->is_boolean())
+      extra = it->get<bool>() ? &kTrue : nullptr;
+    else if (it->is_object())
+      extra = &*it;
+    else
+      invalid(where, "'additionalProperties' must be a boolean or a schema");
   }
   if (!props && required.empty() && (!s.contains("additionalProperties") || (extra && extra->is_boolean()))) {
     any_value();
@@ -304,7 +323,8 @@ ExprId JsonSchemaCompiler::object(const ojson& s, const std::string& where) {
   // Further properties after the listed ones.
   auto tail = [&](bool first) -> ExprId {
     if (!extra) return b_.empty();
-    const ExprId ev = b_.seq({typed("string", ojson::object(), where), ws(), b_.byte(':'), ws(), value(*extra, where + "/additionalProperties")});
+    const ExprId ev = b_.seq({typed("string", ojson::object(), where), ws(), b_.byte(':'), ws(),
+                              value(*extra, where + "/additionalProperties")});
     const int32_t r = new_rule("extra");
     b_.define(r, ev);
     const ExprId more = b_.star(b_.seq({sep(), b_.ref(r)}));
@@ -327,7 +347,8 @@ ExprId JsonSchemaCompiler::object(const ojson& s, const std::string& where) {
     std::vector<std::array<int32_t, 2>> rules(k + 1);
     const int id = rule_counter_++;
     for (size_t i = 0; i <= k; ++i)
-      for (int f = 0; f < 2; ++f) rules[i][static_cast<size_t>(f)] = b_.declare(fmt::format("{}obj{}_{}_{}", prefix_, id, i, f));
+      for (int f = 0; f < 2; ++f)
+        rules[i][static_cast<size_t>(f)] = b_.declare(fmt::format("{}obj{}_{}_{}", prefix_, id, i, f));
     for (size_t i = k + 1; i-- > 0;)
       for (int f = 0; f < 2; ++f) {
         const int32_t r = rules[i][static_cast<size_t>(f)];
@@ -336,8 +357,10 @@ ExprId JsonSchemaCompiler::object(const ojson& s, const std::string& where) {
           continue;
         }
         const ExprId with = b_.seq({f == 1 ? b_.empty() : sep(), kv[i], b_.ref(rules[i + 1][0])});
-        if (list[i].required) b_.define(r, with);
-        else b_.define(r, b_.alt({with, b_.ref(rules[i + 1][static_cast<size_t>(f)])}));
+        if (list[i].required)
+          b_.define(r, with);
+        else
+          b_.define(r, b_.alt({with, b_.ref(rules[i + 1][static_cast<size_t>(f)])}));
       }
     body = b_.ref(rules[0][1]);
   }
@@ -349,7 +372,8 @@ ExprId JsonSchemaCompiler::array(const ojson& s, const std::string& where) {
   if (lo >= 0 && hi >= 0 && hi < lo) invalid(where, "'maxItems' is less than 'minItems'");
   ExprId item;
   if (auto it = s.find("items"); it != s.end()) {
-    if (it->is_array()) throw GrammarError(fmt::format("'items' as an array (tuple validation) at {} is not supported", where), "items");
+    if (it->is_array())
+      throw GrammarError(fmt::format("'items' as an array (tuple validation) at {} is not supported", where), "items");
     const int32_t r = new_rule("item");
     b_.define(r, value(*it, where + "/items"));
     item = b_.ref(r);
@@ -358,8 +382,9 @@ ExprId JsonSchemaCompiler::array(const ojson& s, const std::string& where) {
   }
   const int64_t mn = std::max<int64_t>(lo, 0);
   if (hi == 0) return b_.seq({b_.byte('['), ws(), b_.byte(']')});
-  const ExprId more = b_.repeat(b_.seq({b_.seq({ws(), b_.byte(','), ws()}), item}), static_cast<int32_t>(std::max<int64_t>(mn, 1) - 1),
-                                hi < 0 ? kUnbounded : static_cast<int32_t>(hi - 1));
+  const ExprId more =
+      b_.repeat(b_.seq({b_.seq({ws(), b_.byte(','), ws()}), item}), static_cast<int32_t>(std::max<int64_t>(mn, 1) - 1),
+                hi < 0 ? kUnbounded : static_cast<int32_t>(hi - 1));
   ExprId body = b_.seq({item, more});
   if (mn == 0) body = b_.opt(body);
   return b_.seq({b_.byte('['), ws(), body, ws(), b_.byte(']')});

@@ -54,8 +54,7 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<int32_t> stop
     open.push_back(static_cast<int32_t>(i));
   }
   for (size_t i = N; i-- > 0;)
-    if (parent[i] >= 0)
-      desc_[static_cast<size_t>(parent[i])] |= desc_[i] | (uint64_t{1} << byte_class(byte_[i]));
+    if (parent[i] >= 0) desc_[static_cast<size_t>(parent[i])] |= desc_[i] | (uint64_t{1} << byte_class(byte_[i]));
 }
 
 int TokenVocab::byte_class(uint8_t b) {
@@ -65,19 +64,32 @@ int TokenVocab::byte_class(uint8_t b) {
     const int lower = next++, upper = next++, digit = next++, space = next++, nl = next++, tab = next++, ctl = next++,
               del = next++, cont = next++, lead2 = next++, lead3 = next++, lead4 = next++;
     for (int c = 0; c < 256; ++c) {
-      if (c >= 'a' && c <= 'z') t[c] = static_cast<int8_t>(lower);
-      else if (c >= 'A' && c <= 'Z') t[c] = static_cast<int8_t>(upper);
-      else if (c >= '0' && c <= '9') t[c] = static_cast<int8_t>(digit);
-      else if (c == ' ') t[c] = static_cast<int8_t>(space);
-      else if (c == '\n') t[c] = static_cast<int8_t>(nl);
-      else if (c == '\t') t[c] = static_cast<int8_t>(tab);
-      else if (c < 0x20) t[c] = static_cast<int8_t>(ctl);
-      else if (c == 0x7F) t[c] = static_cast<int8_t>(del);
-      else if (c >= 0x80 && c < 0xC0) t[c] = static_cast<int8_t>(cont);
-      else if (c >= 0xC0 && c < 0xE0) t[c] = static_cast<int8_t>(lead2);
-      else if (c >= 0xE0 && c < 0xF0) t[c] = static_cast<int8_t>(lead3);
-      else if (c >= 0xF0) t[c] = static_cast<int8_t>(lead4);
-      else t[c] = static_cast<int8_t>(next++);  // each ASCII punctuation character on its own (32 of them)
+      if (c >= 'a' && c <= 'z')
+        t[c] = static_cast<int8_t>(lower);
+      else if (c >= 'A' && c <= 'Z')
+        t[c] = static_cast<int8_t>(upper);
+      else if (c >= '0' && c <= '9')
+        t[c] = static_cast<int8_t>(digit);
+      else if (c == ' ')
+        t[c] = static_cast<int8_t>(space);
+      else if (c == '\n')
+        t[c] = static_cast<int8_t>(nl);
+      else if (c == '\t')
+        t[c] = static_cast<int8_t>(tab);
+      else if (c < 0x20)
+        t[c] = static_cast<int8_t>(ctl);
+      else if (c == 0x7F)
+        t[c] = static_cast<int8_t>(del);
+      else if (c >= 0x80 && c < 0xC0)
+        t[c] = static_cast<int8_t>(cont);
+      else if (c >= 0xC0 && c < 0xE0)
+        t[c] = static_cast<int8_t>(lead2);
+      else if (c >= 0xE0 && c < 0xF0)
+        t[c] = static_cast<int8_t>(lead3);
+      else if (c >= 0xF0)
+        t[c] = static_cast<int8_t>(lead4);
+      else
+        t[c] = static_cast<int8_t>(next++);  // each ASCII punctuation character on its own (32 of them)
     }
     return t;
   }();
@@ -270,7 +282,8 @@ void Matcher::walk(int32_t start, uint64_t* mask) {
     if ((fl & kLive) && v.end_[static_cast<size_t>(i)] - i > kBulkMin &&
         (v.desc_[static_cast<size_t>(i)] & ~loop_classes(t)) == 0) {
       // Every byte below keeps the state at t (live): the whole subtree is allowed.
-      for (int32_t k = v.tok_lo_[static_cast<size_t>(i)]; k < v.tok_lo_[static_cast<size_t>(v.end_[static_cast<size_t>(i)])]; ++k)
+      for (int32_t k = v.tok_lo_[static_cast<size_t>(i)];
+           k < v.tok_lo_[static_cast<size_t>(v.end_[static_cast<size_t>(i)])]; ++k)
         set_bit(mask, v.ids_[static_cast<size_t>(k)]);
       i = v.end_[static_cast<size_t>(i)];
       continue;

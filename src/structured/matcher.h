@@ -35,9 +35,9 @@ namespace latent::structured {
 class NodeMaskCache {
  public:
   struct Entry {
-    std::vector<uint64_t> accepted;   // decided inside the rule: allowed whatever the callers are
-    std::vector<int32_t> uncertain;   // need the callers (run past the rule's end)
-    bool full_walk = false;           // `uncertain` too large: walk the trie with the real state instead
+    std::vector<uint64_t> accepted;  // decided inside the rule: allowed whatever the callers are
+    std::vector<int32_t> uncertain;  // need the callers (run past the rule's end)
+    bool full_walk = false;          // `uncertain` too large: walk the trie with the real state instead
   };
   explicit NodeMaskCache(size_t capacity = 2048) : capacity_(capacity) {}
   std::shared_ptr<const Entry> get(const std::string& key) const;
@@ -59,7 +59,9 @@ class TokenVocab {
   size_t mask_words() const { return (bytes_.size() + 63) / 64; }
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
-  bool is_stop(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < is_stop_.size() && is_stop_[static_cast<size_t>(id)]; }
+  bool is_stop(int32_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < is_stop_.size() && is_stop_[static_cast<size_t>(id)];
+  }
   size_t trie_nodes() const { return byte_.size(); }
   NodeMaskCache& cache() const { return cache_; }
 
@@ -118,7 +120,7 @@ class Matcher {
   static constexpr int32_t kEmpty = 0, kMarker = 1;  // stack ids: the empty stack, the context marker
   static constexpr uint8_t kLive = 1, kCanEnd = 2, kPopped = 4;
   struct State {
-    std::vector<int32_t> stacks;  // sorted, each with a byte-consuming top
+    std::vector<int32_t> stacks;      // sorted, each with a byte-consuming top
     std::unique_ptr<int32_t[]> next;  // [256] memoized transitions, -1 unknown
   };
   int32_t stack(int32_t node, int32_t parent);
@@ -138,7 +140,7 @@ class Matcher {
   std::unordered_map<uint64_t, int32_t> stack_ids_;
   std::vector<State> states_;
   std::vector<uint8_t> flags_;
-  std::vector<uint64_t> loops_;       // per state: loop_classes, bit 63 = computed
+  std::vector<uint64_t> loops_;  // per state: loop_classes, bit 63 = computed
   std::unordered_map<std::string, int32_t> state_ids_;
   std::vector<int32_t> walk_states_;
   std::vector<uint8_t> walk_maybe_;

@@ -15,8 +15,10 @@ Ranges normalize(Ranges r) {
   std::sort(r.begin(), r.end());
   Ranges out;
   for (auto [a, b] : r) {
-    if (!out.empty() && a <= out.back().second + 1) out.back().second = std::max(out.back().second, b);
-    else out.emplace_back(a, b);
+    if (!out.empty() && a <= out.back().second + 1)
+      out.back().second = std::max(out.back().second, b);
+    else
+      out.emplace_back(a, b);
   }
   return out;
 }
@@ -124,9 +126,12 @@ class RegexParser {
     while (!at_end()) {
       const char c = p_[i_];
       int lo, hi;
-      if (c == '*') lo = 0, hi = kUnbounded, ++i_;
-      else if (c == '+') lo = 1, hi = kUnbounded, ++i_;
-      else if (c == '?') lo = 0, hi = 1, ++i_;
+      if (c == '*')
+        lo = 0, hi = kUnbounded, ++i_;
+      else if (c == '+')
+        lo = 1, hi = kUnbounded, ++i_;
+      else if (c == '?')
+        lo = 0, hi = 1, ++i_;
       else if (c == '{') {
         const size_t save = i_;
         ++i_;
@@ -159,10 +164,14 @@ class RegexParser {
       if (at_end()) fail("truncated hex escape");
       const char c = p_[i_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<uint32_t>(c - 'A' + 10);
-      else fail("bad hex digit");
+      if (c >= '0' && c <= '9')
+        v |= static_cast<uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= static_cast<uint32_t>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= static_cast<uint32_t>(c - 'A' + 10);
+      else
+        fail("bad hex digit");
     }
     return v;
   }
@@ -206,7 +215,8 @@ class RegexParser {
           cp = hex(4);
         }
         return false;
-      case 'b': case 'B': fail("word boundaries (\\b) are not supported");
+      case 'b':
+      case 'B': fail("word boundaries (\\b) are not supported");
       default:
         if ((c >= '1' && c <= '9')) fail("backreferences are not supported");
         if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) fail(fmt::format("unknown escape \\{}", c));
@@ -369,8 +379,10 @@ class GbnfParser {
   [[noreturn]] void fail(const std::string& what) const {
     size_t line = 1, col = 1;
     for (size_t k = 0; k < i_ && k < t_.size(); ++k) {
-      if (t_[k] == '\n') ++line, col = 1;
-      else ++col;
+      if (t_[k] == '\n')
+        ++line, col = 1;
+      else
+        ++col;
     }
     throw GrammarError(fmt::format("grammar line {}, column {}: {}", line, col, what));
   }
@@ -456,10 +468,14 @@ class GbnfParser {
       if (i_ >= t_.size()) fail("truncated escape");
       const char c = t_[i_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<uint32_t>(c - 'A' + 10);
-      else fail("bad hex digit in escape");
+      if (c >= '0' && c <= '9')
+        v |= static_cast<uint32_t>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= static_cast<uint32_t>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= static_cast<uint32_t>(c - 'A' + 10);
+      else
+        fail("bad hex digit in escape");
     }
     return v;
   }
@@ -575,9 +591,12 @@ class GbnfParser {
       ExprId e = element();
       while (i_ < t_.size()) {
         const char q = t_[i_];
-        if (q == '*') e = b_.star(e), ++i_;
-        else if (q == '+') e = b_.plus(e), ++i_;
-        else if (q == '?') e = b_.opt(e), ++i_;
+        if (q == '*')
+          e = b_.star(e), ++i_;
+        else if (q == '+')
+          e = b_.plus(e), ++i_;
+        else if (q == '?')
+          e = b_.opt(e), ++i_;
         else if (q == '{') {
           ++i_;
           skip(false);

@@ -30,7 +30,8 @@ void AddedTokenMatcher::build(const std::vector<std::string>& patterns, const st
       node = c;
     }
     // Equal patterns: the first one registered wins.
-    if (nodes_[static_cast<size_t>(node)].pattern < 0) nodes_[static_cast<size_t>(node)].pattern = static_cast<int32_t>(p);
+    if (nodes_[static_cast<size_t>(node)].pattern < 0)
+      nodes_[static_cast<size_t>(node)].pattern = static_cast<int32_t>(p);
   }
 }
 

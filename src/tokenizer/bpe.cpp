@@ -1,7 +1,7 @@
 #include "tokenizer/bpe.h"
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -219,7 +219,8 @@ void BpeModel::merge_word(std::vector<TokenId>& ids, std::vector<TokenId>& out) 
   syms.resize(static_cast<size_t>(n));
   heap.clear();
   const auto cmp = std::greater<Cand>();
-  for (int i = 0; i < n; ++i) syms[static_cast<size_t>(i)] = Sym{ids[static_cast<size_t>(i)], i - 1, i + 1 < n ? i + 1 : -1};
+  for (int i = 0; i < n; ++i)
+    syms[static_cast<size_t>(i)] = Sym{ids[static_cast<size_t>(i)], i - 1, i + 1 < n ? i + 1 : -1};
   auto consider = [&](int pos) {
     const Sym& a = syms[static_cast<size_t>(pos)];
     if (a.next < 0) return;

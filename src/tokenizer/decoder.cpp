@@ -47,7 +47,10 @@ class ByteFallbackDecoder final : public DecoderStep {
       int byte = -1;
       if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
         auto hex = [](char c) {
-          return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+          return c >= '0' && c <= '9'   ? c - '0'
+                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                        : -1;
         };
         const int h = hex(t[3]), l = hex(t[4]);
         if (h >= 0 && l >= 0) byte = h * 16 + l;
@@ -178,8 +181,8 @@ void build(const nlohmann::json& j, const std::string& file, std::vector<std::sh
       return;
     }
     if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) {
-      steps.push_back(std::make_shared<ReplaceDecoder>("", std::make_unique<Regex>(pat["Regex"].get<std::string>()),
-                                                       content));
+      steps.push_back(
+          std::make_shared<ReplaceDecoder>("", std::make_unique<Regex>(pat["Regex"].get<std::string>()), content));
       return;
     }
     fail("{}: decoder Replace: \"pattern\" must be {{\"String\": ...}} or {{\"Regex\": ...}}", file);

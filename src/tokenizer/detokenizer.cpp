@@ -48,8 +48,7 @@ std::string IncrementalDetokenizer::push(TokenId id) {
   ids_.push_back(id);
   if (is_byte_token(token)) return {};
   const std::span<const TokenId> all(ids_);
-  const std::string prefix_text =
-      tok_->decode(all.subspan(prefix_index_, read_index_ - prefix_index_), skip_special_);
+  const std::string prefix_text = tok_->decode(all.subspan(prefix_index_, read_index_ - prefix_index_), skip_special_);
   const std::string new_text = tok_->decode(all.subspan(prefix_index_), skip_special_);
   if (new_text.size() > prefix_text.size() && !ends_with_replacement(new_text) &&
       new_text.compare(0, prefix_text.size(), prefix_text) == 0) {
@@ -76,8 +75,10 @@ std::string IncrementalDetokenizer::finish() {
     const std::string prefix_text =
         tok_->decode(all.subspan(prefix_index_, read_index_ - prefix_index_), skip_special_);
     const std::string new_text = tok_->decode(all.subspan(prefix_index_), skip_special_);
-    if (new_text.compare(0, prefix_text.size(), prefix_text) == 0) out = new_text.substr(prefix_text.size());
-    else out = new_text;  // the decoder rewrote earlier text; best effort
+    if (new_text.compare(0, prefix_text.size(), prefix_text) == 0)
+      out = new_text.substr(prefix_text.size());
+    else
+      out = new_text;  // the decoder rewrote earlier text; best effort
   }
   reset();
   return out;

@@ -39,8 +39,7 @@ inline std::string json_opt_string(const nlohmann::json& j, const char* key, con
   return it->get<std::string>();
 }
 
-inline bool json_bool(const nlohmann::json& j, const char* key, bool dflt, const char* what,
-                      const std::string& file) {
+inline bool json_bool(const nlohmann::json& j, const char* key, bool dflt, const char* what, const std::string& file) {
   if (!j.is_object()) fail("{}: {} is not a JSON object", file, what);
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;

@@ -40,9 +40,9 @@ class UnicodeNormalizer final : public Normalizer {
       }
     if (ascii) return;
     utf8proc_uint8_t* dst = nullptr;
-    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                            static_cast<utf8proc_ssize_t>(s.size()), &dst,
-                                            static_cast<utf8proc_option_t>(options_));
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &dst,
+                     static_cast<utf8proc_option_t>(options_));
     if (n < 0) fail("{} normalization failed: {}", name_, utf8proc_errmsg(n));
     s.assign(reinterpret_cast<const char*>(dst), static_cast<size_t>(n));
     std::free(dst);
@@ -191,8 +191,7 @@ std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j, const std::
     if (pat.is_object() && pat.contains("String") && pat["String"].is_string())
       return std::make_unique<ReplaceNormalizer>(pat["String"].get<std::string>(), nullptr, content);
     if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string())
-      return std::make_unique<ReplaceNormalizer>("", std::make_unique<Regex>(pat["Regex"].get<std::string>()),
-                                                 content);
+      return std::make_unique<ReplaceNormalizer>("", std::make_unique<Regex>(pat["Regex"].get<std::string>()), content);
     fail("{}: normalizer Replace: \"pattern\" must be {{\"String\": ...}} or {{\"Regex\": ...}}", file);
   }
   static const char* kKnownUnsupported[] = {"BertNormalizer", "Precompiled", "Nmt", "ByteLevel"};

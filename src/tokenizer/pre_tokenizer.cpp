@@ -199,7 +199,8 @@ class CharDelimiterStep final : public PreTokenizerStep {
  public:
   explicit CharDelimiterStep(uint32_t d) : delim_(d) {}
   void split(std::string_view piece, std::vector<std::string_view>& out, PreTokScratch& s) const override {
-    char_matches(piece, [this](uint32_t cp) { return cp == delim_; }, s.matches);
+    char_matches(
+        piece, [this](uint32_t cp) { return cp == delim_; }, s.matches);
     split_by(piece, s.matches, false, Behavior::kRemoved, out, s.parts);
   }
 
@@ -212,8 +213,7 @@ class ByteLevelSplitStep final : public PreTokenizerStep {
  public:
   ByteLevelSplitStep(bool add_prefix_space, bool use_regex) : add_prefix_space_(add_prefix_space) {
     if (use_regex)
-      re_ = std::make_unique<Regex>(
-          R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)");
+      re_ = std::make_unique<Regex>(R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)");
   }
   void split(std::string_view piece, std::vector<std::string_view>& out, PreTokScratch& s) const override {
     if (add_prefix_space_ && (piece.empty() || piece[0] != ' ')) {
@@ -235,8 +235,8 @@ class ByteLevelSplitStep final : public PreTokenizerStep {
   std::unique_ptr<Regex> re_;
 };
 
-void build(const nlohmann::json& j, const std::string& file, std::vector<std::shared_ptr<const PreTokenizerStep>>& steps,
-           bool& byte_level) {
+void build(const nlohmann::json& j, const std::string& file,
+           std::vector<std::shared_ptr<const PreTokenizerStep>>& steps, bool& byte_level) {
   if (j.is_null()) return;
   const std::string type = json_type_field(j, "pre_tokenizer", file);
   if (type == "Sequence") {
@@ -298,7 +298,8 @@ void build(const nlohmann::json& j, const std::string& file, std::vector<std::sh
     const std::string d = json_string(j, "delimiter", "CharDelimiterSplit", file);
     if (d.empty() || !unicode::is_valid_utf8(d)) fail("{}: CharDelimiterSplit: bad delimiter", file);
     uint32_t cp = 0;
-    if (unicode::decode_valid(d, 0, cp) != d.size()) fail("{}: CharDelimiterSplit: delimiter must be one character", file);
+    if (unicode::decode_valid(d, 0, cp) != d.size())
+      fail("{}: CharDelimiterSplit: delimiter must be one character", file);
     steps.push_back(std::make_shared<CharDelimiterStep>(cp));
     return;
   }

@@ -113,7 +113,7 @@ RangeSet probe_property(const std::string& escape) {
   if (auto it = cache.find(escape); it != cache.end()) return it->second;
   bool jit = false;
   pcre2_code* code = compile_pcre2(escape, escape, jit);  // throws for an unknown property
-  std::string all;  // every code point once
+  std::string all;                                        // every code point once
   all.reserve(4400000);
   for (uint32_t cp = 0; cp <= kMaxCp; ++cp) {
     if (cp >= 0xD800 && cp <= 0xDFFF) continue;
@@ -123,8 +123,8 @@ RangeSet probe_property(const std::string& escape) {
   Scratch& s = scratch();
   size_t start = 0;
   while (start < all.size()) {
-    const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(all.data()), all.size(), start,
-                               PCRE2_NO_UTF_CHECK, s.md, s.mc);
+    const int rc =
+        pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(all.data()), all.size(), start, PCRE2_NO_UTF_CHECK, s.md, s.mc);
     if (rc < 0) break;
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s.md);
     uint32_t cp = 0;
@@ -148,29 +148,75 @@ std::string canon_property(std::string_view name) {
   for (char c : name)
     if (c != '_' && c != ' ' && c != '-') k.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   static const std::pair<const char*, const char*> kAliases[] = {
-      {"letter", "L"}, {"uppercaseletter", "Lu"}, {"lowercaseletter", "Ll"}, {"titlecaseletter", "Lt"},
-      {"modifierletter", "Lm"}, {"otherletter", "Lo"}, {"mark", "M"}, {"combiningmark", "M"},
-      {"nonspacingmark", "Mn"}, {"spacingmark", "Mc"}, {"enclosingmark", "Me"}, {"number", "N"},
-      {"decimalnumber", "Nd"}, {"letternumber", "Nl"}, {"othernumber", "No"}, {"punctuation", "P"},
-      {"punct", "P"}, {"connectorpunctuation", "Pc"}, {"dashpunctuation", "Pd"}, {"openpunctuation", "Ps"},
-      {"closepunctuation", "Pe"}, {"initialpunctuation", "Pi"}, {"finalpunctuation", "Pf"},
-      {"otherpunctuation", "Po"}, {"symbol", "S"}, {"mathsymbol", "Sm"}, {"currencysymbol", "Sc"},
-      {"modifiersymbol", "Sk"}, {"othersymbol", "So"}, {"separator", "Z"}, {"spaceseparator", "Zs"},
-      {"lineseparator", "Zl"}, {"paragraphseparator", "Zp"}, {"control", "Cc"}, {"cntrl", "Cc"},
-      {"format", "Cf"}, {"privateuse", "Co"}, {"han", "Han"}, {"hani", "Han"}, {"hiragana", "Hiragana"},
-      {"hira", "Hiragana"}, {"katakana", "Katakana"}, {"kana", "Katakana"}, {"hangul", "Hangul"},
-      {"hang", "Hangul"}, {"latin", "Latin"}, {"latn", "Latin"}, {"greek", "Greek"}, {"grek", "Greek"},
-      {"cyrillic", "Cyrillic"}, {"cyrl", "Cyrillic"}, {"arabic", "Arabic"}, {"arab", "Arabic"},
-      {"hebrew", "Hebrew"}, {"hebr", "Hebrew"}, {"thai", "Thai"}, {"devanagari", "Devanagari"},
-      {"deva", "Devanagari"}, {"common", "Common"}, {"zyyy", "Common"}, {"inherited", "Inherited"},
+      {"letter", "L"},
+      {"uppercaseletter", "Lu"},
+      {"lowercaseletter", "Ll"},
+      {"titlecaseletter", "Lt"},
+      {"modifierletter", "Lm"},
+      {"otherletter", "Lo"},
+      {"mark", "M"},
+      {"combiningmark", "M"},
+      {"nonspacingmark", "Mn"},
+      {"spacingmark", "Mc"},
+      {"enclosingmark", "Me"},
+      {"number", "N"},
+      {"decimalnumber", "Nd"},
+      {"letternumber", "Nl"},
+      {"othernumber", "No"},
+      {"punctuation", "P"},
+      {"punct", "P"},
+      {"connectorpunctuation", "Pc"},
+      {"dashpunctuation", "Pd"},
+      {"openpunctuation", "Ps"},
+      {"closepunctuation", "Pe"},
+      {"initialpunctuation", "Pi"},
+      {"finalpunctuation", "Pf"},
+      {"otherpunctuation", "Po"},
+      {"symbol", "S"},
+      {"mathsymbol", "Sm"},
+      {"currencysymbol", "Sc"},
+      {"modifiersymbol", "Sk"},
+      {"othersymbol", "So"},
+      {"separator", "Z"},
+      {"spaceseparator", "Zs"},
+      {"lineseparator", "Zl"},
+      {"paragraphseparator", "Zp"},
+      {"control", "Cc"},
+      {"cntrl", "Cc"},
+      {"format", "Cf"},
+      {"privateuse", "Co"},
+      {"han", "Han"},
+      {"hani", "Han"},
+      {"hiragana", "Hiragana"},
+      {"hira", "Hiragana"},
+      {"katakana", "Katakana"},
+      {"kana", "Katakana"},
+      {"hangul", "Hangul"},
+      {"hang", "Hangul"},
+      {"latin", "Latin"},
+      {"latn", "Latin"},
+      {"greek", "Greek"},
+      {"grek", "Greek"},
+      {"cyrillic", "Cyrillic"},
+      {"cyrl", "Cyrillic"},
+      {"arabic", "Arabic"},
+      {"arab", "Arabic"},
+      {"hebrew", "Hebrew"},
+      {"hebr", "Hebrew"},
+      {"thai", "Thai"},
+      {"devanagari", "Devanagari"},
+      {"deva", "Devanagari"},
+      {"common", "Common"},
+      {"zyyy", "Common"},
+      {"inherited", "Inherited"},
       {"zinh", "Inherited"},
   };
   for (const auto& [a, b] : kAliases)
     if (k == a) return b;
   // General-category short names in any case ("l", "lu").
-  static const char* kShort[] = {"L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No",
-                                 "P", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S", "Sm", "Sc", "Sk", "So", "Z",
-                                 "Zs", "Zl", "Zp", "Cc", "Cf", "Co"};
+  static const char* kShort[] = {"L",  "Lu", "Ll", "Lt", "Lm", "Lo", "M",  "Mn", "Mc", "Me", "N", "Nd",
+                                 "Nl", "No", "P",  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S", "Sm",
+                                 "Sc", "Sk", "So", "Z",  "Zs", "Zl", "Zp", "Cc", "Cf", "Co"};
   for (const char* s : kShort) {
     std::string l = s;
     for (auto& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -255,8 +301,7 @@ class Translator {
 
  private:
   [[noreturn]] void error(const std::string& what) const {
-    fail("regex {:?}: {} at offset {} (cannot translate this Oniguruma construct to PCRE2)", std::string(p_), what,
-         i_);
+    fail("regex {:?}: {} at offset {} (cannot translate this Oniguruma construct to PCRE2)", std::string(p_), what, i_);
   }
 
   bool eof() const { return i_ >= p_.size(); }
@@ -324,11 +369,17 @@ class Translator {
         e.negated = neg;
         return e;
       }
-      case 's': case 'w': case 'd': case 'h':
+      case 's':
+      case 'w':
+      case 'd':
+      case 'h':
         e.kind = Esc::kSet;
         e.set = shorthand_set(c);
         return e;
-      case 'S': case 'W': case 'D': case 'H':
+      case 'S':
+      case 'W':
+      case 'D':
+      case 'H':
         e.kind = Esc::kSet;
         e.set = shorthand_set(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
         e.negated = true;
@@ -368,8 +419,7 @@ class Translator {
         e.kind = Esc::kVerbatim;
         e.text = "\\b";
         return e;
-      default:
-        break;
+      default: break;
     }
     if (!in_class) {
       if ((c != 0 && std::strchr("ABzZGKRX", c)) || (c >= '1' && c <= '9')) {

@@ -215,8 +215,7 @@ std::shared_ptr<Tokenizer::Impl> build(const nlohmann::json& j, const std::strin
         if (!ids.insert(a.id).second) fail("{}: {}: id {} is used by two added tokens", file, what, a.id);
         if (auto vid = impl->model->token_to_id(a.content); vid && *vid != a.id)
           fail("{}: {}: {:?} has id {} but the vocab gives it id {}", file, what, a.content, a.id, *vid);
-        if (impl->added_by_content.count(a.content))
-          fail("{}: {}: {:?} is listed twice", file, what, a.content);
+        if (impl->added_by_content.count(a.content)) fail("{}: {}: {:?} is listed twice", file, what, a.content);
         impl->added_by_content[a.content] = a.id;
         impl->added.push_back(std::move(a));
       }
@@ -351,8 +350,8 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   const bool have_cfg = fs::exists(cfg, ec);
   if (have_cfg) cfg_json = parse_json(read_file(cfg), cfg.string());
   const fs::path tmpl = dir / "chat_template.jinja";
-  return Tokenizer(build(j, p.string(), have_cfg ? &cfg_json : nullptr, cfg.string(),
-                         fs::exists(tmpl, ec) ? tmpl.string() : ""));
+  return Tokenizer(
+      build(j, p.string(), have_cfg ? &cfg_json : nullptr, cfg.string(), fs::exists(tmpl, ec) ? tmpl.string() : ""));
 }
 
 Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::string& name, std::string_view config_json) {

@@ -1,8 +1,8 @@
 // Model-level checks of the CUDA backend on the tiny models (tests/models) against the transformers fixtures
 // (tests/golden): fp32 mode prefill logits and prefill-16-then-cached-decode logits within 1e-4 · max|logit|, and
 // the greedy continuation; bf16 mode against the ref backend's bf16 emulation (on the tiny models every clearly
-// decided row, on the demo model ≥ 99 % top-1; relative errors printed). The repository root is $LATENT_REPO (scripts/gpu_test sets it) or the source
-// tree this was built from.
+// decided row, on the demo model ≥ 99 % top-1; relative errors printed). The repository root is $LATENT_REPO
+// (scripts/gpu_test sets it) or the source tree this was built from.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,8 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <tuple>
@@ -88,7 +88,8 @@ TEST_P(CudaModel, Fp32MatchesTransformers) {
   std::vector<float> dec(T * static_cast<size_t>(V));
   KvCache cache(m->model->config());
   m->model->forward(std::span<const int32_t>(ids.data(), 16), cache, dec.data(), true);
-  for (size_t t = 16; t < T; ++t) m->model->forward(std::span<const int32_t>(ids.data() + t, 1), cache, dec.data() + t * V, true);
+  for (size_t t = 16; t < T; ++t)
+    m->model->forward(std::span<const int32_t>(ids.data() + t, 1), cache, dec.data() + t * V, true);
   const double dd = max_abs_diff(dec.data(), ref.f32.data(), dec.size());
   std::printf("[cuda model] %-16s fp32 prefill vs HF max|d| %.3e, prefill 16 + decode %.3e (max|logit| %.3f)\n",
               name.c_str(), d, dd, scale);
@@ -150,9 +151,10 @@ TEST_P(CudaModel, Bf16MatchesRefEmulation) {
     den += static_cast<double>(lr[i]) * lr[i];
   }
   const double rel = std::sqrt(num / den), top1 = static_cast<double>(agree) / static_cast<double>(T);
-  std::printf("[cuda model] %-16s bf16 vs ref bf16 emulation: top-1 %.1f %% of %zu rows (%zu of %zu clearly "
-              "decided rows), relative error %.3e\n",
-              name.c_str(), 100.0 * top1, T, decided_agree, decided, rel);
+  std::printf(
+      "[cuda model] %-16s bf16 vs ref bf16 emulation: top-1 %.1f %% of %zu rows (%zu of %zu clearly "
+      "decided rows), relative error %.3e\n",
+      name.c_str(), 100.0 * top1, T, decided_agree, decided, rel);
   EXPECT_FALSE(std::isnan(rel));
   EXPECT_EQ(decided_agree, decided) << name << ": a clearly decided row changed its top-1";
   EXPECT_GE(top1, 0.90);
@@ -199,8 +201,10 @@ TEST(CudaDemoModel, Bf16MatchesRefEmulationTop1) {
         den[static_cast<size_t>(l)] += y * y;
       }
   }
-  std::printf("[cuda model] latent-demo bf16 vs ref bf16 emulation: top-1 %.1f %% of %zu rows; hidden-state "
-              "relative error per layer:", 100.0 * static_cast<double>(agree) / static_cast<double>(rows), rows);
+  std::printf(
+      "[cuda model] latent-demo bf16 vs ref bf16 emulation: top-1 %.1f %% of %zu rows; hidden-state "
+      "relative error per layer:",
+      100.0 * static_cast<double>(agree) / static_cast<double>(rows), rows);
   for (int64_t l = 0; l <= L; ++l)
     std::printf(" %s%lld %.2e", l == L ? "final-norm/" : "", static_cast<long long>(l),
                 std::sqrt(num[static_cast<size_t>(l)] / std::max(den[static_cast<size_t>(l)], 1e-300)));
@@ -270,11 +274,13 @@ TEST_P(CudaModel, GraphsEqualEagerBitForBit) {
       if (n == 1) kernels1 = mg.graph_kernels(1);
       EXPECT_EQ(me.graph_replays(), 0);
     }
-    std::printf("[cuda model] %-16s %s graphs = eager bit for bit at batch 1/3/8/16/20 over 6 steps: %lld captures, %lld replays, "
-                "%lld kernels per batch-1 decode step (%lld layers)\n",
-                name.c_str(), bf16 ? "bf16" : "fp32", static_cast<long long>(mg.graph_captures()),
-                static_cast<long long>(mg.graph_replays()), static_cast<long long>(kernels1),
-                static_cast<long long>(cfg.num_hidden_layers));
+    std::printf(
+        "[cuda model] %-16s %s graphs = eager bit for bit at batch 1/3/8/16/20 over 6 steps: %lld captures, %lld "
+        "replays, "
+        "%lld kernels per batch-1 decode step (%lld layers)\n",
+        name.c_str(), bf16 ? "bf16" : "fp32", static_cast<long long>(mg.graph_captures()),
+        static_cast<long long>(mg.graph_replays()), static_cast<long long>(kernels1),
+        static_cast<long long>(cfg.num_hidden_layers));
   }
 }
 
@@ -316,7 +322,8 @@ TEST(CudaGraphs, ScratchGrownAfterCaptureKeepsTheGraphValid) {
       a.n_tokens = 1;
       a.decode = true;
       both({next}, a);
-      ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), lg.size() * sizeof(float))) << "decode step of A, start " << a.start;
+      ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), lg.size() * sizeof(float)))
+          << "decode step of A, start " << a.start;
     }
   };
   decode_a(3);  // the first captures the batch-1 graph(s), the rest replay
@@ -336,7 +343,8 @@ TEST(CudaGraphs, ScratchGrownAfterCaptureKeepsTheGraphValid) {
 
 std::vector<std::string> models() {
   std::vector<std::string> v;
-  for (const char* n : {"glm5-tiny", "glm5-tiny-b", "glm5-tiny-mxfp4", "v3-tiny", "v3-tiny-fp8", "v32-tiny"}) v.push_back(n);
+  for (const char* n : {"glm5-tiny", "glm5-tiny-b", "glm5-tiny-mxfp4", "v3-tiny", "v3-tiny-fp8", "v32-tiny"})
+    v.push_back(n);
   return v;
 }
 std::string param_name(const ::testing::TestParamInfo<std::string>& i) {
@@ -372,11 +380,25 @@ TEST(CudaSampling, DeviceEqualsHostOnTheDemoModel) {
     switch (s % 8) {
       case 0: p.temperature = 0; break;
       case 1: p.temperature = 1.0f; break;
-      case 2: p.temperature = 0.8f; p.top_k = 20; break;
+      case 2:
+        p.temperature = 0.8f;
+        p.top_k = 20;
+        break;
       case 3: p.top_p = 0.9f; break;
-      case 4: p.min_p = 0.05f; p.temperature = 1.3f; break;
-      case 5: p.repetition_penalty = 1.3f; p.presence_penalty = 0.3f; p.frequency_penalty = 0.2f; break;
-      case 6: p.logit_bias = {{100, 4.0f}, {7, -3.0f}}; p.top_k = 50; p.top_p = 0.95f; break;
+      case 4:
+        p.min_p = 0.05f;
+        p.temperature = 1.3f;
+        break;
+      case 5:
+        p.repetition_penalty = 1.3f;
+        p.presence_penalty = 0.3f;
+        p.frequency_penalty = 0.2f;
+        break;
+      case 6:
+        p.logit_bias = {{100, 4.0f}, {7, -3.0f}};
+        p.top_k = 50;
+        p.top_p = 0.95f;
+        break;
       default: p.temperature = 0.9f; break;  // with an allowed-id mask (even ids)
     }
     sh.emplace_back(p, static_cast<uint64_t>(s));
@@ -415,12 +437,15 @@ TEST(CudaSampling, DeviceEqualsHostOnTheDemoModel) {
       float* row = lg.data() + s * V;
       if (s % 8 == 7)
         for (int64_t i = 1; i < V; i += 2) row[i] = -std::numeric_limits<float>::infinity();
-      gen_h[s].push_back(sh[s].sample(std::span<float>(row, static_cast<size_t>(V)), prompt[s], gen_h[s], &banned).token);
+      gen_h[s].push_back(
+          sh[s].sample(std::span<float>(row, static_cast<size_t>(V)), prompt[s], gen_h[s], &banned).token);
       ASSERT_TRUE(sd[s].device_row(prompt[s], gen_d[s], V, rows[s], edits));
       if (s % 8 == 7) rows[s].allow_offset = 0;
     }
-    SampleBatch sb{rows.data(), n, edits.data(), static_cast<int64_t>(edits.size()), even_bits.data(),
-                   static_cast<int64_t>(even_bits.size()), &banned};
+    SampleBatch sb{rows.data(),      n,
+                   edits.data(),     static_cast<int64_t>(edits.size()),
+                   even_bits.data(), static_cast<int64_t>(even_bits.size()),
+                   &banned};
     std::vector<int32_t> ids(static_cast<size_t>(n), -1);
     md.step(Step{tok_d, qd}, cd, nullptr, nullptr, &sb, ids.data());
     for (int64_t s = 0; s < n; ++s) {
@@ -437,9 +462,11 @@ TEST(CudaSampling, DeviceEqualsHostOnTheDemoModel) {
   }
   EXPECT_GT(md.graph_replays(), 0);
   EXPECT_EQ(md.graph_replays(), mh.graph_replays());
-  std::printf("[cuda model] latent-demo bf16 device sampling = host sampling: %lld of %lld tokens equal (%lld graph "
-              "replays)\n", static_cast<long long>(total - differ), static_cast<long long>(total),
-              static_cast<long long>(md.graph_replays()));
+  std::printf(
+      "[cuda model] latent-demo bf16 device sampling = host sampling: %lld of %lld tokens equal (%lld graph "
+      "replays)\n",
+      static_cast<long long>(total - differ), static_cast<long long>(total),
+      static_cast<long long>(md.graph_replays()));
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ std::unique_ptr<MtpModel> load_mtp(const std::string& name, const std::string& b
 // prompt's T tokens, then for q = 0 .. T the MTP slots 0 .. q with one draft (row q), then slots 0 .. T with three
 // recursive drafts (rows T + 1 .. T + 3); drafts = the three draft ids.
 struct DraftRun {
-  std::vector<float> logits;  // [T + 4, V]
+  std::vector<float> logits;           // [T + 4, V]
   std::vector<int32_t> drafts, first;  // the 3 recursive drafts; the first draft of each q
 };
 DraftRun run_drafts(Model& m, const std::vector<int32_t>& toks) {
@@ -168,8 +168,10 @@ TEST_P(CudaMtp, Fp32DraftLogitsMatchTheReferenceAndTheCpu) {
   EXPECT_EQ(rg.drafts, rc.drafts) << name;
   d_cpu = max_abs_diff(rg.logits.data(), rc.logits.data(), rg.logits.size());
   EXPECT_LE(d_cpu, tol) << name << " against the CPU backend";
-  std::printf("[cuda model] %-20s MTP fp32 draft logits: max|d| vs numpy reference %.3e, vs CPU backend %.3e "
-              "(tolerance %.3e), drafts = reference\n", name.c_str(), d_ref, d_cpu, tol);
+  std::printf(
+      "[cuda model] %-20s MTP fp32 draft logits: max|d| vs numpy reference %.3e, vs CPU backend %.3e "
+      "(tolerance %.3e), drafts = reference\n",
+      name.c_str(), d_ref, d_cpu, tol);
 }
 
 // bf16: the main model's criterion (test_cuda_model.cpp Bf16MatchesRefEmulation) over the draft rows: the same top-1
@@ -205,9 +207,10 @@ TEST_P(CudaMtp, Bf16DraftLogitsMatchTheRefEmulation) {
     decided_agree += clear && ta == tb;
   }
   const double rel = std::sqrt(num / den), top1 = static_cast<double>(agree) / static_cast<double>(rows.size());
-  std::printf("[cuda model] %-20s MTP bf16 draft logits vs ref bf16 emulation: top-1 %.1f %% of %zu rows (%zu of %zu "
-              "clearly decided rows), relative error %.3e\n",
-              name.c_str(), 100.0 * top1, rows.size(), decided_agree, decided, rel);
+  std::printf(
+      "[cuda model] %-20s MTP bf16 draft logits vs ref bf16 emulation: top-1 %.1f %% of %zu rows (%zu of %zu "
+      "clearly decided rows), relative error %.3e\n",
+      name.c_str(), 100.0 * top1, rows.size(), decided_agree, decided, rel);
   EXPECT_FALSE(std::isnan(rel));
   EXPECT_EQ(decided_agree, decided) << name << ": a clearly decided draft row changed its top-1";
   EXPECT_GE(top1, 0.90);
@@ -247,7 +250,8 @@ TEST_P(CudaVerifyGraphs, EqualEagerBitForBit) {
     int64_t checked = 0;
     for (int64_t n : {1, 3, 5, 8, 20}) {
       for (int64_t T : {2, 3, 4}) {
-        PagedKvCache cg(cfg, be, 24 * per_seq, bt, mg.cache_dtype(), L), ce(cfg, be, 24 * per_seq, bt, me.cache_dtype(), L);
+        PagedKvCache cg(cfg, be, 24 * per_seq, bt, mg.cache_dtype(), L),
+            ce(cfg, be, 24 * per_seq, bt, me.cache_dtype(), L);
         std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(n));
         std::vector<int32_t> tokens;
         std::vector<StepSequence> seqs(static_cast<size_t>(n));
@@ -317,8 +321,8 @@ TEST_P(CudaVerifyGraphs, EqualEagerBitForBit) {
           mg.step(Step{tokens, seqs}, cg, lg.data());
           me.step(Step{tokens, seqs}, ce, le.data());
           ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), lg.size() * sizeof(float)))
-              << name << (bf16 ? " bf16" : " fp32") << ": verify-graph logits differ from eager, batch " << n
-              << ", T " << T << ", step " << step << ", max|d| " << max_abs_diff(lg.data(), le.data(), lg.size());
+              << name << (bf16 ? " bf16" : " fp32") << ": verify-graph logits differ from eager, batch " << n << ", T "
+              << T << ", step " << step << ", max|d| " << max_abs_diff(lg.data(), le.data(), lg.size());
           for (int64_t s = 0; s < n; ++s) last[s] = argmax_row(le.data() + (s * T + T - 1) * V, V);
           if (!mtp) continue;
           std::vector<MtpSequence> ms(static_cast<size_t>(n));
@@ -345,11 +349,12 @@ TEST_P(CudaVerifyGraphs, EqualEagerBitForBit) {
         ++checked;
       }
     }
-    std::printf("[cuda model] %-20s %s verify steps (k + 1 = 2, 3, 4 rows) in graphs = eager bit for bit at batch "
-                "1/3/5/8/20%s: %lld shapes, %lld captures, %lld replays\n",
-                name.c_str(), bf16 ? "bf16" : "fp32", mtp ? ", draft step after each equal too" : "",
-                static_cast<long long>(checked), static_cast<long long>(mg.graph_captures()),
-                static_cast<long long>(mg.graph_replays()));
+    std::printf(
+        "[cuda model] %-20s %s verify steps (k + 1 = 2, 3, 4 rows) in graphs = eager bit for bit at batch "
+        "1/3/5/8/20%s: %lld shapes, %lld captures, %lld replays\n",
+        name.c_str(), bf16 ? "bf16" : "fp32", mtp ? ", draft step after each equal too" : "",
+        static_cast<long long>(checked), static_cast<long long>(mg.graph_captures()),
+        static_cast<long long>(mg.graph_replays()));
   }
 }
 
@@ -476,8 +481,8 @@ SpecResult run_spec(const std::string& name, int64_t k, bool batched,
   o.max_batch_tokens = 16;
   o.max_num_seqs = 8;
   o.num_speculative_tokens = k;
-  o.kv_total_blocks = engine.configure(200 * 8 * engine.kv_bytes_per_token(), 8, o.max_batch_tokens, o.max_num_seqs,
-                                       o.max_context);
+  o.kv_total_blocks =
+      engine.configure(200 * 8 * engine.kv_bytes_per_token(), 8, o.max_batch_tokens, o.max_num_seqs, o.max_context);
   OracleEngine oe(engine, truth, wrong);
   SpecResult r;
   {
@@ -551,9 +556,10 @@ TEST_P(CudaSpeculative, Fp32GreedyOutputEqualsPlainAloneAndBatched) {
       proposed += own.proposed + orc.proposed;
       accepted += own.accepted + orc.accepted;
     }
-  std::printf("[cuda model] %-20s fp32 speculative greedy (device sampling, graphs) = plain token for token at "
-              "k = 1/2/3, alone and 4 batched (%lld of %lld drafts accepted, own and oracle drafts)\n",
-              name.c_str(), static_cast<long long>(accepted), static_cast<long long>(proposed));
+  std::printf(
+      "[cuda model] %-20s fp32 speculative greedy (device sampling, graphs) = plain token for token at "
+      "k = 1/2/3, alone and 4 batched (%lld of %lld drafts accepted, own and oracle drafts)\n",
+      name.c_str(), static_cast<long long>(accepted), static_cast<long long>(proposed));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaSpeculative,
@@ -688,9 +694,10 @@ TEST(CudaSpeculativeSampling, RejectionSamplingKeepsTheTargetDistributionOnTheDe
     const double qf = q[static_cast<size_t>(fixed)];
     const double sd = std::sqrt(qf * (1 - qf) / static_cast<double>(st.spec_proposed_at[0]));
     EXPECT_NEAR(rate1, qf, 4 * sd) << "draft " << fixed;
-    std::printf("[cuda model] rejection sampling on the device (draft id %d, T 1.3, top_k 7, %lld tokens, %lld "
-                "device steps): chi-square %.2f (6 dof, limit 22.46), first-draft acceptance %.4f vs p %.4f\n",
-                fixed, static_cast<long long>(N), static_cast<long long>(e.device_steps), chi2, rate1, qf);
+    std::printf(
+        "[cuda model] rejection sampling on the device (draft id %d, T 1.3, top_k 7, %lld tokens, %lld "
+        "device steps): chi-square %.2f (6 dof, limit 22.46), first-draft acceptance %.4f vs p %.4f\n",
+        fixed, static_cast<long long>(N), static_cast<long long>(e.device_steps), chi2, rate1, qf);
   }
 }
 

@@ -237,7 +237,8 @@ TEST(CudaDispatch, GroupedMatmulBf16TensorCores) {
       {{Fmt::BF16, Fmt::Fp8Channel, Fmt::Fp8Tensor, Fmt::Mxfp4, Fmt::BF16, Fmt::Fp8Block}, true},
       {{Fmt::BF16, Fmt::F32, Fmt::Mxfp4, Fmt::BF16, Fmt::Mxfp4, Fmt::BF16}, false},
       {{Fmt::Fp8BlockOdd, Fmt::Fp8Block, Fmt::BF16, Fmt::BF16, Fmt::BF16, Fmt::BF16}, false}};
-  const int64_t counts[] = {3, 0, 17, 65, 1, 1030};  // each kernel class, an empty group, tile edges; > 1024 rows: the tensor-core path
+  const int64_t counts[] = {
+      3, 0, 17, 65, 1, 1030};  // each kernel class, an empty group, tile edges; > 1024 rows: the tensor-core path
   for (const Case& c : cases) {
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 160}, {200, 1024 + 32}, {129, 4096}}) {
       const int64_t G = static_cast<int64_t>(c.fmts.size());
@@ -273,9 +274,9 @@ TEST(CudaDispatch, GroupedMatmulBf16TensorCores) {
           EXPECT_EQ(cuda_tc_matmuls(gpu()) > tc0, c.tc) << what;
         }
         const double tol = ops::tol_for(yt), e = ops::norm_err(got.data(), want.data(), want.size());
-        ops::record_summary(std::string("cuda-only/grouped_matmul_bf16/") + (c.tc ? "tensor-core/" : "exact/") +
-                                ops::dtype_label(yt),
-                            "cuda", e, tol);
+        ops::record_summary(
+            std::string("cuda-only/grouped_matmul_bf16/") + (c.tc ? "tensor-core/" : "exact/") + ops::dtype_label(yt),
+            "cuda", e, tol);
         EXPECT_LE(e, tol) << what;
         // Rows of every group, checked one by one (a group written to another's rows would hide in the norm).
         for (int64_t g = 0; g < G; ++g) {
@@ -432,22 +433,41 @@ SampleCase sample_case(Rng& rng, int64_t rows, int64_t V, uint64_t counter0) {
       case 2: break;
       case 3: p.temperature = 0.7f; break;
       case 4: p.top_k = 50; break;
-      case 5: p.top_k = 1; p.temperature = 2.0f; break;
+      case 5:
+        p.top_k = 1;
+        p.temperature = 2.0f;
+        break;
       case 6: p.top_p = 0.9f; break;
-      case 7: p.top_p = 0.5f; p.temperature = 0.6f; break;
+      case 7:
+        p.top_p = 0.5f;
+        p.temperature = 0.6f;
+        break;
       case 8: p.min_p = 0.05f; break;
       case 9: p.min_p = 1.0f; break;
-      case 10: p.top_k = 400; p.top_p = 0.95f; p.min_p = 0.01f; p.temperature = 1.2f; break;
+      case 10:
+        p.top_k = 400;
+        p.top_p = 0.95f;
+        p.min_p = 0.01f;
+        p.temperature = 1.2f;
+        break;
       case 11:
         p.repetition_penalty = 1.3f;
         p.presence_penalty = 0.4f;
         p.frequency_penalty = -0.2f;
         edits(200, false, true, true);
         break;
-      case 12: edits(30, true, false, false); mask(3); p.top_p = 0.8f; break;
-      case 13: mask(3); p.top_k = static_cast<int32_t>(V); p.min_p = 0.001f; break;
+      case 12:
+        edits(30, true, false, false);
+        mask(3);
+        p.top_p = 0.8f;
+        break;
+      case 13:
+        mask(3);
+        p.top_k = static_cast<int32_t>(V);
+        p.min_p = 0.001f;
+        break;
       case 14: mask(static_cast<int>(V) + 1); break;  // one allowed id (2)
-      default: mask(0); break;  // nothing allowed: the first non-banned id
+      default: mask(0); break;                        // nothing allowed: the first non-banned id
     }
     c.rows.push_back(p);
   }

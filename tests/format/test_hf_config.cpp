@@ -199,7 +199,7 @@ void expect_deepseek_real(const ModelConfig& c) {
   std::vector<double> got = rope_inv_freq(c);
   ASSERT_EQ(got.size(), 32u);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-15 * want[i]) << i;
-  EXPECT_DOUBLE_EQ(got[0], 1.0);                     // below lo: pure extrapolation
+  EXPECT_DOUBLE_EQ(got[0], 1.0);                                // below lo: pure extrapolation
   EXPECT_NEAR(got[31], std::pow(1e4, -62.0 / 64) / 40, 1e-18);  // above hi: pure interpolation
   EXPECT_EQ(c.quantization_config["quant_method"], "fp8");
   EXPECT_EQ(c.torch_dtype, "bfloat16");
@@ -251,7 +251,7 @@ TEST(HfConfig, Glm5Real) {
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{154820, 154827, 154829}));
   EXPECT_EQ(c.pad_token_id, 154820);
   EXPECT_EQ(c.bos_token_ids, (std::vector<int64_t>{0}));  // HF default
-  EXPECT_EQ(c.torch_dtype, "bfloat16");  // transformers 5 key "dtype"
+  EXPECT_EQ(c.torch_dtype, "bfloat16");                   // transformers 5 key "dtype"
   EXPECT_TRUE(c.quantization_config.is_null());
   EXPECT_EQ(c.layer_has_indexer, std::vector<bool>(78, true));  // no IndexShare keys: freq 1 -> all full
   EXPECT_EQ(std::count(c.layer_is_moe.begin(), c.layer_is_moe.end(), true), 75);
@@ -379,8 +379,8 @@ TEST(HfConfig, RopeYarnDefaultsAndOptions) {
 
   ModelConfig nt = parse(mutate("glm_tiny.json", [](json& j) { j["rope_parameters"]["truncate"] = false; }));
   YarnRange r = rope_yarn_range(nt);
-  EXPECT_EQ(r.lo, 0.0);                 // corr(32) < 0, clamped
-  EXPECT_NE(r.hi, std::ceil(r.hi));    // corr(1) ≈ 1.41, not rounded up
+  EXPECT_EQ(r.lo, 0.0);              // corr(32) < 0, clamped
+  EXPECT_NE(r.hi, std::ceil(r.hi));  // corr(1) ≈ 1.41, not rounded up
   EXPECT_NE(rope_inv_freq(nt), rope_inv_freq(parse(load_json("glm_tiny.json"))));
 
   // rope_parameters and rope_scaling both present and equal: accepted.
@@ -414,11 +414,22 @@ struct HfRef {
 
 TEST(HfConfig, MatchesTransformers517Numbers) {
   const std::vector<HfRef> refs = {
-      {"glm_tiny.json", 0.1781279581324309, 1.0249579607969668, {0x3f800000, 0x3e4a62c2, 0x3ccccccd, 0x3c0186e3, 0x3b23d70a, 0x3a4f3e38, 0x3983126f, 0x38a5cb60}},
-      {"deepseek_v3.json", 0.1352337788608801, 1.0,
-       {0x3f800000, 0x3f3ff911, 0x3f0ff59a, 0x3ed7e89b, 0x3ea1e89b, 0x3e72d423, 0x3e361887, 0x3e088d77, 0x3dcccccd, 0x3d99940d, 0x3d6655c2, 0x3d1fc5ba, 0x3cdc321b, 0x3c968dc3, 0x3c4bf283, 0x3c088d77, 0x3bb43959, 0x3b697066, 0x3b136a16, 0x3ab3a2cd, 0x3a4f3e37, 0x39d99312, 0x393a7753, 0x380bd471, 0x37d1b717, 0x379d43a3, 0x376bdcf0, 0x3730df51, 0x3704a2b3, 0x36c6ecdd, 0x36952c42, 0x365fba4f}},
-      {"glm5.json", 0.0625, 1.0,
-       {0x3f800000, 0x3f263de0, 0x3ed7e89b, 0x3e8c3504, 0x3e361887, 0x3dec7fd6, 0x3d99940d, 0x3d47763f, 0x3d0186e3, 0x3ca8398b, 0x3c5a7bf2, 0x3c0de12d, 0x3bb8449c, 0x3b6f520e, 0x3b1b690d, 0x3ac9d75c, 0x3a83126f, 0x3a2a3b44, 0x39dd1725, 0x398f9272, 0x393a7753, 0x38f22ce2, 0x389d43a4, 0x384c3fbe, 0x3804a2b2, 0x37ac431d, 0x375fba4f, 0x371148e3, 0x36bcb0c1, 0x36751070, 0x361f23e4, 0x35ceaf79}},
+      {"glm_tiny.json",
+       0.1781279581324309,
+       1.0249579607969668,
+       {0x3f800000, 0x3e4a62c2, 0x3ccccccd, 0x3c0186e3, 0x3b23d70a, 0x3a4f3e38, 0x3983126f, 0x38a5cb60}},
+      {"deepseek_v3.json",
+       0.1352337788608801,
+       1.0,
+       {0x3f800000, 0x3f3ff911, 0x3f0ff59a, 0x3ed7e89b, 0x3ea1e89b, 0x3e72d423, 0x3e361887, 0x3e088d77,
+        0x3dcccccd, 0x3d99940d, 0x3d6655c2, 0x3d1fc5ba, 0x3cdc321b, 0x3c968dc3, 0x3c4bf283, 0x3c088d77,
+        0x3bb43959, 0x3b697066, 0x3b136a16, 0x3ab3a2cd, 0x3a4f3e37, 0x39d99312, 0x393a7753, 0x380bd471,
+        0x37d1b717, 0x379d43a3, 0x376bdcf0, 0x3730df51, 0x3704a2b3, 0x36c6ecdd, 0x36952c42, 0x365fba4f}},
+      {"glm5.json", 0.0625, 1.0, {0x3f800000, 0x3f263de0, 0x3ed7e89b, 0x3e8c3504, 0x3e361887, 0x3dec7fd6, 0x3d99940d,
+                                  0x3d47763f, 0x3d0186e3, 0x3ca8398b, 0x3c5a7bf2, 0x3c0de12d, 0x3bb8449c, 0x3b6f520e,
+                                  0x3b1b690d, 0x3ac9d75c, 0x3a83126f, 0x3a2a3b44, 0x39dd1725, 0x398f9272, 0x393a7753,
+                                  0x38f22ce2, 0x389d43a4, 0x384c3fbe, 0x3804a2b2, 0x37ac431d, 0x375fba4f, 0x371148e3,
+                                  0x36bcb0c1, 0x36751070, 0x361f23e4, 0x35ceaf79}},
   };
   for (const HfRef& ref : refs) {
     SCOPED_TRACE(ref.file);
@@ -562,8 +573,8 @@ TEST(HfConfig, ArchitectureResolution) {
 TEST(HfConfig, UnknownArchitectureListsSupported) {
   for (json j : {json{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}}, json{{"model_type", "qwen3"}},
                  json::object()}) {
-    expect_error(j, {"unsupported architecture", "GlmMoeDsaForCausalLM", "DeepseekV3ForCausalLM",
-                     "DeepseekV32ForCausalLM"});
+    expect_error(
+        j, {"unsupported architecture", "GlmMoeDsaForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"});
   }
   expect_error(json{{"architectures", {"LlamaForCausalLM"}}}, {"'LlamaForCausalLM'"});
   expect_error(json{{"architectures", {"DeepseekV3ForCausalLM"}}, {"model_type", "glm_moe_dsa"}},
@@ -580,8 +591,7 @@ struct ErrorCase {
 TEST(HfConfig, ValidationErrorsNameTheField) {
   const std::vector<ErrorCase> cases = {
       {"glm_tiny.json", [](json& j) { j["n_routed_experts"] = 9; }, {"n_routed_experts", "9", "n_group 4"}},
-      {"glm_tiny.json", [](json& j) { j["q_lora_rank"] = nullptr; },
-       {"q_lora_rank missing", "q LoRA"}},
+      {"glm_tiny.json", [](json& j) { j["q_lora_rank"] = nullptr; }, {"q_lora_rank missing", "q LoRA"}},
       {"deepseek_v3_tiny.json", [](json& j) { j["q_lora_rank"] = 0; }, {"q_lora_rank missing"}},
       {"glm_tiny.json", [](json& j) { j["hidden_size"] = "abc"; }, {"'hidden_size'", "integer", "\"abc\""}},
       {"glm_tiny.json", [](json& j) { j["hidden_size"] = 0; }, {"'hidden_size'", "positive", "0"}},
@@ -593,55 +603,100 @@ TEST(HfConfig, ValidationErrorsNameTheField) {
       {"glm_tiny.json", [](json& j) { j["vocab_size"] = -1; }, {"'vocab_size'", "-1"}},
       {"glm_tiny.json", [](json& j) { j["num_hidden_layers"] = int64_t{1} << 40; }, {"'num_hidden_layers'", "large"}},
       {"glm_tiny.json", [](json& j) { j["vocab_size"] = 1e300; }, {"'vocab_size'", "integer"}},
-      {"glm_tiny.json", [](json& j) { j["qk_rope_head_dim"] = 15; j["index_head_dim"] = 32; },
+      {"glm_tiny.json",
+       [](json& j) {
+         j["qk_rope_head_dim"] = 15;
+         j["index_head_dim"] = 32;
+       },
        {"'qk_rope_head_dim'", "even", "15"}},
       {"glm_tiny.json", [](json& j) { j["topk_group"] = 5; }, {"'topk_group'", "5", "n_group 4"}},
       {"glm_tiny.json", [](json& j) { j["num_experts_per_tok"] = 9; }, {"'num_experts_per_tok'", "9"}},
       {"glm_tiny.json", [](json& j) { j["num_experts_per_tok"] = 5; }, {"'num_experts_per_tok'", "5", "topk_group 2"}},
-      {"glm_tiny.json", [](json& j) { j["n_group"] = 8; j["topk_group"] = 2; }, {"'n_group'", "top 2"}},
+      {"glm_tiny.json",
+       [](json& j) {
+         j["n_group"] = 8;
+         j["topk_group"] = 2;
+       },
+       {"'n_group'", "top 2"}},
       {"glm_tiny.json", [](json& j) { j["moe_intermediate_size"] = nullptr; }, {"'moe_intermediate_size'", "null"}},
       {"glm_tiny.json", [](json& j) { j["n_routed_experts"] = 0; }, {"'n_routed_experts'"}},
       {"glm_tiny.json", [](json& j) { j["index_head_dim"] = 8; }, {"'index_head_dim'", "8", "qk_rope_head_dim 16"}},
       {"glm_tiny.json", [](json& j) { j["index_topk"] = 0; }, {"'index_topk'", "0"}},
       {"deepseek_v32_tiny.json", [](json& j) { j["index_n_heads"] = 0; }, {"'index_n_heads'"}},
-      {"glm_tiny.json", [](json& j) { j["mlp_layer_types"] = {"dense", "sparse"}; },
+      {"glm_tiny.json",
+       [](json& j) {
+         j["mlp_layer_types"] = {"dense", "sparse"};
+       },
        {"'mlp_layer_types'", "2 entries", "4"}},
-      {"glm_tiny.json", [](json& j) { j["mlp_layer_types"] = {"dense", "moe", "sparse", "sparse"}; },
+      {"glm_tiny.json",
+       [](json& j) {
+         j["mlp_layer_types"] = {"dense", "moe", "sparse", "sparse"};
+       },
        {"'mlp_layer_types[1]'", "moe"}},
-      {"deepseek_v3_tiny.json", [](json& j) { j["mlp_layer_types"] = {"dense", "dense", "sparse", "sparse"}; },
+      {"deepseek_v3_tiny.json",
+       [](json& j) {
+         j["mlp_layer_types"] = {"dense", "dense", "sparse", "sparse"};
+       },
        {"'mlp_layer_types'", "first_k_dense_replace 1"}},
-      {"glm_tiny.json", [](json& j) { j["indexer_types"] = {"full", "shared"}; }, {"'indexer_types'", "2 entries"}},
-      {"glm_tiny.json", [](json& j) { j["indexer_types"] = {"full", "full", "half", "full"}; },
+      {"glm_tiny.json",
+       [](json& j) {
+         j["indexer_types"] = {"full", "shared"};
+       },
+       {"'indexer_types'", "2 entries"}},
+      {"glm_tiny.json",
+       [](json& j) {
+         j["indexer_types"] = {"full", "full", "half", "full"};
+       },
        {"'indexer_types[2]'", "half"}},
-      {"glm_tiny.json", [](json& j) { j["indexer_types"] = {"shared", "full", "full", "full"}; },
+      {"glm_tiny.json",
+       [](json& j) {
+         j["indexer_types"] = {"shared", "full", "full", "full"};
+       },
        {"'indexer_types'", "layer 0"}},
-      {"glm_tiny.json", [](json& j) { j.erase("indexer_types"); j["index_topk_pattern"] = "FSX?"; },
+      {"glm_tiny.json",
+       [](json& j) {
+         j.erase("indexer_types");
+         j["index_topk_pattern"] = "FSX?";
+       },
        {"'index_topk_pattern'", "'X'", "position 2"}},
-      {"glm_tiny.json", [](json& j) { j.erase("indexer_types"); j["index_topk_freq"] = 2; j["index_skip_topk_offset"] = 0; },
+      {"glm_tiny.json",
+       [](json& j) {
+         j.erase("indexer_types");
+         j["index_topk_freq"] = 2;
+         j["index_skip_topk_offset"] = 0;
+       },
        {"index_topk_freq", "layer 0"}},
       {"glm_tiny.json", [](json& j) { j["first_k_dense_replace"] = 5; }, {"'first_k_dense_replace'", "5", "4"}},
       {"glm_tiny.json", [](json& j) { j["hidden_act"] = "gelu"; }, {"'hidden_act'", "gelu", "silu"}},
       {"glm_tiny.json", [](json& j) { j["scoring_func"] = "softmax"; }, {"'scoring_func'", "softmax", "sigmoid"}},
       {"glm_tiny.json", [](json& j) { j["topk_method"] = "greedy"; }, {"'topk_method'", "greedy"}},
-      {"glm_tiny.json", [](json& j) { j["rope_parameters"]["rope_type"] = "linear"; },
+      {"glm_tiny.json",
+       [](json& j) { j["rope_parameters"]["rope_type"] = "linear"; },
        {"'rope_parameters.rope_type'", "linear", "default, yarn"}},
-      {"deepseek_v32.json", [](json& j) { j["rope_scaling"]["type"] = "dynamic"; },
-       {"'rope_scaling.type'", "dynamic"}},
+      {"deepseek_v32.json", [](json& j) { j["rope_scaling"]["type"] = "dynamic"; }, {"'rope_scaling.type'", "dynamic"}},
       {"glm_tiny.json", [](json& j) { j["rope_parameters"]["rope_type"] = "llama3"; }, {"llama3"}},
       {"glm_tiny.json", [](json& j) { j["rope_parameters"].erase("factor"); }, {"'rope_parameters.factor'", "missing"}},
-      {"glm_tiny.json", [](json& j) { j["rope_parameters"]["factor"] = "4"; },
-       {"'rope_parameters.factor'", "number"}},
+      {"glm_tiny.json", [](json& j) { j["rope_parameters"]["factor"] = "4"; }, {"'rope_parameters.factor'", "number"}},
       {"glm_tiny.json", [](json& j) { j["rope_parameters"]["truncate"] = "yes"; }, {"'rope_parameters.truncate'"}},
       {"glm_tiny.json", [](json& j) { j["rope_parameters"] = "yarn"; }, {"'rope_parameters'", "object"}},
       {"glm_tiny.json", [](json& j) { j["rope_parameters"]["rope_theta"] = -1; }, {"rope_theta"}},
-      {"glm_tiny.json", [](json& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.5; },
+      {"glm_tiny.json",
+       [](json& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.5; },
        {"'rope_parameters.partial_rotary_factor'"}},
-      {"glm_tiny.json", [](json& j) { j["rope_scaling"] = {{"rope_type", "default"}}; },
+      {"glm_tiny.json",
+       [](json& j) {
+         j["rope_scaling"] = {{"rope_type", "default"}};
+       },
        {"'rope_parameters' and 'rope_scaling'", "disagree"}},
-      {"glm_tiny.json", [](json& j) { j["original_max_position_embeddings"] = 64; },
+      {"glm_tiny.json",
+       [](json& j) { j["original_max_position_embeddings"] = 64; },
        {"original_max_position_embeddings", "64", "32"}},
       {"glm_tiny.json", [](json& j) { j["eos_token_id"] = "x"; }, {"'eos_token_id'"}},
-      {"glm_tiny.json", [](json& j) { j["eos_token_id"] = {1, -3}; }, {"'eos_token_id'"}},
+      {"glm_tiny.json",
+       [](json& j) {
+         j["eos_token_id"] = {1, -3};
+       },
+       {"'eos_token_id'"}},
       {"glm_tiny.json", [](json& j) { j["norm_topk_prob"] = 1; }, {"'norm_topk_prob'", "true or false"}},
       {"glm_tiny.json", [](json& j) { j["rms_norm_eps"] = 0; }, {"'rms_norm_eps'"}},
       {"glm_tiny.json", [](json& j) { j["max_position_embeddings"] = 0; }, {"'max_position_embeddings'"}},

@@ -60,8 +60,7 @@ class Safetensors : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("latent_st_" + std::to_string(::getpid()) + "_" + info->name());
+    dir_ = fs::temp_directory_path() / ("latent_st_" + std::to_string(::getpid()) + "_" + info->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -95,8 +94,7 @@ class Safetensors : public ::testing::Test {
 // --- good files ------------------------------------------------------------------------------------------------
 
 TEST_F(Safetensors, SingleFileInPlace) {
-  write_st(dir_ / "m.safetensors", {{"b.weight", "BF16", {2, 3}, 12}, {"a.bias", "F32", {3}, 12}},
-           {{"format", "pt"}});
+  write_st(dir_ / "m.safetensors", {{"b.weight", "BF16", {2, 3}, 12}, {"a.bias", "F32", {3}, 12}}, {{"format", "pt"}});
   SafetensorsFile f(path("m.safetensors"));
   ASSERT_EQ(f.tensors().size(), 2u);
   EXPECT_EQ(f.tensors()[0].name, "b.weight");  // header order
@@ -156,8 +154,8 @@ TEST_F(Safetensors, F4ShapeCountingPackedBytesIsInferred) {
 }
 
 TEST_F(Safetensors, ScalarEmptyAndAliases) {
-  write_st(dir_ / "m.safetensors", {{"s", "F32", {}, 4}, {"z", "BF16", {0, 5}, 0}, {"z2", "U8", {4, 0}, 0},
-                                    {"e", "F8_E8M0FNU", {2}, 2}});
+  write_st(dir_ / "m.safetensors",
+           {{"s", "F32", {}, 4}, {"z", "BF16", {0, 5}, 0}, {"z2", "U8", {4, 0}, 0}, {"e", "F8_E8M0FNU", {2}, 2}});
   SafetensorsFile f(path("m.safetensors"));
   EXPECT_EQ(f.find("s")->shape.ndim, 0);
   EXPECT_EQ(f.view(*f.find("s")).numel(), 1);
@@ -223,8 +221,7 @@ TEST_F(Safetensors, TruncatedFile) {
 
 TEST_F(Safetensors, HeaderLengthPastEof) {
   write_raw(dir_ / "bad.safetensors", "{}", "", 1000);
-  expect_error([&] { SafetensorsFile f(path("bad.safetensors")); },
-               {path("bad.safetensors"), "1000", "past the end"});
+  expect_error([&] { SafetensorsFile f(path("bad.safetensors")); }, {path("bad.safetensors"), "1000", "past the end"});
 }
 
 TEST_F(Safetensors, HeaderLengthZero) {
@@ -247,7 +244,7 @@ TEST_F(Safetensors, MissingFile) {
 TEST_F(Safetensors, BadJson) {
   expect_header_error(R"({"w": {"dtype": "F32",)", 0, {"not valid JSON"});
   expect_header_error("{\"w\xff\": 1}", 0, {"not valid JSON"});  // invalid UTF-8
-  expect_header_error("{\"a\n\": {}", 0, {"not valid JSON"});       // raw control char: message stays one line
+  expect_header_error("{\"a\n\": {}", 0, {"not valid JSON"});    // raw control char: message stays one line
 }
 
 TEST_F(Safetensors, HeaderNotAnObject) { expect_header_error("[1, 2]", 0, {"must be a JSON object", "array"}); }
@@ -277,9 +274,8 @@ TEST_F(Safetensors, BadShapeDims) {
 }
 
 TEST_F(Safetensors, NumelOverflow) {
-  expect_header_error(
-      R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 4], "data_offsets": [0, 4]}})", 4,
-      {"tensor 'w'", "too many elements"});
+  expect_header_error(R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 4], "data_offsets": [0, 4]}})", 4,
+                      {"tensor 'w'", "too many elements"});
 }
 
 TEST_F(Safetensors, BadDataOffsets) {

@@ -15,7 +15,9 @@
 
 namespace latent::jinja::testing {
 
-inline std::string data_path(const std::string& rel) { return std::string(LATENT_SOURCE_DIR) + "/tests/data/jinja/" + rel; }
+inline std::string data_path(const std::string& rel) {
+  return std::string(LATENT_SOURCE_DIR) + "/tests/data/jinja/" + rel;
+}
 
 inline std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -63,14 +65,15 @@ inline std::string first_diff(const std::string& want, const std::string& got) {
     return nlohmann::json(s.substr(b, 100)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   };
   std::ostringstream os;
-  os << "first difference at byte " << i << " (want " << want.size() << " bytes, got " << got.size() << ")\n  want: "
-     << ctx(want) << "\n  got:  " << ctx(got);
+  os << "first difference at byte " << i << " (want " << want.size() << " bytes, got " << got.size()
+     << ")\n  want: " << ctx(want) << "\n  got:  " << ctx(got);
   return os.str();
 }
 
 // Does our error kind correspond to the Python exception jinja2 raised?
 inline bool kind_matches(const std::string& py, ErrorKind k) {
-  if (py == "TemplateSyntaxError" || py == "TemplateAssertionError" || py == "SyntaxError") return k == ErrorKind::Syntax;
+  if (py == "TemplateSyntaxError" || py == "TemplateAssertionError" || py == "SyntaxError")
+    return k == ErrorKind::Syntax;
   if (py == "UndefinedError") return k == ErrorKind::Undefined;
   if (py == "SecurityError") return k == ErrorKind::Security;
   if (py == "TemplateRuntimeError") return k == ErrorKind::Runtime;

@@ -49,7 +49,9 @@ struct TempDir {
     fs::create_directories(path);
   }
   ~TempDir() { fs::remove_all(path); }
-  void write(const std::string& name, const std::string& text) const { std::ofstream(path / name, std::ios::binary) << text; }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name, std::ios::binary) << text;
+  }
   std::string str() const { return path.string(); }
   fs::path path;
   static inline int counter = 0;
@@ -66,7 +68,8 @@ TEST(JinjaBasic, IntVersusFloatFromJson) {
   EXPECT_EQ(R("{{ a }} {{ b }} {{ a is integer }} {{ b is float }} {{ [a, b]|tojson }}", R"({"a": 1, "b": 1.0})"),
             "1 1.0 True True [1, 1.0]");
   EXPECT_EQ(R("{{ d|tojson }}", R"({"d": {"z": 1, "a": 2}})"), R"({"z": 1, "a": 2})");  // key order kept
-  EXPECT_EQ(R("{{ n }} {{ n|tojson }}", R"({"n": 18446744073709551615})"), "1.8446744073709552e+19 1.8446744073709552e+19");
+  EXPECT_EQ(R("{{ n }} {{ n|tojson }}", R"({"n": 18446744073709551615})"),
+            "1.8446744073709552e+19 1.8446744073709552e+19");
 }
 
 TEST(JinjaBasic, ErrorsCarryLineAndColumn) {
@@ -105,7 +108,8 @@ TEST(JinjaBasic, RunawayLoopsAndRecursionStop) {
   EXPECT_EQ(kind_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"), ErrorKind::Limit);
   EXPECT_EQ(kind_of("{% for n in t recursive %}{{ loop(t) }}{% endfor %}", R"({"t": [1]})"), ErrorKind::Limit);
   // a 200-deep recursion that stays within the limit works
-  EXPECT_EQ(R("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}done{% endif %}{% endmacro %}{{ f(150) }}"), "done");
+  EXPECT_EQ(R("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}done{% endif %}{% endmacro %}{{ f(150) }}"),
+            "done");
 }
 
 TEST(JinjaBasic, OutputAndStringSizeCapped) {
@@ -155,7 +159,8 @@ TEST(JinjaBasic, FixedClockHook) {
 
 TEST(JinjaBasic, ConcurrentRenders) {
   const Template t("{% for m in messages %}{{ m.role }}:{{ m.content|upper }};{% endfor %}{{ strftime_now('%Y') }}");
-  ojson ctx = ojson::parse(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})");
+  ojson ctx =
+      ojson::parse(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})");
   const RenderOptions opt = latent::jinja::testing::fixed_clock_options();
   const std::string want = t.render(ctx, opt);
   std::vector<std::thread> th;
@@ -190,8 +195,9 @@ TEST(ChatTemplate, LoadFromTokenizerConfig) {
   EXPECT_EQ(ct.render(ojson::array(), ojson(), true), "STrueTrue");
 
   TempDir d2;
-  d2.write("tokenizer_config.json",
-           R"({"chat_template": [{"name": "tool_use", "template": "T{{ tools|length }}"}, {"name": "default", "template": "D"}]})");
+  d2.write(
+      "tokenizer_config.json",
+      R"({"chat_template": [{"name": "tool_use", "template": "T{{ tools|length }}"}, {"name": "default", "template": "D"}]})");
   auto ct2 = latent::ChatTemplate::load(d2.str());
   EXPECT_EQ(ct2.render(ojson::array(), ojson(), true), "D");
   EXPECT_EQ(ct2.render(ojson::array(), ojson::parse("[{}]"), true), "T1");
@@ -204,8 +210,10 @@ TEST(ChatTemplate, NoTemplateIsAClearError) {
     latent::ChatTemplate::load(d.str());
     FAIL() << "expected an error";
   } catch (const latent::Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              d.str() + ": model has no chat template (no chat_template.jinja and no chat_template in tokenizer_config.json)");
+    EXPECT_EQ(
+        std::string(e.what()),
+        d.str() +
+            ": model has no chat template (no chat_template.jinja and no chat_template in tokenizer_config.json)");
   }
   TempDir empty;
   EXPECT_THROW(latent::ChatTemplate::load(empty.str()), latent::Error);

@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -257,8 +257,8 @@ TEST(CpuBatchInvariance, ElementwiseThreads) {
       }
       const char* names[] = {"silu_mul", "add", "rms_norm", "scale"};
       for (size_t i = 0; i < 4; ++i)
-        EXPECT_TRUE(outs[0][i] == outs[1][i]) << names[i] << " " << cpu_isa_name(isa) << " " << ops::dtype_label(t)
-                                              << ": 1 and 3 threads differ";
+        EXPECT_TRUE(outs[0][i] == outs[1][i])
+            << names[i] << " " << cpu_isa_name(isa) << " " << ops::dtype_label(t) << ": 1 and 3 threads differ";
     }
 }
 

@@ -243,8 +243,8 @@ TEST(RefOps, IndexerScoresAndTopK) {
       }
       EXPECT_NEAR(sc[s * T + t], tot, 1e-5);
     }
-  std::vector<float> scores = {5, 1, 1, 9, -1, 3, 7,  // row 0, pos 6
-                               2, 2, 2, 2, 2, 2, 2};  // row 1, pos 1 (only 2 visible)
+  std::vector<float> scores = {5, 1, 1, 9, -1, 3, 7,   // row 0, pos 6
+                               2, 2, 2, 2, 2,  2, 2};  // row 1, pos 1 (only 2 visible)
   const int64_t p2[2] = {6, 1};
   int32_t sel[2 * 3], cnt[2];
   be->topk_select(scores.data(), 2, 7, 3, p2, sel, cnt);
@@ -274,10 +274,10 @@ TEST(RefOps, AbsorbedEqualsNaiveAttention) {
     KeySelection ks;
     if (variant == 1) ks = {sel.data(), cnt.data(), 3};
     std::vector<float> on(S * d.n_heads * d.v), oa(on.size());
-    be->mla_attention_naive(d, T32(q, S, d.n_heads * d.qk()), T32(kvb, T, d.n_heads * dkv), T32(kpe, T, d.rope), T,
-                            pos, ks, 0.3f, T32(on, S, d.n_heads * d.v));
-    be->mla_attention_absorbed(d, T32(q, S, d.n_heads * d.qk()), kv_b, T32(c, T, d.latent), T32(kpe, T, d.rope), T,
-                               pos, ks, 0.3f, T32(oa, S, d.n_heads * d.v));
+    be->mla_attention_naive(d, T32(q, S, d.n_heads * d.qk()), T32(kvb, T, d.n_heads * dkv), T32(kpe, T, d.rope), T, pos,
+                            ks, 0.3f, T32(on, S, d.n_heads * d.v));
+    be->mla_attention_absorbed(d, T32(q, S, d.n_heads * d.qk()), kv_b, T32(c, T, d.latent), T32(kpe, T, d.rope), T, pos,
+                               ks, 0.3f, T32(oa, S, d.n_heads * d.v));
     EXPECT_LE(maxdiff(on, oa), 1e-5) << "variant " << variant;
   }
   // Direct formula for one (s, h) with the selection: query 3 (pos 8) sees keys {8, 2} (count 2).
@@ -421,8 +421,8 @@ TEST(RefOps, MoeFfnFormula) {
       y(M * D);
   std::vector<int32_t> ids(M * K), tok(M * K);
   std::vector<int64_t> off(E + 1);
-  MoeScratch s{logits.data(), ids.data(), wts.data(), off.data(), tok.data(), pw.data(), T32(xs, M * K, D),
-               T32(eg, M * K, I), T32(ed, M * K, D), T32(sh, M, Is)};
+  MoeScratch s{logits.data(), ids.data(),        wts.data(),        off.data(),        tok.data(),
+               pw.data(),     T32(xs, M * K, D), T32(eg, M * K, I), T32(ed, M * K, D), T32(sh, M, Is)};
   be->moe_ffn(L, T32(x, M, D), s, T32(y, M, D), true);
   auto mlp = [&](const std::vector<float>& G, const std::vector<float>& U, const std::vector<float>& Dw, int64_t n,
                  int64_t m, int64_t j) {
@@ -487,7 +487,7 @@ TEST(RefOps, KvStoreSkipsNegativeSlots) {
 }
 
 TEST(RefOps, DecodeGraphBuckets) {
-  const std::vector<std::pair<int64_t, int64_t>> cases{{1, 1}, {2, 2}, {3, 4}, {4, 4}, {5, 8},  {8, 8},
+  const std::vector<std::pair<int64_t, int64_t>> cases{{1, 1},  {2, 2},   {3, 4},   {4, 4},   {5, 8},  {8, 8},
                                                        {9, 16}, {16, 16}, {17, 17}, {24, 24}, {33, 33}};
   for (const auto& [n, b] : cases) EXPECT_EQ(decode_graph_bucket(n), b) << n;
 }

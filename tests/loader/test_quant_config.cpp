@@ -32,14 +32,15 @@ TEST(QuantConfig, QuarkExcludeSemantics) {
   EXPECT_FALSE(*qc.expects_quantized("model.layers.61.mlp.experts.0.up_proj"));
   EXPECT_TRUE(*qc.expects_quantized("model.layers.6.mlp.experts.0.up_proj"));
   // re.match is anchored at the start: "layers.61" alone does not match "model.layers.61..."
-  auto qc2 = QuantConfig::parse(nlohmann::json::parse(R"({"quant_method": "quark", "exclude": ["re:layers.61"]})"), "c");
+  auto qc2 =
+      QuantConfig::parse(nlohmann::json::parse(R"({"quant_method": "quark", "exclude": ["re:layers.61"]})"), "c");
   EXPECT_TRUE(*qc2.expects_quantized("model.layers.61.mlp"));
   EXPECT_NE(qc.activation_scheme.find("fp4"), std::string::npos);
 }
 
 TEST(QuantConfig, Fp8WithoutListDecidesByDtype) {
-  auto qc = QuantConfig::parse(nlohmann::json::parse(R"({"quant_method": "fp8", "weight_block_size": [128, 64]})"),
-                               "cfg");
+  auto qc =
+      QuantConfig::parse(nlohmann::json::parse(R"({"quant_method": "fp8", "weight_block_size": [128, 64]})"), "cfg");
   EXPECT_FALSE(qc.expects_quantized("lm_head").has_value());
   EXPECT_EQ(qc.block_rows, 128);
   EXPECT_EQ(qc.block_cols, 64);

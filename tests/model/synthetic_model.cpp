@@ -1,12 +1,12 @@
 #include "synthetic_model.h"
 
+#include <unistd.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <unistd.h>
 #include <vector>
 
 #include "quant/float_formats.h"
@@ -77,18 +77,35 @@ std::string write_synthetic_model(const SyntheticSpec& s) {
   const int64_t V = 96, D = 64, I = 96, Im = 32, L = 4, H = 4, dq = 48, dc = 32, dn = 32, dr = 16, dv = 24, E = 8;
   const int64_t nI = s.index_n_heads, dI = 32;
   const bool dsa = s.arch != "v3";
-  nlohmann::json cfg = {
-      {"vocab_size", V}, {"hidden_size", D}, {"intermediate_size", I}, {"moe_intermediate_size", Im},
-      {"num_hidden_layers", L}, {"num_attention_heads", H}, {"num_key_value_heads", H}, {"q_lora_rank", dq},
-      {"kv_lora_rank", dc}, {"qk_nope_head_dim", dn}, {"qk_rope_head_dim", dr}, {"v_head_dim", dv},
-      {"n_routed_experts", E}, {"n_shared_experts", 1}, {"num_experts_per_tok", 2}, {"n_group", 4},
-      {"topk_group", 2}, {"routed_scaling_factor", 2.5}, {"norm_topk_prob", true}, {"first_k_dense_replace", 1},
-      {"rms_norm_eps", 1e-5}, {"max_position_embeddings", 128}, {"tie_word_embeddings", false},
-      {"num_nextn_predict_layers", 0}, {"hidden_act", "silu"}};
+  nlohmann::json cfg = {{"vocab_size", V},
+                        {"hidden_size", D},
+                        {"intermediate_size", I},
+                        {"moe_intermediate_size", Im},
+                        {"num_hidden_layers", L},
+                        {"num_attention_heads", H},
+                        {"num_key_value_heads", H},
+                        {"q_lora_rank", dq},
+                        {"kv_lora_rank", dc},
+                        {"qk_nope_head_dim", dn},
+                        {"qk_rope_head_dim", dr},
+                        {"v_head_dim", dv},
+                        {"n_routed_experts", E},
+                        {"n_shared_experts", 1},
+                        {"num_experts_per_tok", 2},
+                        {"n_group", 4},
+                        {"topk_group", 2},
+                        {"routed_scaling_factor", 2.5},
+                        {"norm_topk_prob", true},
+                        {"first_k_dense_replace", 1},
+                        {"rms_norm_eps", 1e-5},
+                        {"max_position_embeddings", 128},
+                        {"tie_word_embeddings", false},
+                        {"num_nextn_predict_layers", 0},
+                        {"hidden_act", "silu"}};
   if (s.yarn)
-    cfg["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0},
-                              {"original_max_position_embeddings", 32}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
-                              {"mscale", 1.0}, {"mscale_all_dim", 0.8}};
+    cfg["rope_parameters"] = {
+        {"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}, {"original_max_position_embeddings", 32},
+        {"beta_fast", 32.0},   {"beta_slow", 1.0},      {"mscale", 1.0}, {"mscale_all_dim", 0.8}};
   else
     cfg["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
   if (s.arch == "glm") {

@@ -34,8 +34,8 @@ TEST(CliLogits, PrefillDecodeAndHidden) {
   auto want = m->model->logits(ids);
   const std::string out = dir + "/a.npy", out2 = dir + "/b.npy", hid = dir + "/h.npy";
   const std::string toks = "3 14 15 92 65 35 89 79 32 38 46 26";
-  std::string cmd = bin + " logits --model " + dir + " --tokens \"" + toks + "\" --out " + out + " --hidden " + hid +
-                    " --threads 2";
+  std::string cmd =
+      bin + " logits --model " + dir + " --tokens \"" + toks + "\" --out " + out + " --hidden " + hid + " --threads 2";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   cmd = bin + " logits --model " + dir + " --tokens \"" + toks + "\" --decode-from 4 --out " + out2;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

@@ -93,7 +93,8 @@ TEST_P(Golden, HiddenStatesPerLayer) {
   const int64_t L = cfg.num_hidden_layers, T = static_cast<int64_t>(ids_.size()), D = cfg.hidden_size;
   ASSERT_EQ(ref.shape, (std::vector<int64_t>{L + 1, T, D}));
   std::string last = "post_norm";
-  if (fs::exists(fx_.golden_dir + "/meta.json")) last = read_json(fx_.golden_dir + "/meta.json").value("hidden_last", last);
+  if (fs::exists(fx_.golden_dir + "/meta.json"))
+    last = read_json(fx_.golden_dir + "/meta.json").value("hidden_last", last);
   std::vector<float> hid;
   KvCache cache(cfg);
   m->model->forward(ids_, cache, nullptr, true, &hid);
@@ -188,8 +189,8 @@ TEST_P(Golden, GreedyGeneration) {
 // fp32 top-1 is not a near tie (margin >= 1 % of max|logit|).
 // top1_out: agreement over all rows; top1_clear_out: over the rows whose HF fp32 top1-top2 margin is at least
 // 1 % of max|logit| (closer calls are within bf16 rounding of the logits themselves).
-void bf16_report(const Fixture& fx, const std::vector<int32_t>& ids, const NpyArray& ref, bool forced,
-                 double* top1_out, double* top1_clear_out) {
+void bf16_report(const Fixture& fx, const std::vector<int32_t>& ids, const NpyArray& ref, bool forced, double* top1_out,
+                 double* top1_clear_out) {
   ForwardDecisions dec;
   ModelOptions ob;
   ob.bf16_activations = true;

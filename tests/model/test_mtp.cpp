@@ -184,7 +184,8 @@ TEST(Mtp, CheckpointWithoutMtpLayerIsAClearError) {
     Model m(*f.cfg, *f.plan, *be, mo);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("has no MTP layer (config.json num_nextn_predict_layers 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has no MTP layer (config.json num_nextn_predict_layers 0"), std::string::npos)
+        << e.what();
   }
   // A plan without the MTP layer's tensors (speculation off) cannot feed an MTP model either.
   ModelFiles g = open_model_files(src("tests/models/glm5-tiny-mtp"));
@@ -242,7 +243,8 @@ TEST(Mtp, AnnouncedButAbsentMtpLayerIsListedAndRefused) {
   } catch (const Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find(fmt::format("{} tensors that config.json implies are missing", missing.size())),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
     EXPECT_NE(what.find("the first '" + prefix + "input_layernorm.weight'"), std::string::npos) << what;
     EXPECT_NE(what.find("MTP layer"), std::string::npos) << what;
   }

@@ -153,7 +153,7 @@ struct Groups {
   std::vector<Fmt> fmts;
   std::vector<int64_t> counts;
   int64_t N = 0, K = 0;
-  int64_t row0 = 0;           // offsets[0] (rows before it belong to no group and stay untouched)
+  int64_t row0 = 0;                // offsets[0] (rows before it belong to no group and stay untouched)
   bool weights_for_empty = false;  // pass weights for empty groups too (the model does); else null
 };
 
@@ -459,7 +459,7 @@ void convert_case(CaseCtx& c, DType from, DType to) {
     if (R * C >= 7) {
       x[0] = kNaN;
       x[1] = -kInf;
-      x[2] = 3.4e38f;  // rounds to +inf in bf16
+      x[2] = 3.4e38f;            // rounds to +inf in bf16
       x[3] = 1.0f + 1.0f / 256;  // a tie (nearest even)
     }
     c.check(S(R) + "x" + S(C), [&, R = R, C = C](Arena& A) {
@@ -519,9 +519,9 @@ struct AttnCase {
   bool use_sel;
 };
 const AttnCase kAttnCases[] = {
-    {1, 16, 8, 16, 32, 1, 0, false},      {3, 24, 16, 20, 96, 2, 3, false},     {8, 64, 32, 64, 256, 1, 40, false},
-    {4, 32, 16, 24, 64, 5, 11, true},     {3, 24, 8, 20, 160, 17, 0, false},    {2, 16, 16, 16, 32, 17, 30, true},
-    {5, 40, 8, 33, 96, 1, 200, true},     {4, 192, 64, 256, 512, 2, 700, false}, {2, 48, 16, 40, 128, 3, 1500, true},
+    {1, 16, 8, 16, 32, 1, 0, false},     {3, 24, 16, 20, 96, 2, 3, false},      {8, 64, 32, 64, 256, 1, 40, false},
+    {4, 32, 16, 24, 64, 5, 11, true},    {3, 24, 8, 20, 160, 17, 0, false},     {2, 16, 16, 16, 32, 17, 30, true},
+    {5, 40, 8, 33, 96, 1, 200, true},    {4, 192, 64, 256, 512, 2, 700, false}, {2, 48, 16, 40, 128, 3, 1500, true},
     {2, 16, 6, 16, 40, 3, 50, true},      // rope dim not a multiple of 4
     {1, 16, 8, 16, 32, 1, 60000, false},  // many keys (more than a device's shared-memory score cache)
     {16, 16, 8, 16, 32, 17, 30, true},    // many (query, head) items
@@ -593,8 +593,8 @@ void naive_tiles_case(CaseCtx& c, DType t) {
   struct Case {
     int64_t H, dn, dr, dv, S, past, stride;
   };
-  const Case cases[] = {{3, 24, 8, 20, 70, 45, 0},  {2, 64, 64, 64, 100, 0, 0}, {4, 16, 16, 33, 40, 90, 48},
-                        {1, 8, 8, 7, 33, 1, 0},     {2, 40, 24, 64, 65, 31, 48}, {16, 64, 64, 64, 37, 200, 0}};
+  const Case cases[] = {{3, 24, 8, 20, 70, 45, 0}, {2, 64, 64, 64, 100, 0, 0},  {4, 16, 16, 33, 40, 90, 48},
+                        {1, 8, 8, 7, 33, 1, 0},    {2, 40, 24, 64, 65, 31, 48}, {16, 64, 64, 64, 37, 200, 0}};
   for (const Case& k : cases) {
     const AttnCase a{k.H, k.dn, k.dr, k.dv, 64, k.S, k.past, k.stride > 0};
     std::vector<int64_t> pos(static_cast<size_t>(a.S));
@@ -709,14 +709,13 @@ void paged_case(CaseCtx& c, Fmt f, DType t) {
         const std::vector<float> q = c.rng.normals(p.N * d.n_heads * d.qk());
         const Selection sel = use_sel ? random_selection(c.rng, p.N, p.max_ctx, p.pos, 23) : Selection{};
         const float scale = 0.5f / std::sqrt(static_cast<float>(d.qk()));
-        c.check("bt " + S(bt) + " H " + S(d.n_heads) + " seqs " + S(p.n_seqs) + (use_sel ? " dsa" : ""),
-                [&](Arena& A) {
-                  const QuantWeight wd = A.weight(kvb);
-                  const PagedStep::Dev dv = p.up(A, t);
-                  const Tensor qt = A.up(q, t, p.N, d.n_heads * d.qk()), o = A.tensor(t, p.N, d.n_heads * d.v);
-                  A.be.mla_attention_absorbed_paged(d, qt, wd, dv.pool, dv.seqs, dv.pos, sel.view(A), scale, o);
-                  return Outs{A.result("o", o)};
-                });
+        c.check("bt " + S(bt) + " H " + S(d.n_heads) + " seqs " + S(p.n_seqs) + (use_sel ? " dsa" : ""), [&](Arena& A) {
+          const QuantWeight wd = A.weight(kvb);
+          const PagedStep::Dev dv = p.up(A, t);
+          const Tensor qt = A.up(q, t, p.N, d.n_heads * d.qk()), o = A.tensor(t, p.N, d.n_heads * d.v);
+          A.be.mla_attention_absorbed_paged(d, qt, wd, dv.pool, dv.seqs, dv.pos, sel.view(A), scale, o);
+          return Outs{A.result("o", o)};
+        });
       }
 }
 
@@ -735,8 +734,7 @@ void indexer_case(CaseCtx& c, DType t) {
         const float scale = 1.0f / std::sqrt(static_cast<float>(dI));
         c.check("heads " + S(nI) + " dim " + S(dI) + " S " + S(Sq), [&](Arena& A) {
           float* sc = A.out<float>(static_cast<size_t>(Sq * T));
-          A.be.indexer_scores(A.up(q, t, Sq, nI * dI), A.up(w, t, Sq, nI), A.up(k, t, T, dI), nI, scale, A.up(pos),
-                              sc);
+          A.be.indexer_scores(A.up(q, t, Sq, nI * dI), A.up(w, t, Sq, nI), A.up(k, t, T, dI), nI, scale, A.up(pos), sc);
           return Outs{A.floats("scores", sc, static_cast<size_t>(Sq * T), kTolF32)};
         });
       }
@@ -987,7 +985,7 @@ void mla_qkv_case(CaseCtx& c, Fmt f, DType t) {
 // backend's fused decode kernels take (bf16 pools: dc a multiple of 64, dr of 16), several head tiles and a long
 // context (several key splits); some rows of q / o belong to no sequence of the run and must stay untouched.
 void mla_decode_attention_case(CaseCtx& c, Fmt f, DType t, int shape) {
-  const MlaDims dims = shape == 0 ? MlaDims{3, 16, 8, 16, 64}
+  const MlaDims dims = shape == 0   ? MlaDims{3, 16, 8, 16, 64}
                        : shape == 1 ? MlaDims{70, 32, 16, 32, 128}
                                     : MlaDims{64, 192, 64, 256, 512};  // GLM-5's
   const MlaHost h(f, c.rng, dims);
@@ -995,8 +993,8 @@ void mla_decode_attention_case(CaseCtx& c, Fmt f, DType t, int shape) {
   for (int64_t bt : {5, 16, 64}) {
     if (shape == 2 && bt != 64) continue;
     std::vector<PagedStep> steps = {
-        paged_step(c.rng, d, 0, bt, {{1, 37}, {1, 100}, {1, 1}, {1, 9}, {1, 130}}, 0),  // decode
-        paged_step(c.rng, d, 0, bt, {{1, 23}, {6, 40}, {1, 2}}, 1)};                     // and a chunk
+        paged_step(c.rng, d, 0, bt, {{1, 37}, {1, 100}, {1, 1}, {1, 9}, {1, 130}}, 0),      // decode
+        paged_step(c.rng, d, 0, bt, {{1, 23}, {6, 40}, {1, 2}}, 1)};                        // and a chunk
     if (shape > 0) steps.push_back(paged_step(c.rng, d, 0, bt, {{1, 700}, {2, 1500}}, 2));  // long: key splits
     for (const PagedStep& p : steps)
       for (bool use_sel : {false, true}) {

@@ -31,8 +31,8 @@ std::vector<float> rows_of(const std::vector<float>& v, int64_t M) {
 
 void expect_fused_equals_unfused(Backend& be, const std::string& label) {
   Rng rng(4242);
-  const std::vector<std::string> kinds = {"bias", "glu", "gate", "residual", "residual=y", "bias+glu+residual",
-                                          "bias+gate+residual"};
+  const std::vector<std::string> kinds = {
+      "bias", "glu", "gate", "residual", "residual=y", "bias+glu+residual", "bias+gate+residual"};
   for (Fmt f : {Fmt::F32, Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8Channel, Fmt::Mxfp4}) {
     const int64_t N = 37, K = f == Fmt::Mxfp4 ? 160 : 161;
     const HostWeight w = make_weight(f, N, K, rng), wg = make_weight(f, N, K, rng);
@@ -77,9 +77,8 @@ void expect_fused_equals_unfused(Backend& be, const std::string& label) {
             be.add(r2, u);
             u = r2;
           }
-          EXPECT_TRUE(same_bits(A.down(y), A.down(u)))
-              << label << ": fused " << k << " differs from the unfused ops; " << fmt_name(f) << " " << dtype_label(t)
-              << " M " << M;
+          EXPECT_TRUE(same_bits(A.down(y), A.down(u))) << label << ": fused " << k << " differs from the unfused ops; "
+                                                       << fmt_name(f) << " " << dtype_label(t) << " M " << M;
         }
       }
   }

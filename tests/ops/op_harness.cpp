@@ -230,8 +230,7 @@ std::vector<float> Arena::down(const Tensor& t, bool with_padding) {
   std::vector<float> all = decode(b, t.dtype);
   if (with_padding || t.ld == t.cols) return all;
   std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
-  for (int64_t r = 0; r < t.rows; ++r)
-    std::copy_n(all.begin() + r * t.ld, t.cols, v.begin() + r * t.cols);
+  for (int64_t r = 0; r < t.rows; ++r) std::copy_n(all.begin() + r * t.ld, t.cols, v.begin() + r * t.cols);
   return v;
 }
 
@@ -275,7 +274,7 @@ struct Entry {
   bool failed = false;
 };
 struct Summary {
-  std::vector<std::string> order;                                // case names, first seen first
+  std::vector<std::string> order;                                          // case names, first seen first
   std::map<std::string, std::vector<std::pair<std::string, Entry>>> rows;  // case -> (label, entry)
   Entry& at(const std::string& name, const std::string& label) {
     auto it = rows.find(name);
@@ -306,8 +305,9 @@ class SummaryEnv : public ::testing::Environment {
   void TearDown() override {
     Summary& s = summary();
     if (s.order.empty()) return;
-    std::printf("\n[op harness] normalized error |a-b|/|b| of each case against the ref backend (largest over the "
-                "case's checks):\n");
+    std::printf(
+        "\n[op harness] normalized error |a-b|/|b| of each case against the ref backend (largest over the "
+        "case's checks):\n");
     for (const std::string& n : s.order) {
       std::string line, tol;
       bool failed = false;
@@ -393,8 +393,8 @@ void CaseCtx::check(const std::string& what, const std::function<Outs(Arena&)>& 
         break;
       }
     ADD_FAILURE() << where << " " << w.name << ": normalized error " << e << " > "
-                  << (w.tol == 0.0 ? std::string("0 (exact)") : num(w.tol)) << "; first difference at element "
-                  << first << ": " << g.f[first] << " vs ref " << w.f[first];
+                  << (w.tol == 0.0 ? std::string("0 (exact)") : num(w.tol)) << "; first difference at element " << first
+                  << ": " << g.f[first] << " vs ref " << w.f[first];
   }
 }
 

@@ -210,8 +210,8 @@ TEST(FloatFormats, F16Exhaustive) {
 // ---- docs/quantization.md §vectors ---------------------------------------------------------------------------
 
 TEST(SpecVectors, E2M1EncodeRne) {
-  const std::pair<float, uint8_t> v[] = {{0.3f, 0x1}, {-0.7f, 0x9}, {1.1f, 0x2},  {1.25f, 0x2}, {-2.6f, 0xD},
-                                         {3.5f, 0x6}, {5.0f, 0x6},  {6.2f, 0x7},  {100.f, 0x7}, {-0.25f, 0x0},
+  const std::pair<float, uint8_t> v[] = {{0.3f, 0x1},  {-0.7f, 0x9}, {1.1f, 0x2}, {1.25f, 0x2}, {-2.6f, 0xD},
+                                         {3.5f, 0x6},  {5.0f, 0x6},  {6.2f, 0x7}, {100.f, 0x7}, {-0.25f, 0x0},
                                          {0.75f, 0x2}, {1.75f, 0x4}, {2.5f, 0x4}, {-5.0f, 0xE}, {-0.1f, 0x0}};
   for (auto [x, code] : v)  // zeros compare by value (we emit -0 as 0x8 like ml_dtypes)
     EXPECT_EQ(e2m1_to_f32(f32_to_e2m1(x)), e2m1_to_f32(code)) << x;
@@ -241,11 +241,24 @@ TEST(SpecVectors, E8M0Decode) {
 }
 
 TEST(SpecVectors, E4M3FN) {
-  const std::pair<float, uint8_t> v[] = {
-      {1.0f, 0x38},   {0.5f, 0x30},     {2.0f, 0x40},    {-2.0f, 0xC0},  {-1.5f, 0xBC},   {240.f, 0x77},
-      {256.f, 0x78},  {448.f, 0x7E},    {0.1f, 0x1D},    {0.3f, 0x2A},   {std::numbers::pi_v<float>, 0x45},
-      {1.0625f, 0x38}, {1.1875f, 0x3A}, {0x1p-6f, 0x08}, {0x1p-9f, 0x01}, {0x1p-10f, 0x00},
-      {0.75f * 0x1p-9f, 0x01}, {-0.0f, 0x80}};
+  const std::pair<float, uint8_t> v[] = {{1.0f, 0x38},
+                                         {0.5f, 0x30},
+                                         {2.0f, 0x40},
+                                         {-2.0f, 0xC0},
+                                         {-1.5f, 0xBC},
+                                         {240.f, 0x77},
+                                         {256.f, 0x78},
+                                         {448.f, 0x7E},
+                                         {0.1f, 0x1D},
+                                         {0.3f, 0x2A},
+                                         {std::numbers::pi_v<float>, 0x45},
+                                         {1.0625f, 0x38},
+                                         {1.1875f, 0x3A},
+                                         {0x1p-6f, 0x08},
+                                         {0x1p-9f, 0x01},
+                                         {0x1p-10f, 0x00},
+                                         {0.75f * 0x1p-9f, 0x01},
+                                         {-0.0f, 0x80}};
   for (auto [x, code] : v) {
     EXPECT_EQ(f32_to_e4m3fn(x), code) << x;
     EXPECT_EQ(f32_to_e4m3fn(x, Overflow::NonSaturating), code) << x;

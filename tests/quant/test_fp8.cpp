@@ -52,7 +52,8 @@ TEST(Fp8, BlockQuantizeRaggedEdges) {
     for (int64_t j = 0; j < 3; ++j) {
       float amax = 0;
       for (int64_t r = i * br; r < std::min(rows, (i + 1) * br); ++r)
-        for (int64_t c = j * bc; c < std::min(cols, (j + 1) * bc); ++c) amax = std::max(amax, std::fabs(w[size_t(r * cols + c)]));
+        for (int64_t c = j * bc; c < std::min(cols, (j + 1) * bc); ++c)
+          amax = std::max(amax, std::fabs(w[size_t(r * cols + c)]));
       EXPECT_EQ(s[size_t(i * 3 + j)], amax / 448.0f) << i << "," << j;
     }
   EXPECT_EQ(s[5], 5.0f / 448.0f);

@@ -26,8 +26,8 @@ TEST(Mxfp4, ScaleRulesSpecVectors) {
     EXPECT_EQ(mxfp4_scale_code(0.0f, r), 0x00);
     EXPECT_EQ(mxfp4_scale_code(NAN, r), 0xFF);
     EXPECT_EQ(mxfp4_scale_code(INFINITY, r), 0xFF);
-    EXPECT_EQ(mxfp4_scale_code(1e-45f, r), 0x00);             // clamp at 2^-127
-    EXPECT_LE(mxfp4_scale_code(3.4e38f, r), 0xFE);            // never NaN for finite amax
+    EXPECT_EQ(mxfp4_scale_code(1e-45f, r), 0x00);   // clamp at 2^-127
+    EXPECT_LE(mxfp4_scale_code(3.4e38f, r), 0xFE);  // never NaN for finite amax
   }
   // "even" bumps exactly at mantissa >= 1.75
   EXPECT_EQ(mxfp4_scale_code(std::nextafter(7.0f, 0.0f), R::Even), 0x7F);

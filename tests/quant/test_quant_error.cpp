@@ -28,9 +28,9 @@ TEST(WeightFormat, NamesAndSizes) {
   EXPECT_TRUE(is_quantized(WeightFormat::FP8_E4M3_CHANNEL));
   QuantWeight w;
   w.cols = 64;
-  const std::pair<WeightFormat, int64_t> rb[] = {{WeightFormat::F32, 256}, {WeightFormat::BF16, 128},
-                                                 {WeightFormat::F16, 128}, {WeightFormat::FP8_E4M3_BLOCK, 64},
-                                                 {WeightFormat::FP8_E4M3_TENSOR, 64}, {WeightFormat::MXFP4, 32}};
+  const std::pair<WeightFormat, int64_t> rb[] = {
+      {WeightFormat::F32, 256},           {WeightFormat::BF16, 128},           {WeightFormat::F16, 128},
+      {WeightFormat::FP8_E4M3_BLOCK, 64}, {WeightFormat::FP8_E4M3_TENSOR, 64}, {WeightFormat::MXFP4, 32}};
   for (auto [f, n] : rb) {
     w.format = f;
     EXPECT_EQ(w.row_bytes(), n) << weight_format_name(f);

@@ -30,7 +30,7 @@ TEST(KvBlocks, ReserveTakesExactlyTheBlocksNeeded) {
 
 TEST(KvBlocks, ReserveFailsWithoutChange) {
   KvBlockAllocator a(4, 16);
-  ASSERT_TRUE(a.reserve(1, 40));  // 3 blocks
+  ASSERT_TRUE(a.reserve(1, 40));   // 3 blocks
   EXPECT_FALSE(a.reserve(2, 20));  // needs 2, 1 free
   EXPECT_EQ(a.blocks_of(2), 0);
   EXPECT_EQ(a.free_blocks(), 1);

@@ -1,13 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <algorithm>
 #include <map>
 #include <random>
 
-#include "truncated_softmax.h"
 #include "runtime/sampler.h"
+#include "truncated_softmax.h"
 
 namespace latent {
 namespace {
@@ -167,7 +167,7 @@ TEST(SampleMath, WeightIsQuantizedExp) {
     const uint64_t w = sample_weight(dx);
     const double e = std::exp(static_cast<double>(dx)) * 17592186044416.0;
     EXPECT_NEAR(static_cast<double>(w), e, 1.0 + 1e-6 * e) << dx;  // fp32 exp within a few ulp, then floor
-    EXPECT_LE(w, prev) << dx;  // monotone on this grid
+    EXPECT_LE(w, prev) << dx;                                      // monotone on this grid
     prev = w;
   }
 }
@@ -207,24 +207,44 @@ std::vector<RowCase> row_cases() {
   add([](SamplingParams& p) { p.temperature = 0; }, true, true, true);
   add([](SamplingParams&) {});
   add([](SamplingParams& p) { p.temperature = 0.7f; });
-  add([](SamplingParams& p) { p.temperature = 1.3f; p.top_k = 40; });
+  add([](SamplingParams& p) {
+    p.temperature = 1.3f;
+    p.top_k = 40;
+  });
   add([](SamplingParams& p) { p.top_k = 1; });
   add([](SamplingParams& p) { p.top_p = 0.9f; });
-  add([](SamplingParams& p) { p.top_p = 0.3f; p.temperature = 0.5f; });
+  add([](SamplingParams& p) {
+    p.top_p = 0.3f;
+    p.temperature = 0.5f;
+  });
   add([](SamplingParams& p) { p.min_p = 0.1f; });
   add([](SamplingParams& p) { p.min_p = 1.0f; });
-  add([](SamplingParams& p) { p.top_k = 200; p.top_p = 0.95f; p.min_p = 0.02f; p.temperature = 0.8f; });
   add([](SamplingParams& p) {
-    p.repetition_penalty = 1.3f;
-    p.presence_penalty = 0.5f;
-    p.frequency_penalty = 0.25f;
-  }, false, false, true);
-  add([](SamplingParams& p) {
-    p.logit_bias = {{3, 5.0f}, {17, -100.0f}, {999, 2.5f}};
-    p.repetition_penalty = 0.8f;
-    p.top_k = 50;
-  }, true, false, true);
-  add([](SamplingParams& p) { p.top_p = 0.8f; p.frequency_penalty = -0.5f; }, true, true, true);
+    p.top_k = 200;
+    p.top_p = 0.95f;
+    p.min_p = 0.02f;
+    p.temperature = 0.8f;
+  });
+  add(
+      [](SamplingParams& p) {
+        p.repetition_penalty = 1.3f;
+        p.presence_penalty = 0.5f;
+        p.frequency_penalty = 0.25f;
+      },
+      false, false, true);
+  add(
+      [](SamplingParams& p) {
+        p.logit_bias = {{3, 5.0f}, {17, -100.0f}, {999, 2.5f}};
+        p.repetition_penalty = 0.8f;
+        p.top_k = 50;
+      },
+      true, false, true);
+  add(
+      [](SamplingParams& p) {
+        p.top_p = 0.8f;
+        p.frequency_penalty = -0.5f;
+      },
+      true, true, true);
   return c;
 }
 

@@ -2,18 +2,18 @@
 // and preemption, failures.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <limits>
 #include <map>
-#include <atomic>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "core/error.h"
-#include "runtime/scheduler.h"
 #include "fake_paged_store.h"
+#include "runtime/scheduler.h"
 #include "truncated_softmax.h"
 
 namespace latent {
@@ -35,8 +35,8 @@ class FakeEngine : public Engine {
   }
   // Speculative decoding: a draft layer whose slots hold token ids in a store of their own (a slot read before it
   // was written throws), fed from the last step's rows (checked: slot q must read the row of position q - 1 of a
-  // sequence with the same tokens up to there: its own, or the parent of a forked choice). Its proposals are the greedy continuation; every draft_wrong-th (by a hash of the history) is
-  // wrong, or all of them are draft_fixed.
+  // sequence with the same tokens up to there: its own, or the parent of a forked choice). Its proposals are the greedy
+  // continuation; every draft_wrong-th (by a hash of the history) is wrong, or all of them are draft_fixed.
   int64_t drafts = 0;
   int64_t draft_wrong = 0;
   int32_t draft_fixed = -1;
@@ -53,16 +53,17 @@ class FakeEngine : public Engine {
   std::string diag(const EngineDraftItem& d, const std::vector<int32_t>& h, int64_t q) {
     std::string o;
     for (int64_t p = 0; p < q; ++p) {
-      const int64_t sl = static_cast<int64_t>(d.blocks[static_cast<size_t>(p / store.block_tokens)]) *
-                             store.block_tokens + p % store.block_tokens;
+      const int64_t sl =
+          static_cast<int64_t>(d.blocks[static_cast<size_t>(p / store.block_tokens)]) * store.block_tokens +
+          p % store.block_tokens;
       auto f = store.slot_token.find(sl);
       if (f == store.slot_token.end() || f->second != h[static_cast<size_t>(p)]) {
         auto w = mtp_writer.find(sl);
         o += " | pos " + std::to_string(p) + " slot " + std::to_string(sl) + " mtp " +
              std::to_string(h[static_cast<size_t>(p)]) + " target " +
              (f == store.slot_token.end() ? std::string("none") : std::to_string(f->second)) + " written by seq " +
-             (w == mtp_writer.end() ? std::string("?") : std::to_string(w->second.first) + " call " +
-                                                         std::to_string(w->second.second));
+             (w == mtp_writer.end() ? std::string("?")
+                                    : std::to_string(w->second.first) + " call " + std::to_string(w->second.second));
         break;
       }
     }
@@ -79,16 +80,15 @@ class FakeEngine : public Engine {
       w.start = d.start;
       w.tokens = d.tokens;
       std::vector<int32_t> h = mtp.apply(w);
-      for (int64_t i = 0; i < n; ++i)
-        mtp_writer[mtp.slot(w, d.start + i)] = {d.seq, draft_calls};
+      for (int64_t i = 0; i < n; ++i) mtp_writer[mtp.slot(w, d.start + i)] = {d.seq, draft_calls};
       for (int64_t i = d.zero_first ? 1 : 0; i < n; ++i) {
         const int64_t q = d.start + i;
         const auto want = std::make_pair(q - 1, prefix_hash(h, q));
         if (d.hidden_row + i < 0 || d.hidden_row + i >= static_cast<int64_t>(rows.size()) ||
             rows[static_cast<size_t>(d.hidden_row + i)] != want)
-          throw std::runtime_error("fake draft: slot " + std::to_string(q) + " of sequence " +
-                                   std::to_string(d.seq) + " reads row " + std::to_string(d.hidden_row + i) +
-                                   " of " + std::to_string(rows.size()) + ", want position " + std::to_string(q - 1) +
+          throw std::runtime_error("fake draft: slot " + std::to_string(q) + " of sequence " + std::to_string(d.seq) +
+                                   " reads row " + std::to_string(d.hidden_row + i) + " of " +
+                                   std::to_string(rows.size()) + ", want position " + std::to_string(q - 1) +
                                    (d.hidden_row + i >= 0 && d.hidden_row + i < static_cast<int64_t>(rows.size())
                                         ? " got " + std::to_string(rows[static_cast<size_t>(d.hidden_row + i)].first)
                                         : std::string()) +
@@ -313,7 +313,8 @@ class ScriptConstraint : public LogitConstraint {
   void mask(std::span<float> logits) override {
     ++masks;
     for (size_t i = 0; i < logits.size(); ++i)
-      if (pos_ >= script_.size() || static_cast<int32_t>(i) != script_[pos_]) logits[i] = -std::numeric_limits<float>::infinity();
+      if (pos_ >= script_.size() || static_cast<int32_t>(i) != script_[pos_])
+        logits[i] = -std::numeric_limits<float>::infinity();
   }
   void accept(int32_t t) override {
     seen_->push_back(t);
@@ -1009,7 +1010,6 @@ TEST(Scheduler, MaxTokensZeroComputesOnlyThePrompt) {
   EXPECT_THROW(s.submit(std::move(bad)), SchedulerRejected);
 }
 
-
 // ---------------------------------------------------------------------------------------------------------------
 // Speculative decoding (SchedulerOptions::num_speculative_tokens) with the fake draft layer.
 // ---------------------------------------------------------------------------------------------------------------
@@ -1107,8 +1107,8 @@ TEST(Speculative, OutputEqualsPlainDecoding) {
         e.draft_wrong = wrong;
         std::vector<std::vector<int32_t>> seen;
         const SpecOut spec = run_spec(e, o, &seen);
-        const std::string what = "k " + std::to_string(k) + " wrong " + std::to_string(wrong) + " blocks " +
-                                 std::to_string(blocks);
+        const std::string what =
+            "k " + std::to_string(k) + " wrong " + std::to_string(wrong) + " blocks " + std::to_string(blocks);
         EXPECT_EQ(spec.toks, plain.toks) << what;
         EXPECT_EQ(spec.reasons, plain.reasons) << what;
         EXPECT_EQ(seen, seen_plain) << what;  // the constraint advanced over exactly the emitted tokens

@@ -9,7 +9,7 @@ namespace {
 
 // Feeds `text` split at the given cut points; returns (all emitted text, stopped, every emitted piece).
 std::tuple<std::string, bool, std::vector<std::string>> run(const std::vector<std::string>& stops,
-                                                           const std::vector<std::string>& pieces) {
+                                                            const std::vector<std::string>& pieces) {
   StopStringMatcher m(stops);
   std::string all;
   std::vector<std::string> emitted;

@@ -9,23 +9,23 @@
 #include <thread>
 #include <vector>
 
+#include "../runtime/fake_paged_store.h"
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "server/text_codec.h"
-#include "../runtime/fake_paged_store.h"
 
 namespace latent::testing {
 
 class FakeCodec : public server::TextCodec {
  public:
   FakeCodec() {
-    const char* added[] = {"<|endoftext|>", "[gMASK]",     "<sop>",        "<|system|>",   "<|user|>",
-                           "<|assistant|>", "<|observation|>", "<think>",   "</think>",     "<tool_call>",
-                           "</tool_call>",  "<arg_key>",   "</arg_key>",   "<arg_value>",  "</arg_value>"};
+    const char* added[] = {"<|endoftext|>", "[gMASK]",         "<sop>",      "<|system|>",  "<|user|>",
+                           "<|assistant|>", "<|observation|>", "<think>",    "</think>",    "<tool_call>",
+                           "</tool_call>",  "<arg_key>",       "</arg_key>", "<arg_value>", "</arg_value>"};
     for (const char* a : added) added_.push_back(a);
   }
-  static constexpr int32_t kEos = 256, kUser = 260, kAssistant = 261, kObservation = 262, kThink = 263,
-                           kThinkEnd = 264, kToolCall = 265;
+  static constexpr int32_t kEos = 256, kUser = 260, kAssistant = 261, kObservation = 262, kThink = 263, kThinkEnd = 264,
+                           kToolCall = 265;
   std::vector<int32_t> encode(std::string_view text, bool) const override {
     std::vector<int32_t> ids;
     size_t i = 0;
@@ -77,9 +77,12 @@ class FakeCodec : public server::TextCodec {
       const std::string role = m["role"];
       const std::string content = m["content"].is_string() ? m["content"].get<std::string>() : "";
       if (content.find("{{fail}}") != std::string::npos) throw Error("template error: raise_exception('boom')");
-      if (role == "assistant") s += "<|assistant|></think>" + content;
-      else if (role == "tool") s += "<|observation|>" + content;
-      else s += "<|" + role + "|>" + content;
+      if (role == "assistant")
+        s += "<|assistant|></think>" + content;
+      else if (role == "tool")
+        s += "<|observation|>" + content;
+      else
+        s += "<|" + role + "|>" + content;
     }
     if (add_gen) {
       const bool off = vars.contains("enable_thinking") && !vars["enable_thinking"].get<bool>();

@@ -106,7 +106,9 @@ class HttpClient {
   explicit HttpClient(int port, double timeout_s = 20) : port_(port), timeout_s_(timeout_s) {}
   HttpResult Get(const std::string& path, const Headers& h = {}) const { return send("GET", path, h, nullptr, ""); }
   HttpResult Head(const std::string& path, const Headers& h = {}) const { return send("HEAD", path, h, nullptr, ""); }
-  HttpResult Options(const std::string& path, const Headers& h = {}) const { return send("OPTIONS", path, h, nullptr, ""); }
+  HttpResult Options(const std::string& path, const Headers& h = {}) const {
+    return send("OPTIONS", path, h, nullptr, "");
+  }
   HttpResult Post(const std::string& path, const std::string& body, const std::string& type) const {
     return send("POST", path, {}, &body, type);
   }

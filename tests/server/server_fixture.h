@@ -64,8 +64,10 @@ struct RawConn {
     a.sin_port = htons(static_cast<uint16_t>(port));
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
-    const std::string req = "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
-                            std::to_string(body.size()) + "\r\n\r\n" + body;
+    const std::string req =
+        "POST " + path +
+        " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\n\r\n" + body;
     (void)!write(fd, req.data(), req.size());
   }
   std::string read_some() {

@@ -14,8 +14,8 @@ using namespace std::chrono_literals;
 using latent::testing::Headers;
 using latent::testing::HttpResult;
 using latent::testing::RawConn;
-using latent::testing::ServerFixture;
 using latent::testing::script;
+using latent::testing::ServerFixture;
 using ojson = nlohmann::ordered_json;
 
 ojson chat_body(const std::string& user, const std::string& extra = "") {
@@ -94,7 +94,8 @@ TEST(HttpServer, RoutingErrors) {
   EXPECT_EQ(r->get_header_value("Allow"), "POST");
   expect_error(c.Post("/health", "", "text/plain"), 405, "method_not_allowed");
   expect_error(c.Post("/v1/chat/completions", "not json", "text/plain"), 400, "invalid_json");
-  expect_error(c.Post("/v1/chat/completions", "{\"messages\":[]}", "application/x-www-form-urlencoded"), 400, "invalid_value");
+  expect_error(c.Post("/v1/chat/completions", "{\"messages\":[]}", "application/x-www-form-urlencoded"), 400,
+               "invalid_value");
 }
 
 TEST(HttpServer, CorsPreflightAndMetricsFlags) {
@@ -186,8 +187,10 @@ TEST(HttpServer, ChatReasoningAndContent) {
   j = ojson::parse(r->body);
   EXPECT_TRUE(j["choices"][0]["message"]["reasoning_content"].is_null());
   EXPECT_EQ(j["choices"][0]["message"]["content"], "Hi.");
-  t = post(f, "/tokenize", ojson{{"messages", chat_body("x")["messages"]}, {"thinking", {{"type", "disabled"}}},
-                                 {"return_token_strs", true}});
+  t = post(
+      f, "/tokenize",
+      ojson{
+          {"messages", chat_body("x")["messages"]}, {"thinking", {{"type", "disabled"}}}, {"return_token_strs", true}});
   EXPECT_EQ(ojson::parse(t->body)["token_strs"].back(), "</think>");
   // include_reasoning:false omits the fields.
   r = post(f, "/v1/chat/completions", chat_body("[[capital]]", R"("include_reasoning":false)"));
@@ -197,7 +200,8 @@ TEST(HttpServer, ChatReasoningAndContent) {
 
 TEST(HttpServer, StreamFramingAndEquality) {
   ServerFixture f;
-  f.engine.set_script("s", script("Think.</think>Hello <tool_call>get_x<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"));
+  f.engine.set_script(
+      "s", script("Think.</think>Hello <tool_call>get_x<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"));
   ojson b = chat_body("[[s]]");
   b["tools"] = ojson::parse(R"([{"type":"function","function":{"name":"get_x"}}])");
   auto nr = post(f, "/v1/chat/completions", b);
@@ -296,7 +300,8 @@ TEST(HttpServer, ContextLength) {
   r = post(f, "/v1/chat/completions", chat_body("hi", R"("max_completion_tokens":1000)"));
   expect_error(r, 400, "context_length_exceeded");
   EXPECT_EQ(ojson::parse(r->body)["error"]["param"], "max_completion_tokens");
-  EXPECT_NE(ojson::parse(r->body)["error"]["message"].get<std::string>().find("maximum context length is 256 tokens"), std::string::npos);
+  EXPECT_NE(ojson::parse(r->body)["error"]["message"].get<std::string>().find("maximum context length is 256 tokens"),
+            std::string::npos);
   r = post(f, "/v1/chat/completions", chat_body("hi", R"("max_tokens":1000)"));
   EXPECT_EQ(ojson::parse(r->body)["error"]["param"], "max_tokens");
   ServiceOptions so;
@@ -336,7 +341,11 @@ TEST(HttpServer, CompletionsAndTokenizeRoundTrip) {
 
 TEST(HttpServer, ManyMalformedRequestsThenStillServing) {
   ServerFixture f;
-  const char* bodies[] = {"", "{", "[1]", R"({"messages":[]})", R"({"messages":[{"role":"x","content":"y"}]})",
+  const char* bodies[] = {"",
+                          "{",
+                          "[1]",
+                          R"({"messages":[]})",
+                          R"({"messages":[{"role":"x","content":"y"}]})",
                           R"({"messages":[{"role":"user","content":"y"}],"n":99})",
                           R"({"messages":[{"role":"user","content":"y"}],"model":"zz"})",
                           R"({"messages":[{"role":"user","content":"y"}],"max_tokens":-1})",
@@ -352,7 +361,8 @@ TEST(HttpServer, ManyMalformedRequestsThenStillServing) {
   auto r = post(f, "/v1/chat/completions", chat_body("hi", R"("max_tokens":3)"));
   EXPECT_EQ(r->status, 200);
   auto m = c.Get("/metrics");
-  EXPECT_NE(m->body.find("requests_rejected_total{model_name=\"fake-model\",reason=\"validation\"}"), std::string::npos);
+  EXPECT_NE(m->body.find("requests_rejected_total{model_name=\"fake-model\",reason=\"validation\"}"),
+            std::string::npos);
 }
 
 TEST(HttpServer, ModelLoadingIs503) {
@@ -433,18 +443,23 @@ TEST(HttpServer, ParallelGreedyStreamsEqualAlone) {
   ServerFixture f;
   std::vector<std::string> alone;
   for (int i = 0; i < 8; ++i) {
-    auto r = post(f, "/v1/chat/completions", chat_body("prompt " + std::to_string(i), R"("max_tokens":12,"temperature":0,"reasoning_effort":"none")"));
+    auto r =
+        post(f, "/v1/chat/completions",
+             chat_body("prompt " + std::to_string(i), R"("max_tokens":12,"temperature":0,"reasoning_effort":"none")"));
     alone.push_back(ojson::parse(r->body)["choices"][0]["message"]["content"]);
   }
   std::vector<std::string> par(8);
   std::vector<std::thread> ts;
   for (int i = 0; i < 8; ++i)
     ts.emplace_back([&, i] {
-      auto r = post(f, "/v1/chat/completions", chat_body("prompt " + std::to_string(i), R"("max_tokens":12,"temperature":0,"stream":true,"reasoning_effort":"none")"));
+      auto r = post(f, "/v1/chat/completions",
+                    chat_body("prompt " + std::to_string(i),
+                              R"("max_tokens":12,"temperature":0,"stream":true,"reasoning_effort":"none")"));
       for (const auto& e : sse_events(r->body)) {
         if (e == "[DONE]") continue;
         auto c = ojson::parse(e);
-        if (c["choices"][0]["delta"].contains("content")) par[static_cast<size_t>(i)] += c["choices"][0]["delta"]["content"].get<std::string>();
+        if (c["choices"][0]["delta"].contains("content"))
+          par[static_cast<size_t>(i)] += c["choices"][0]["delta"]["content"].get<std::string>();
       }
     });
   for (auto& t : ts) t.join();
@@ -465,7 +480,7 @@ TEST(HttpServer, ShutdownDrains) {
   std::thread s([&] { aborted = f.http->shutdown(5.0); });
   t.join();
   s.join();
-  EXPECT_EQ(aborted, 0);                     // it finished in time
+  EXPECT_EQ(aborted, 0);                    // it finished in time
   EXPECT_FALSE(f.client().Get("/health"));  // no longer listening
 }
 
@@ -541,7 +556,8 @@ TEST(HttpServer, FormContentTypeWithJsonBody) {
   ASSERT_TRUE(r);
   EXPECT_NE(r->status, 413) << r->body;
   expect_error(r, 400, "context_length_exceeded");  // 9000 bytes of prompt do not fit the 256-token fake context
-  r = f.client().Post("/v1/chat/completions", chat_body("hi", R"("max_tokens":2)").dump(), "application/x-www-form-urlencoded");
+  r = f.client().Post("/v1/chat/completions", chat_body("hi", R"("max_tokens":2)").dump(),
+                      "application/x-www-form-urlencoded");
   EXPECT_EQ(r->status, 200);
 }
 
@@ -596,7 +612,9 @@ TEST(HttpServer, ChunkedBodyOverTheLimitIs413AndCounted) {
   req += "0\r\n\r\n";
   expect_error(f.client().raw(req), 413, "request_too_large");
   expect_error(post(f, "/v1/chat/completions", chat_body(std::string(2000, 'x'))), 413, "request_too_large");
-  EXPECT_NE(f.client().Get("/metrics")->body.find("requests_rejected_total{model_name=\"fake-model\",reason=\"too_large\"} 2"),
+  EXPECT_NE(f.client()
+                .Get("/metrics")
+                ->body.find("requests_rejected_total{model_name=\"fake-model\",reason=\"too_large\"} 2"),
             std::string::npos);
 }
 
@@ -618,9 +636,11 @@ TEST(HttpServer, StalledReaderIsDroppedAndItsSequenceFreed) {
   a.sin_port = htons(static_cast<uint16_t>(f.port));
   inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  const std::string body = chat_body("long", R"("max_tokens":200,"n":16,"stream":true,"logprobs":true,"top_logprobs":20)").dump();
-  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
-                          "\r\n\r\n" + body;
+  const std::string body =
+      chat_body("long", R"("max_tokens":200,"n":16,"stream":true,"logprobs":true,"top_logprobs":20)").dump();
+  const std::string req =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+      body;
   ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   // Never read. Meanwhile another client is served normally.
   auto r = post(f, "/v1/chat/completions", chat_body("hi", R"("max_tokens":3)"));
@@ -668,9 +688,11 @@ TEST(HttpServer, LoopWarningOncePerRequestAndNotForIgnoreEos) {
   ASSERT_EQ(r->status, 200);
   EXPECT_EQ(log2.find("repetition loop"), std::string::npos) << log2;
   EXPECT_GE(metric(f, "repetition_loops_total"), 3);  // every looping sequence is still counted
-  EXPECT_NE(f.client().Get("/metrics")->body.find(
-                "# HELP latent:repetition_loops_total Sequences in which a repetition loop was detected (they keep "
-                "generating unless --stop-on-loop ends them)."),
+  EXPECT_NE(f.client()
+                .Get("/metrics")
+                ->body.find(
+                    "# HELP latent:repetition_loops_total Sequences in which a repetition loop was detected (they keep "
+                    "generating unless --stop-on-loop ends them)."),
             std::string::npos);
 }
 

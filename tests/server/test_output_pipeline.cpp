@@ -19,7 +19,8 @@ using ojson = nlohmann::ordered_json;
 
 // Feeds `text` to a fresh parser cut at the given points; returns content and calls.
 std::pair<std::string, std::vector<ToolCall>> parse_split(ToolFormat f, const std::string& text,
-                                                          const std::vector<size_t>& cuts, const ojson& tools = nullptr) {
+                                                          const std::vector<size_t>& cuts,
+                                                          const ojson& tools = nullptr) {
   auto p = make_tool_parser(f, tools);
   ToolParser::Out out;
   size_t prev = 0;
@@ -49,7 +50,8 @@ void expect_all_splits_equal(ToolFormat f, const std::string& text, const ojson&
 }
 
 TEST(ToolParser, GlmCallsAndTyping) {
-  const ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+  const ojson tools =
+      ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
       "properties":{"city":{"type":"string"},"days":{"type":"integer"},"zip":{"type":"string"}}}}}])");
   const std::string text =
       "Let me check.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
@@ -69,8 +71,10 @@ TEST(ToolParser, GlmCallsAndTyping) {
 }
 
 TEST(ToolParser, GlmUnknownKeyAndNonJsonStaysString) {
-  auto [content, calls] = parse_split(ToolFormat::Glm47, "<tool_call>f<arg_key>q</arg_key><arg_value>hello world</arg_value>"
-                                                         "<arg_key>n</arg_key><arg_value>12</arg_value></tool_call>", {});
+  auto [content, calls] = parse_split(ToolFormat::Glm47,
+                                      "<tool_call>f<arg_key>q</arg_key><arg_value>hello world</arg_value>"
+                                      "<arg_key>n</arg_key><arg_value>12</arg_value></tool_call>",
+                                      {});
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].arguments, R"({"q": "hello world", "n": 12})");
   EXPECT_EQ(content, "");
@@ -93,8 +97,10 @@ TEST(ToolParser, GlmMalformedBlockIsText) {
 
 TEST(ToolParser, DeepSeekV3AndV31) {
   const std::string v3 =
-      "Sure<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"Paris\"}\n```"
-      "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>noop\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+      "Sure<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"Paris\"}"
+      "\n```"
+      "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>noop\n```json\n{}\n```<｜tool▁call▁end｜><"
+      "｜tool▁calls▁end｜>";
   auto [c1, calls1] = parse_split(ToolFormat::DeepSeek, v3, {});
   EXPECT_EQ(c1, "Sure");
   ASSERT_EQ(calls1.size(), 2u);
@@ -103,7 +109,8 @@ TEST(ToolParser, DeepSeekV3AndV31) {
   EXPECT_EQ(calls1[1].arguments, "{}");
   expect_all_splits_equal(ToolFormat::DeepSeek, v3);
   const std::string v31 =
-      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>{\"q\": \"x\", \"n\": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>{\"q\": \"x\", \"n\": "
+      "2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
   auto [c2, calls2] = parse_split(ToolFormat::DeepSeek, v31, {});
   EXPECT_EQ(c2, "");
   ASSERT_EQ(calls2.size(), 1u);
@@ -112,7 +119,8 @@ TEST(ToolParser, DeepSeekV3AndV31) {
 }
 
 TEST(ToolParser, PyJsonDumps) {
-  EXPECT_EQ(py_json_dumps(ojson::parse(R"({"a":[1,{"b":null}],"é":"\n"})")), "{\"a\": [1, {\"b\": null}], \"é\": \"\\n\"}");
+  EXPECT_EQ(py_json_dumps(ojson::parse(R"({"a":[1,{"b":null}],"é":"\n"})")),
+            "{\"a\": [1, {\"b\": null}], \"é\": \"\\n\"}");
 }
 
 TEST(Reasoning, InitialChannelAndTransitions) {
@@ -147,8 +155,8 @@ TEST(DetokStream, Utf8Assembly) {
   EXPECT_EQ(a.push("\xAD!"), "中!");
   EXPECT_EQ(a.push("\xF0\x9F"), "");
   EXPECT_EQ(a.push("\x98\x80"), "😀");
-  EXPECT_EQ(a.push("\xFF"), "\xEF\xBF\xBD");               // never valid: replaced at once
-  EXPECT_EQ(a.push("\xE4\xB8<"), "\xEF\xBF\xBD<");           // truncated sequence then ASCII
+  EXPECT_EQ(a.push("\xFF"), "\xEF\xBF\xBD");                                  // never valid: replaced at once
+  EXPECT_EQ(a.push("\xE4\xB8<"), "\xEF\xBF\xBD<");                            // truncated sequence then ASCII
   EXPECT_EQ(a.push("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate: 3 maximal subparts
   EXPECT_EQ(a.push("\xE4\xB8"), "");
   EXPECT_EQ(a.flush(), "\xEF\xBF\xBD");
@@ -164,7 +172,8 @@ struct Run {
   int64_t completion = 0, reasoning_tokens = 0;
 };
 
-Run run_pipeline(const std::vector<int32_t>& ids, OutputConfig cfg, bool eos_at_end = true, FinishReason why = FinishReason::Stop) {
+Run run_pipeline(const std::vector<int32_t>& ids, OutputConfig cfg, bool eos_at_end = true,
+                 FinishReason why = FinishReason::Stop) {
   static FakeCodec codec;
   static ReasoningTokens rt = [] {
     ReasoningTokens t;
@@ -217,8 +226,8 @@ TEST(ChoiceOutput, ReasoningThenContent) {
   EXPECT_EQ(r.reasoning, "I think.");
   EXPECT_EQ(r.content, "Paris.");
   EXPECT_EQ(r.finish, "stop");
-  EXPECT_EQ(r.reasoning_tokens, 8);            // "I think." bytes, not </think>
-  EXPECT_EQ(r.completion, 8 + 1 + 6 + 1);      // + </think> + "Paris." + EOS
+  EXPECT_EQ(r.reasoning_tokens, 8);        // "I think." bytes, not </think>
+  EXPECT_EQ(r.completion, 8 + 1 + 6 + 1);  // + </think> + "Paris." + EOS
 }
 
 TEST(ChoiceOutput, LengthInsideReasoningLeavesContentEmpty) {
@@ -305,9 +314,10 @@ TEST(ChoiceOutput, ToolCallsGlm) {
   c.reasoning_enabled = true;
   c.initial = Channel::Reasoning;
   c.tool_format = ToolFormat::Glm47;
-  auto r = run_pipeline(latent::testing::script(
-                            "plan</think>\n<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"),
-                        c);
+  auto r = run_pipeline(
+      latent::testing::script(
+          "plan</think>\n<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"),
+      c);
   EXPECT_EQ(r.reasoning, "plan");
   EXPECT_EQ(r.content, "");  // whitespace-only content with a tool call is null
   EXPECT_EQ(r.finish, "tool_calls");
@@ -371,8 +381,14 @@ TEST(ChoiceOutput, MultiByteCharactersAcrossTokens) {
 
 TEST(ChoiceOutput, RandomStreamsMatchWholeDecode) {
   std::mt19937 g(5);
-  const std::vector<std::string> pieces = {"a", "b", " ", "\n", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
-                                           "<arg_value>", "</arg_value>", "x", "EN", "D", "{", "1", "\""};
+  const std::vector<std::string> pieces = {"a",           "b",
+                                           " ",           "\n",
+                                           "<tool_call>", "</tool_call>",
+                                           "<arg_key>",   "</arg_key>",
+                                           "<arg_value>", "</arg_value>",
+                                           "x",           "EN",
+                                           "D",           "{",
+                                           "1",           "\""};
   for (int it = 0; it < 300; ++it) {
     std::string text;
     const int n = 1 + static_cast<int>(g() % 30);

@@ -137,8 +137,8 @@ TEST_P(PrefixCacheExact, CachedEqualsFromScratch) {
     int64_t shared;
   };
   // Each B has 22 tokens and shares `shared` leading tokens with A.
-  const std::vector<Variant> variants = {{"nothing", 0}, {"one token", 1}, {"a block boundary", 8},
-                                         {"all but one token", 21}};
+  const std::vector<Variant> variants = {
+      {"nothing", 0}, {"one token", 1}, {"a block boundary", 8}, {"all but one token", 21}};
   auto cached_srv = serve(GetParam(), true, bt);
   run(*cached_srv, a, 1, nullptr);
   SeqId next = 2;
@@ -168,13 +168,12 @@ TEST_P(PrefixCacheExact, CachedEqualsFromScratch) {
   EXPECT_GT(st.prefix_hit_tokens, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, PrefixCacheExact, ::testing::Values("glm5-tiny", "v3-tiny"),
-                         [](const auto& i) {
-                           std::string n = i.param;
-                           for (char& c : n)
-                             if (c == '-') c = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Models, PrefixCacheExact, ::testing::Values("glm5-tiny", "v3-tiny"), [](const auto& i) {
+  std::string n = i.param;
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+});
 
 }  // namespace
 }  // namespace latent

@@ -3,9 +3,9 @@
 // template-variable rules of docs/api.md §reasoning.
 #include <gtest/gtest.h>
 
-#include "server/api_error.h"
 #include "core/error.h"
 #include "fake_model.h"
+#include "server/api_error.h"
 #include "server/request_schema.h"
 #include "server/schema_check.h"
 #include "server/service.h"
@@ -71,28 +71,50 @@ std::vector<Row> cases() {
   bad(Ep::Chat, R"({"messages":[{"role":"function","content":"x"}]})", "invalid_value", "messages[0].role");
   bad(Ep::Chat, R"({"messages":[{"role":"User","content":"x"}]})", "invalid_value", "messages[0].role");
   bad(Ep::Chat, R"({"messages":[{"role":"user"}]})", "missing_required_parameter", "messages[0].content");
-  bad(Ep::Chat, R"({"messages":[{"role":"user","content":null}]})", "missing_required_parameter", "messages[0].content");
+  bad(Ep::Chat, R"({"messages":[{"role":"user","content":null}]})", "missing_required_parameter",
+      "messages[0].content");
   bad(Ep::Chat, R"({"messages":[{"role":"user","content":3}]})", "invalid_type", "messages[0].content");
   bad(Ep::Chat, R"({"messages":[{"role":"user","content":{"text":"x"}}]})", "invalid_type", "messages[0].content");
   bad(Ep::Chat, R"({"messages":[{"role":"user","content":["x"]}]})", "invalid_type", "messages[0].content[0]");
-  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"text":"x"}]}]})", "missing_required_parameter", "messages[0].content[0].type");
-  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", "unsupported_parameter", "messages[0].content[0].type");
-  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_audio"}]}]})", "unsupported_parameter", "messages[0].content[1].type");
-  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", "missing_required_parameter", "messages[0].content[0].text");
-  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"type":"text","text":1}]}]})", "invalid_type", "messages[0].content[0].text");
+  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"text":"x"}]}]})", "missing_required_parameter",
+      "messages[0].content[0].type");
+  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
+      "unsupported_parameter", "messages[0].content[0].type");
+  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_audio"}]}]})",
+      "unsupported_parameter", "messages[0].content[1].type");
+  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", "missing_required_parameter",
+      "messages[0].content[0].text");
+  bad(Ep::Chat, R"({"messages":[{"role":"user","content":[{"type":"text","text":1}]}]})", "invalid_type",
+      "messages[0].content[0].text");
   bad(Ep::Chat, R"({"messages":[{"role":"assistant"}]})", "missing_required_parameter", "messages[0].content");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[]}]})", "missing_required_parameter", "messages[0].content");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":{}}]})", "invalid_type", "messages[0].tool_calls");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function"}]}]})", "missing_required_parameter", "messages[0].tool_calls[0].function");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"arguments":"{}"}}]}]})", "missing_required_parameter", "messages[0].tool_calls[0].function.name");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{bad"}}]}]})", "invalid_value", "messages[0].tool_calls[0].function.arguments");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}]})", "invalid_value", "messages[0].tool_calls[0].function.arguments");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":7}}]}]})", "invalid_type", "messages[0].tool_calls[0].function.arguments");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"web","function":{"name":"f"}}]}]})", "invalid_value", "messages[0].tool_calls[0].type");
-  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":"x","reasoning_content":5}]})", "invalid_type", "messages[0].reasoning_content");
-  bad(Ep::Chat, R"({"messages":[{"role":"tool","content":"x"}]})", "missing_required_parameter", "messages[0].tool_call_id");
-  bad(Ep::Chat, R"({"messages":[{"role":"tool","content":"x","tool_call_id":1}]})", "invalid_type", "messages[0].tool_call_id");
-  bad(Ep::Chat, R"({"messages":[{"role":"user","content":"a"},{"role":"x","content":"b"}]})", "invalid_value", "messages[1].role");
+  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[]}]})", "missing_required_parameter",
+      "messages[0].content");
+  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":{}}]})", "invalid_type",
+      "messages[0].tool_calls");
+  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function"}]}]})",
+      "missing_required_parameter", "messages[0].tool_calls[0].function");
+  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"arguments":"{}"}}]}]})",
+      "missing_required_parameter", "messages[0].tool_calls[0].function.name");
+  bad(Ep::Chat,
+      R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{bad"}}]}]})",
+      "invalid_value", "messages[0].tool_calls[0].function.arguments");
+  bad(Ep::Chat,
+      R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}]})",
+      "invalid_value", "messages[0].tool_calls[0].function.arguments");
+  bad(Ep::Chat,
+      R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":7}}]}]})",
+      "invalid_type", "messages[0].tool_calls[0].function.arguments");
+  bad(Ep::Chat,
+      R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"web","function":{"name":"f"}}]}]})",
+      "invalid_value", "messages[0].tool_calls[0].type");
+  bad(Ep::Chat, R"({"messages":[{"role":"assistant","content":"x","reasoning_content":5}]})", "invalid_type",
+      "messages[0].reasoning_content");
+  bad(Ep::Chat, R"({"messages":[{"role":"tool","content":"x"}]})", "missing_required_parameter",
+      "messages[0].tool_call_id");
+  bad(Ep::Chat, R"({"messages":[{"role":"tool","content":"x","tool_call_id":1}]})", "invalid_type",
+      "messages[0].tool_call_id");
+  bad(Ep::Chat, R"({"messages":[{"role":"user","content":"a"},{"role":"x","content":"b"}]})", "invalid_value",
+      "messages[1].role");
   {
     std::string many = R"({"messages":[)";
     for (int i = 0; i < 4097; ++i) many += std::string(i ? "," : "") + R"({"role":"user","content":"x"})";
@@ -109,7 +131,8 @@ std::vector<Row> cases() {
   bad(Ep::Chat, chat(R"("stream_options":{"include_usage":true})"), "invalid_value", "stream_options");
   bad(Ep::Chat, chat(R"("stream":false,"stream_options":{"include_usage":true})"), "invalid_value", "stream_options");
   bad(Ep::Chat, chat(R"("stream":true,"stream_options":[])"), "invalid_type", "stream_options");
-  bad(Ep::Chat, chat(R"("stream":true,"stream_options":{"include_usage":"y"})"), "invalid_type", "stream_options.include_usage");
+  bad(Ep::Chat, chat(R"("stream":true,"stream_options":{"include_usage":"y"})"), "invalid_type",
+      "stream_options.include_usage");
   // --- max tokens -----------------------------------------------------------------------------------------------
   bad(Ep::Chat, chat(R"("max_tokens":0)"), "invalid_value", "max_tokens");
   bad(Ep::Chat, chat(R"("max_tokens":-5)"), "invalid_value", "max_tokens");
@@ -154,7 +177,8 @@ std::vector<Row> cases() {
   bad(Ep::Chat, chat(R"("stop":5)"), "invalid_type", "stop");
   bad(Ep::Chat, chat(R"("stop":["a",""])"), "invalid_value", "stop[1]");
   bad(Ep::Chat, chat(R"("stop":["a",3])"), "invalid_type", "stop[1]");
-  bad(Ep::Chat, chat(R"("stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])"), "invalid_value", "stop");
+  bad(Ep::Chat, chat(R"("stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])"),
+      "invalid_value", "stop");
   bad(Ep::Chat, chat("\"stop\":\"" + std::string(257, 'x') + "\""), "invalid_value", "stop");
   bad(Ep::Chat, chat(R"("stop_token_ids":5)"), "invalid_type", "stop_token_ids");
   bad(Ep::Chat, chat(R"("stop_token_ids":[1,-1])"), "invalid_value", "stop_token_ids[1]");
@@ -174,18 +198,22 @@ std::vector<Row> cases() {
   bad(Ep::Chat, chat(R"("tools":[{"function":{"name":"f"}}])"), "missing_required_parameter", "tools[0].type");
   bad(Ep::Chat, chat(R"("tools":[{"type":"code_interpreter"}])"), "unsupported_parameter", "tools[0].type");
   bad(Ep::Chat, chat(R"("tools":[{"type":"function"}])"), "missing_required_parameter", "tools[0].function");
-  bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{}}])"), "missing_required_parameter", "tools[0].function.name");
-  bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{"name":"bad name"}}])"), "invalid_value", "tools[0].function.name");
-  bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{"name":")" + std::string(65, 'a') + R"("}}])"), "invalid_value", "tools[0].function.name");
+  bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{}}])"), "missing_required_parameter",
+      "tools[0].function.name");
+  bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{"name":"bad name"}}])"), "invalid_value",
+      "tools[0].function.name");
+  bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{"name":")" + std::string(65, 'a') + R"("}}])"),
+      "invalid_value", "tools[0].function.name");
   bad(Ep::Chat, chat(R"("tools":[)" + tool + "," + tool + "]"), "invalid_value", "tools[1].function.name");
-  bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{"name":"f","parameters":"x"}}])"), "invalid_type", "tools[0].function.parameters");
+  bad(Ep::Chat, chat(R"("tools":[{"type":"function","function":{"name":"f","parameters":"x"}}])"), "invalid_type",
+      "tools[0].function.parameters");
   // A malformed `parameters` schema is refused whatever tool_choice is (absent, auto, none, required, named).
   for (const char* choice : {"", R"("tool_choice":"auto",)", R"("tool_choice":"none",)", R"("tool_choice":"required",)",
                              R"("tool_choice":{"type":"function","function":{"name":"f"}},)"}) {
-    for (const char* p : {R"({"type":"objekt","properties":5})", R"({"type":"object","properties":5})",
-                          R"({"type":"object","properties":{"x":{"type":"strin"}}})",
-                          R"({"type":"object","required":"x"})",
-                          R"({"type":"object","properties":{"x":{"$ref":"#/$defs/missing"}}})", R"({"type":"string"})"})
+    for (const char* p :
+         {R"({"type":"objekt","properties":5})", R"({"type":"object","properties":5})",
+          R"({"type":"object","properties":{"x":{"type":"strin"}}})", R"({"type":"object","required":"x"})",
+          R"({"type":"object","properties":{"x":{"$ref":"#/$defs/missing"}}})", R"({"type":"string"})"})
       bad(Ep::Chat,
           chat(std::string(choice) + R"("tools":[)" + tool +
                R"(,{"type":"function","function":{"name":"f","parameters":)" + p + "}}]"),
@@ -193,14 +221,19 @@ std::vector<Row> cases() {
   }
   bad(Ep::Chat, chat(R"("tool_choice":"auto")"), "invalid_value", "tool_choice");
   bad(Ep::Chat, chat(R"("tool_choice":"sometimes","tools":[)" + tool + "]"), "invalid_value", "tool_choice");
-  bad(Ep::Chat, chat(R"("tool_choice":{"type":"function","function":{"name":"other"}},"tools":[)" + tool + "]"), "invalid_value", "tool_choice.function.name");
-  bad(Ep::Chat, chat(R"("tool_choice":"required","guided_regex":"a","tools":[)" + tool + "]"), "invalid_value", "guided_regex");
+  bad(Ep::Chat, chat(R"("tool_choice":{"type":"function","function":{"name":"other"}},"tools":[)" + tool + "]"),
+      "invalid_value", "tool_choice.function.name");
+  bad(Ep::Chat, chat(R"("tool_choice":"required","guided_regex":"a","tools":[)" + tool + "]"), "invalid_value",
+      "guided_regex");
   bad(Ep::Chat, chat(R"("tool_choice":5)"), "invalid_type", "tool_choice");
   bad(Ep::Chat, chat(R"("parallel_tool_calls":"no")"), "invalid_type", "parallel_tool_calls");
   // --- format / reasoning / templates ---------------------------------------------------------------------------
-  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema"})"), "missing_required_parameter", "response_format.json_schema");
-  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema","json_schema":{"schema":3}})"), "invalid_type", "response_format.json_schema.schema");
-  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema","json_schema":{"name":""}})"), "invalid_value", "response_format.json_schema.name");
+  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema"})"), "missing_required_parameter",
+      "response_format.json_schema");
+  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema","json_schema":{"schema":3}})"), "invalid_type",
+      "response_format.json_schema.schema");
+  bad(Ep::Chat, chat(R"("response_format":{"type":"json_schema","json_schema":{"name":""}})"), "invalid_value",
+      "response_format.json_schema.name");
   bad(Ep::Chat, chat(R"("guided_choice":[])"), "invalid_value", "guided_choice");
   bad(Ep::Chat, chat(R"("guided_choice":["a",1])"), "invalid_type", "guided_choice[1]");
   bad(Ep::Chat, chat(R"("guided_regex":5)"), "invalid_type", "guided_regex");
@@ -216,15 +249,19 @@ std::vector<Row> cases() {
   bad(Ep::Chat, chat(R"("reasoning_effort":"HIGH")"), "invalid_value", "reasoning_effort");
   bad(Ep::Chat, chat(R"("reasoning_effort":1)"), "invalid_type", "reasoning_effort");
   bad(Ep::Chat, chat(R"("chat_template_kwargs":[])"), "invalid_type", "chat_template_kwargs");
-  bad(Ep::Chat, chat(R"("chat_template_kwargs":{"enable_thinking":"no"})"), "invalid_type", "chat_template_kwargs.enable_thinking");
-  bad(Ep::Chat, chat(R"("chat_template_kwargs":{"chat_template":"x"})"), "invalid_value", "chat_template_kwargs.chat_template");
+  bad(Ep::Chat, chat(R"("chat_template_kwargs":{"enable_thinking":"no"})"), "invalid_type",
+      "chat_template_kwargs.enable_thinking");
+  bad(Ep::Chat, chat(R"("chat_template_kwargs":{"chat_template":"x"})"), "invalid_value",
+      "chat_template_kwargs.chat_template");
   bad(Ep::Chat, chat(R"("thinking":true)"), "invalid_value", "thinking");
   bad(Ep::Chat, chat(R"("thinking":{"type":"auto"})"), "invalid_value", "thinking");
   bad(Ep::Chat, chat(R"("include_reasoning":"yes")"), "invalid_type", "include_reasoning");
   bad(Ep::Chat, chat(R"("chat_template":"{{ messages }}")"), "invalid_value", "chat_template");
   bad(Ep::Chat, chat(R"("add_generation_prompt":1)"), "invalid_type", "add_generation_prompt");
-  bad(Ep::Chat, chat(R"("continue_final_message":true,"add_generation_prompt":true)"), "invalid_value", "continue_final_message");
-  bad(Ep::Chat, chat(R"("continue_final_message":true,"add_generation_prompt":false)"), "invalid_value", "continue_final_message");
+  bad(Ep::Chat, chat(R"("continue_final_message":true,"add_generation_prompt":true)"), "invalid_value",
+      "continue_final_message");
+  bad(Ep::Chat, chat(R"("continue_final_message":true,"add_generation_prompt":false)"), "invalid_value",
+      "continue_final_message");
   bad(Ep::Chat, chat(R"("skip_special_tokens":0)"), "invalid_type", "skip_special_tokens");
   bad(Ep::Chat, chat(R"("modalities":["text","audio"])"), "unsupported_parameter", "modalities");
   bad(Ep::Chat, chat(R"("audio":{"voice":"x"})"), "unsupported_parameter", "audio");
@@ -274,7 +311,8 @@ std::vector<Row> cases() {
   // --- validation order (docs/api.md §validation-order): the first failing field in table order wins
   // --------------------------------------
   bad(Ep::Chat, R"({"messages":[],"temperature":9})", "invalid_value", "messages");
-  bad(Ep::Chat, R"({"model":"nope","messages":[{"role":"user","content":"x"}],"temperature":9})", "invalid_value", "temperature");
+  bad(Ep::Chat, R"({"model":"nope","messages":[{"role":"user","content":"x"}],"temperature":9})", "invalid_value",
+      "temperature");
   bad(Ep::Chat, chat(R"("temperature":9,"n":0)"), "invalid_value", "temperature");
   bad(Ep::Chat, chat(R"("top_logprobs":3,"tools":[])"), "invalid_value", "tools");
   bad(Ep::Chat, chat(R"("model":"nope","stream_options":{})"), "invalid_value", "stream_options");
@@ -352,7 +390,9 @@ TEST(RequestSchema, ThinkingPrecedence) {
   EXPECT_EQ(vars(R"("reasoning_effort":"high")")["enable_thinking"], true);
   EXPECT_EQ(vars(R"("reasoning_effort":"high")")["reasoning_effort"], "high");
   EXPECT_EQ(vars(R"("thinking":{"type":"disabled"},"reasoning_effort":"high")")["enable_thinking"], false);
-  EXPECT_EQ(vars(R"("chat_template_kwargs":{"enable_thinking":true},"thinking":{"type":"disabled"})")["enable_thinking"], true);
+  EXPECT_EQ(
+      vars(R"("chat_template_kwargs":{"enable_thinking":true},"thinking":{"type":"disabled"})")["enable_thinking"],
+      true);
   EXPECT_EQ(vars(R"("chat_template_kwargs":{"thinking":false})")["enable_thinking"], false);
   EXPECT_FALSE(vars(R"("chat_template_kwargs":{"enable_thinking":null})").contains("enable_thinking"));
   EXPECT_EQ(vars(R"("chat_template_kwargs":{"clear_thinking":false})")["clear_thinking"], false);
@@ -360,11 +400,14 @@ TEST(RequestSchema, ThinkingPrecedence) {
 
 TEST(RequestSchema, StructuredOutputFields) {
   using K = StructuredSpec::Kind;
-  auto spec = [](const std::string& extra) { return parse_chat_request(parse_json_body(chat(extra)), ctx()).structured; };
+  auto spec = [](const std::string& extra) {
+    return parse_chat_request(parse_json_body(chat(extra)), ctx()).structured;
+  };
   EXPECT_EQ(spec("").kind, K::None);
   EXPECT_EQ(spec(R"("response_format":{"type":"text"})").kind, K::None);
   EXPECT_EQ(spec(R"("response_format":{"type":"json_object"})").kind, K::JsonObject);
-  auto s = spec(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"integer"}}})");
+  auto s = spec(
+      R"("response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"integer"}}})");
   EXPECT_EQ(s.kind, K::JsonSchema);
   EXPECT_EQ(s.schema, ojson::parse(R"({"type":"integer"})"));
   EXPECT_EQ(s.param, "response_format.json_schema.schema");
@@ -383,7 +426,10 @@ TEST(RequestSchema, StructuredOutputFields) {
   const std::string tool = R"({"type":"function","function":{"name":"get_weather"}})";
   auto r = parse_chat_request(parse_json_body(chat(R"("tool_choice":"required","tools":[)" + tool + "]")), ctx());
   EXPECT_EQ(r.tool_choice, ToolChoice::Required);
-  r = parse_chat_request(parse_json_body(chat(R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},"tools":[)" + tool + "]")), ctx());
+  r = parse_chat_request(
+      parse_json_body(
+          chat(R"("tool_choice":{"type":"function","function":{"name":"get_weather"}},"tools":[)" + tool + "]")),
+      ctx());
   EXPECT_EQ(r.tool_choice, ToolChoice::Named);
   EXPECT_EQ(r.tool_choice_name, "get_weather");
   EXPECT_EQ(r.c.unknown_fields, 0);
@@ -443,7 +489,8 @@ TEST(RequestSchema, DefaultSamplingFlagUsesTheRequestRules) {
   auto d = SamplingDefaults::from_flag(R"({"temperature":0.6,"top_k":20})", "--default-sampling-params");
   EXPECT_EQ(*d.temperature, 0.6);
   EXPECT_EQ(*d.top_k, 20);
-  for (const char* bad : {R"({"temperture":0.6})", R"({"temperature":9})", R"({"top_k":1.5})", R"({"top_p":0})", "[1]", "{"}) {
+  for (const char* bad :
+       {R"({"temperture":0.6})", R"({"temperature":9})", R"({"top_k":1.5})", R"({"top_p":0})", "[1]", "{"}) {
     try {
       SamplingDefaults::from_flag(bad, "--default-sampling-params");
       ADD_FAILURE() << "accepted " << bad;
@@ -545,14 +592,19 @@ TEST(SchemaCheck, MalformedSchemasNameTheLocationAndTheProblem) {
 
 TEST(SchemaCheck, WellFormedSchemasPass) {
   for (const char* s : {
-           "{}", "true", "false", R"({"type":"object"})", R"({"type":["string","null"]})",
+           "{}",
+           "true",
+           "false",
+           R"({"type":"object"})",
+           R"({"type":["string","null"]})",
            R"({"type":"object","properties":{"x":{"type":"integer","minimum":0,"maximum":3,"exclusiveMaximum":true}},
                "required":["x"],"additionalProperties":false})",
            R"({"type":"object","properties":{"d":{"type":"string","format":"date-time","pattern":"^\\d+$"}}})",
            R"({"$defs":{"n":{"type":"number","multipleOf":0.5}},"type":"object",
                "properties":{"n":{"$ref":"#/$defs/n"}}})",
            R"({"definitions":{"a~b":{"type":"string"}},"properties":{"x":{"$ref":"#/definitions/a~0b"}}})",
-           R"({"properties":{"r":{"$ref":"#"}}})", R"({"properties":{"r":{"$ref":"https://example.com/s.json"}}})",
+           R"({"properties":{"r":{"$ref":"#"}}})",
+           R"({"properties":{"r":{"$ref":"https://example.com/s.json"}}})",
            R"({"items":[{"type":"string"}],"additionalItems":false,"minItems":2.0})",
            R"({"prefixItems":[{"const":1}],"items":false,"contains":{"type":"number"},"minContains":1})",
            R"({"if":{"required":["a"]},"then":{"required":["b"]},"else":true,"not":{"type":"null"}})",

@@ -100,7 +100,8 @@ struct Result {
   int64_t proposed = 0, accepted = 0, kv_used = -1;
 };
 
-Result run(const std::string& name, int64_t k, bool batched, std::map<std::vector<int32_t>, std::vector<int32_t>>* truth,
+Result run(const std::string& name, int64_t k, bool batched,
+           std::map<std::vector<int32_t>, std::vector<int32_t>>* truth,
            const std::vector<std::vector<int32_t>>& prompts, int wrong = 0) {
   PlanOptions po;
   po.mtp_layers = k > 0 ? 1 : 0;
@@ -115,8 +116,8 @@ Result run(const std::string& name, int64_t k, bool batched, std::map<std::vecto
   o.max_context = 120;
   o.prefill_chunk = 16;
   o.num_speculative_tokens = k;
-  o.kv_total_blocks = engine.configure(200 * 8 * engine.kv_bytes_per_token(), 8, o.max_batch_tokens, o.max_num_seqs,
-                                       o.max_context);
+  o.kv_total_blocks =
+      engine.configure(200 * 8 * engine.kv_bytes_per_token(), 8, o.max_batch_tokens, o.max_num_seqs, o.max_context);
   OracleEngine oe(engine, truth, wrong);
   Scheduler sched(oe, o);
   sched.start();

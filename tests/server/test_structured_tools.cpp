@@ -73,10 +73,34 @@ std::vector<std::string> samples(const std::shared_ptr<const Grammar>& g, uint32
   std::vector<std::string> v;
   for (int b = 0x20; b < 0x7F; ++b) v.push_back(std::string(1, static_cast<char>(b)));
   v.push_back("\n");
-  for (const char* m : {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-                        "get_weather", "calc", "city", "unit", "days", "detail", "expr", "precision", "vars", "celsius",
-                        "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
-                        "<｜tool▁calls▁end｜>", "function", "\n```json\n", "\n```", "é", "日本", "｜", "▁"})
+  for (const char* m : {"<tool_call>",
+                        "</tool_call>",
+                        "<arg_key>",
+                        "</arg_key>",
+                        "<arg_value>",
+                        "</arg_value>",
+                        "get_weather",
+                        "calc",
+                        "city",
+                        "unit",
+                        "days",
+                        "detail",
+                        "expr",
+                        "precision",
+                        "vars",
+                        "celsius",
+                        "<｜tool▁calls▁begin｜>",
+                        "<｜tool▁call▁begin｜>",
+                        "<｜tool▁sep｜>",
+                        "<｜tool▁call▁end｜>",
+                        "<｜tool▁calls▁end｜>",
+                        "function",
+                        "\n```json\n",
+                        "\n```",
+                        "é",
+                        "日本",
+                        "｜",
+                        "▁"})
     v.push_back(m);
   v.push_back("");
   const int32_t stop = static_cast<int32_t>(v.size() - 1);

@@ -27,7 +27,8 @@ std::shared_ptr<const TokenVocab> byte_vocab() {
   return std::make_shared<TokenVocab>(v, std::vector<int32_t>{256});
 }
 
-std::shared_ptr<const CompiledGrammar> bind_vocab(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenVocab> v) {
+std::shared_ptr<const CompiledGrammar> bind_vocab(std::shared_ptr<const Grammar> g,
+                                                  std::shared_ptr<const TokenVocab> v) {
   auto c = std::make_shared<CompiledGrammar>();
   c->grammar = std::move(g);
   c->vocab = std::move(v);
@@ -49,9 +50,9 @@ std::string random_string(std::mt19937& rng, const std::string& alphabet, size_t
 // ------------------------------------------------------------------------------------------------ regex
 
 TEST(Regex, AcceptsExactlyWhatStdRegexMatches) {
-  const std::vector<std::string> patterns = {
-      "[a-c]+x?", "(ab|cd)*e", "a{2,4}b", "\\d{3}-\\d{2}", "[^a]b*", "(a|b)?c{0,2}", ".\\.", "x(y|z)+",
-      "[a-c]{1,3}(d|e)", "^(?:a|bc)+$", "[\\da-b]{2}", "\\w\\s?\\W", "a|b|", "(a*)*b", "[.-]x{3,}"};
+  const std::vector<std::string> patterns = {"[a-c]+x?",     "(ab|cd)*e",  "a{2,4}b", "\\d{3}-\\d{2}",   "[^a]b*",
+                                             "(a|b)?c{0,2}", ".\\.",       "x(y|z)+", "[a-c]{1,3}(d|e)", "^(?:a|bc)+$",
+                                             "[\\da-b]{2}",  "\\w\\s?\\W", "a|b|",    "(a*)*b",          "[.-]x{3,}"};
   const std::string alphabet = "abcdexyz019-. _";
   std::mt19937 rng(7);
   for (const auto& p : patterns) {
@@ -80,7 +81,7 @@ TEST(Regex, CodePointsAreWholeUtf8Sequences) {
   EXPECT_TRUE(accepts(c, "😀ö"));
   EXPECT_FALSE(accepts(c, "ae"));
   EXPECT_FALSE(accepts(c, "\n\xc3\xa9"));
-  EXPECT_FALSE(accepts(c, "a\xc3"));          // truncated sequence
+  EXPECT_FALSE(accepts(c, "a\xc3"));                 // truncated sequence
   EXPECT_FALSE(accepts(c, "\xed\xa0\x80\xc3\xa9"));  // a surrogate is not a code point
 }
 
@@ -101,9 +102,12 @@ TEST(Choice, OneOfTheStrings) {
 bool balanced(const std::string& s) {
   int d = 0;
   for (char c : s) {
-    if (c == '(') ++d;
-    else if (c == ')' && --d < 0) return false;
-    else if (c != '(' && c != ')') return false;
+    if (c == '(')
+      ++d;
+    else if (c == ')' && --d < 0)
+      return false;
+    else if (c != '(' && c != ')')
+      return false;
   }
   return d == 0;
 }
@@ -119,8 +123,8 @@ TEST(Gbnf, RecursiveGrammarMatchesReference) {
 
 TEST(Gbnf, SyntaxMatchesRegexEquivalent) {
   auto c = bind_vocab(gbnf_grammar("root ::= item (\",\" item){0,2} tail?\nitem ::= [a-c]+ | \"x\" [0-9]\n"
-                             "tail ::= \"!\"\n  | \"?\"   # comment\n"),
-                byte_vocab());
+                                   "tail ::= \"!\"\n  | \"?\"   # comment\n"),
+                      byte_vocab());
   const std::regex re("([a-c]+|x[0-9])(,([a-c]+|x[0-9])){0,2}(!|\\?)?");
   std::mt19937 rng(5);
   for (int i = 0; i < 5000; ++i) {
@@ -134,11 +138,11 @@ TEST(Gbnf, SyntaxMatchesRegexEquivalent) {
 
 TEST(Gbnf, Errors) {
   EXPECT_THROW(gbnf_grammar("root ::= root \"a\" | \"b\""), GrammarError);  // left recursion
-  EXPECT_THROW(gbnf_grammar("root ::= x"), GrammarError);                     // undefined rule
-  EXPECT_THROW(gbnf_grammar("start ::= \"a\""), GrammarError);                // no root
-  EXPECT_THROW(gbnf_grammar("root ::= \"a"), GrammarError);                   // unterminated literal
+  EXPECT_THROW(gbnf_grammar("root ::= x"), GrammarError);                   // undefined rule
+  EXPECT_THROW(gbnf_grammar("start ::= \"a\""), GrammarError);              // no root
+  EXPECT_THROW(gbnf_grammar("root ::= \"a"), GrammarError);                 // unterminated literal
   EXPECT_THROW(gbnf_grammar("root ::= [b-a]"), GrammarError);
-  EXPECT_THROW(gbnf_grammar("root ::= a\na ::= a"), GrammarError);            // matches nothing
+  EXPECT_THROW(gbnf_grammar("root ::= a\na ::= a"), GrammarError);  // matches nothing
   try {
     gbnf_grammar("root ::= \"a\"\nroot ::= \"b\"");
     FAIL();
@@ -179,7 +183,8 @@ bool valid(const ojson& s, const ojson& v, const ojson& root) {
       if (t == "object") return v.is_object();
       if (t == "array") return v.is_array();
       if (t == "string") return v.is_string();
-      if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+      if (t == "integer")
+        return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
       if (t == "number") return v.is_number();
       if (t == "boolean") return v.is_boolean();
       return v.is_null();
@@ -230,10 +235,12 @@ ojson generate(const ojson& s, const ojson& root, std::mt19937& rng, int depth =
   }
   if (s.contains("const")) return s["const"];
   if (s.contains("enum")) return s["enum"][static_cast<size_t>(rng() % s["enum"].size())];
-  if (s.contains("anyOf")) return generate(s["anyOf"][static_cast<size_t>(rng() % s["anyOf"].size())], root, rng, depth + 1);
-  std::string t = s.contains("type") ? (s["type"].is_array() ? s["type"][static_cast<size_t>(rng() % s["type"].size())] : s["type"])
-                                     .get<std::string>()
-                                     : "object";
+  if (s.contains("anyOf"))
+    return generate(s["anyOf"][static_cast<size_t>(rng() % s["anyOf"].size())], root, rng, depth + 1);
+  std::string t = s.contains("type")
+                      ? (s["type"].is_array() ? s["type"][static_cast<size_t>(rng() % s["type"].size())] : s["type"])
+                            .get<std::string>()
+                      : "object";
   if (t == "object") {
     ojson o = ojson::object();
     if (s.contains("properties"))
@@ -281,7 +288,8 @@ const std::vector<ojson>& test_schemas() {
         "kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},"required":["v"]}},"$ref":"#/$defs/node"})"),
       ojson::parse(R"({"anyOf":[{"type":"string","pattern":"^[a-z]+-\\d{2}$"},{"type":"array","items":{"const":"k"},
         "minItems":1,"maxItems":2}]})"),
-      ojson::parse(R"({"type":"object","properties":{"id":{"type":"string","pattern":"^ab-\\d+$"},"x":{"type":"number"}},
+      ojson::parse(
+          R"({"type":"object","properties":{"id":{"type":"string","pattern":"^ab-\\d+$"},"x":{"type":"number"}},
         "required":["id"],"additionalProperties":{"type":"integer"}})"),
   };
   return s;
@@ -303,9 +311,12 @@ TEST(JsonSchema, AcceptedTextIsValidAndValidInstancesAreAccepted) {
       for (const char ch : compact_text) {
         spaced += ch;
         if (in_str) {
-          if (escaped) escaped = false;
-          else if (ch == '\\') escaped = true;
-          else if (ch == '"') in_str = false;
+          if (escaped)
+            escaped = false;
+          else if (ch == '\\')
+            escaped = true;
+          else if (ch == '"')
+            in_str = false;
         } else if (ch == '"') {
           in_str = true;
         } else if (ch == ',' || ch == ':') {
@@ -347,7 +358,8 @@ TEST(JsonSchema, JsonObjectIsAnyObject) {
   for (const char* s : {"{}", "{\"a\":[1,2,{\"b\":null}],\"c\":\"x\\u00e9\"}", " { \"k\" : true }", "{\"\":-0.5e+3}",
                         "{\"a\": [1, 2], \"b\": {\"c\": \"d\"}}"})
     EXPECT_TRUE(accepts(c, s)) << s;
-  for (const char* s : {"[]", "{", "{\"a\"}", "{\"a\":01}", "{'a':1}", "\"x\"", "{\"a\":1,}", "{\n\"a\":1}", "{   }"}) EXPECT_FALSE(accepts(c, s)) << s;
+  for (const char* s : {"[]", "{", "{\"a\"}", "{\"a\":01}", "{'a':1}", "\"x\"", "{\"a\":1,}", "{\n\"a\":1}", "{   }"})
+    EXPECT_FALSE(accepts(c, s)) << s;
 }
 
 TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
@@ -364,10 +376,10 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
 }
 
 TEST(JsonSchema, InvalidSchemasAreErrors) {
-  for (const char* s : {R"({"type":"strin"})", R"({"type":"object","required":"a"})", R"({"properties":[1]})",
-                        R"({"enum":[]})", R"({"$ref":"#/$defs/missing"})", R"({"type":"string","minLength":-1})",
-                        R"({"type":"string","pattern":"(a"})", R"({"anyOf":{}})", R"(false)", R"(3)",
-                        R"({"type":"array","minItems":3,"maxItems":1})"}) {
+  for (const char* s :
+       {R"({"type":"strin"})", R"({"type":"object","required":"a"})", R"({"properties":[1]})", R"({"enum":[]})",
+        R"({"$ref":"#/$defs/missing"})", R"({"type":"string","minLength":-1})", R"({"type":"string","pattern":"(a"})",
+        R"({"anyOf":{}})", R"(false)", R"(3)", R"({"type":"array","minItems":3,"maxItems":1})"}) {
     try {
       json_schema_grammar(ojson::parse(s));
       FAIL() << s;
@@ -419,13 +431,74 @@ TEST(Compilers, BadInputIsAGrammarErrorNeverACrash) {
 
 // A small vocabulary with multi-byte tokens that cross grammar boundaries ("\",", "{\"", "}]"...).
 std::shared_ptr<const TokenVocab> small_vocab(std::mt19937& rng, size_t n_random) {
-  std::vector<std::string> v = {"{", "}", "[", "]", "\"", ",", ":", " ", "\n", "{\"", "\":", "\",", "\"}", "}]", "],",
-                                "\":\"", "\",\"", "1", "12", "0", "-", ".", "5e", "e+", "true", "false", "null", "nu",
-                                "ll", "name", "age", "tags", "ok", "\"name", "a", "b", "ab", "x", "\\", "\\n", "é",
-                                "\xc3", "\xa9", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
-                                "</arg_value>", "get_weather", "city", "Paris", "unit", "celsius", "\"c", "k", "v", "-1",
-                                "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "function", "<｜tool▁sep｜>", "\n```json\n",
-                                "\n```", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "｜", "▁"};
+  std::vector<std::string> v = {"{",
+                                "}",
+                                "[",
+                                "]",
+                                "\"",
+                                ",",
+                                ":",
+                                " ",
+                                "\n",
+                                "{\"",
+                                "\":",
+                                "\",",
+                                "\"}",
+                                "}]",
+                                "],",
+                                "\":\"",
+                                "\",\"",
+                                "1",
+                                "12",
+                                "0",
+                                "-",
+                                ".",
+                                "5e",
+                                "e+",
+                                "true",
+                                "false",
+                                "null",
+                                "nu",
+                                "ll",
+                                "name",
+                                "age",
+                                "tags",
+                                "ok",
+                                "\"name",
+                                "a",
+                                "b",
+                                "ab",
+                                "x",
+                                "\\",
+                                "\\n",
+                                "é",
+                                "\xc3",
+                                "\xa9",
+                                "<tool_call>",
+                                "</tool_call>",
+                                "<arg_key>",
+                                "</arg_key>",
+                                "<arg_value>",
+                                "</arg_value>",
+                                "get_weather",
+                                "city",
+                                "Paris",
+                                "unit",
+                                "celsius",
+                                "\"c",
+                                "k",
+                                "v",
+                                "-1",
+                                "<｜tool▁calls▁begin｜>",
+                                "<｜tool▁call▁begin｜>",
+                                "function",
+                                "<｜tool▁sep｜>",
+                                "\n```json\n",
+                                "\n```",
+                                "<｜tool▁call▁end｜>",
+                                "<｜tool▁calls▁end｜>",
+                                "｜",
+                                "▁"};
   for (int c = 0x20; c < 0x7F; ++c) v.push_back(std::string(1, static_cast<char>(c)));  // no dead ends
   const std::string alphabet = "{}[]\",: abcnrtuelsx0123456789-.\\";
   for (size_t i = 0; i < n_random; ++i) v.push_back(random_string(rng, alphabet, 4));
@@ -449,8 +522,10 @@ void check_masks(const std::shared_ptr<const Grammar>& g, int walks, uint32_t se
       for (int32_t id = 0; id < static_cast<int32_t>(vocab->size()); ++id) {
         const bool bit = (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1u;
         bool want;
-        if (id == stop) want = brute.can_end();
-        else want = !vocab->bytes(id).empty() && brute.viable(vocab->bytes(id));
+        if (id == stop)
+          want = brute.can_end();
+        else
+          want = !vocab->bytes(id).empty() && brute.viable(vocab->bytes(id));
         ASSERT_EQ(bit, want) << "walk " << w << " step " << step << " token '" << vocab->bytes(id) << "'";
         if (bit) allowed.push_back(id);
       }
@@ -474,7 +549,8 @@ TEST(Mask, EqualsBruteForceForRegexGbnfChoiceAndTools) {
   check_masks(regex_grammar("(ab|x)+[0-9]{1,3}(\\.5)?"), 20, 2);
   check_masks(gbnf_grammar("root ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= \"a\" | \"b\" | root"), 20, 3);
   check_masks(choice_grammar({"true", "false", "null", "nu"}), 10, 4);
-  const ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+  const ojson tools =
+      ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
       "properties":{"city":{"type":"string"},"unit":{"enum":["celsius","fahrenheit"]},"days":{"type":"integer"}},
       "required":["city"]}}}])");
   check_masks(tool_call_grammar(ToolSyntax::Glm, tools, "", true), 20, 5);
@@ -495,25 +571,26 @@ TEST(Mask, LargeVocabularyWalkMatchesBruteForce) {
   auto vocab = std::make_shared<TokenVocab>(v, std::vector<int32_t>{static_cast<int32_t>(v.size() - 1)});
   for (const auto& g : {json_schema_grammar(test_schemas()[1]), json_schema_grammar(test_schemas()[0]),
                         regex_grammar("[a-z ]{0,30}!"), gbnf_grammar("root ::= \"\\\"\" [a-z ]* \"\\\",\"")})
-  for (int w = 0; w < 3; ++w) {
-    auto c = bind_vocab(g, vocab);
-    Matcher m(c), brute(c);
-    std::vector<uint64_t> mask(vocab->mask_words());
-    for (int step = 0; step < 40 && !m.is_complete(); ++step) {
-      m.fill_mask(mask.data());
-      std::vector<int32_t> allowed;
-      for (int32_t id = 0; id < static_cast<int32_t>(vocab->size()); ++id) {
-        const bool bit = (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1u;
-        const bool want = vocab->is_stop(id) ? brute.can_end() : !vocab->bytes(id).empty() && brute.viable(vocab->bytes(id));
-        ASSERT_EQ(bit, want) << "step " << step << " '" << vocab->bytes(id) << "'";
-        if (bit) allowed.push_back(id);
+    for (int w = 0; w < 3; ++w) {
+      auto c = bind_vocab(g, vocab);
+      Matcher m(c), brute(c);
+      std::vector<uint64_t> mask(vocab->mask_words());
+      for (int step = 0; step < 40 && !m.is_complete(); ++step) {
+        m.fill_mask(mask.data());
+        std::vector<int32_t> allowed;
+        for (int32_t id = 0; id < static_cast<int32_t>(vocab->size()); ++id) {
+          const bool bit = (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1u;
+          const bool want =
+              vocab->is_stop(id) ? brute.can_end() : !vocab->bytes(id).empty() && brute.viable(vocab->bytes(id));
+          ASSERT_EQ(bit, want) << "step " << step << " '" << vocab->bytes(id) << "'";
+          if (bit) allowed.push_back(id);
+        }
+        ASSERT_FALSE(allowed.empty());
+        const int32_t t = allowed[rng() % allowed.size()];
+        ASSERT_TRUE(m.accept_token(t));
+        ASSERT_TRUE(brute.accept_token(t));
       }
-      ASSERT_FALSE(allowed.empty());
-      const int32_t t = allowed[rng() % allowed.size()];
-      ASSERT_TRUE(m.accept_token(t));
-      ASSERT_TRUE(brute.accept_token(t));
     }
-  }
 }
 
 // ------------------------------------------------------------------------------------------------ tools
@@ -525,19 +602,22 @@ TEST(ToolGrammar, GlmCallsWithTypedArguments) {
     {"type":"function","function":{"name":"noargs","parameters":{"type":"object","properties":{}}}}])");
   auto any = bind_vocab(tool_call_grammar(ToolSyntax::Glm, tools, "", true), byte_vocab());
   EXPECT_TRUE(accepts(any, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"));
-  EXPECT_TRUE(accepts(any, "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>New York</arg_value>"
-                           "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>\n<tool_call>noargs</tool_call>"));
+  EXPECT_TRUE(accepts(any,
+                      "<tool_call>get_weather\n<arg_key>city</arg_key><arg_value>New York</arg_value>"
+                      "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>\n<tool_call>noargs</tool_call>"));
   EXPECT_FALSE(accepts(any, "<tool_call>get_weather</tool_call>"));  // city is required
-  EXPECT_FALSE(accepts(any, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>P</arg_value>"
-                            "<arg_key>days</arg_key><arg_value>three</arg_value></tool_call>"));
+  EXPECT_FALSE(accepts(any,
+                       "<tool_call>get_weather<arg_key>city</arg_key><arg_value>P</arg_value>"
+                       "<arg_key>days</arg_key><arg_value>three</arg_value></tool_call>"));
   EXPECT_FALSE(accepts(any, "<tool_call>other</tool_call>"));
   auto named = bind_vocab(tool_call_grammar(ToolSyntax::Glm, tools, "noargs", false), byte_vocab());
   EXPECT_TRUE(accepts(named, "<tool_call>noargs</tool_call>"));
   EXPECT_FALSE(accepts(named, "<tool_call>noargs</tool_call><tool_call>noargs</tool_call>"));
   EXPECT_FALSE(accepts(named, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>P</arg_value></tool_call>"));
   auto ds = bind_vocab(tool_call_grammar(ToolSyntax::DeepSeekV3, tools, "get_weather", false), byte_vocab());
-  EXPECT_TRUE(accepts(ds, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                          "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"));
+  EXPECT_TRUE(accepts(ds,
+                      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                      "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"));
   EXPECT_THROW(tool_call_grammar(ToolSyntax::Glm, tools, "missing", false), GrammarError);
 }
 
@@ -588,8 +668,10 @@ TEST(Constraint, AllowedBitsEqualTheMask) {
       for (int64_t t = 0; t < V; ++t) {
         const bool allowed = row[static_cast<size_t>(t)] != -std::numeric_limits<float>::infinity();
         EXPECT_EQ((base[static_cast<size_t>(t >> 5)] >> (t & 31)) & 1u, allowed ? 1u : 0u) << "id " << t;
-        if (masked) EXPECT_EQ((bits[static_cast<size_t>(t >> 5)] >> (t & 31)) & 1u, allowed ? 1u : 0u) << "id " << t;
-        else EXPECT_TRUE(allowed);
+        if (masked)
+          EXPECT_EQ((bits[static_cast<size_t>(t >> 5)] >> (t & 31)) & 1u, allowed ? 1u : 0u) << "id " << t;
+        else
+          EXPECT_TRUE(allowed);
       }
       if (i < text.size()) k.accept(static_cast<uint8_t>(text[i]));
     }

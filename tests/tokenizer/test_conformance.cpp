@@ -56,7 +56,8 @@ TEST_P(Conformance, Encode) {
     const auto want = c["ids"].get<std::vector<TokenId>>();
     const auto want_sp = c.contains("ids_special") ? c["ids_special"].get<std::vector<TokenId>>() : want;
     const auto want_split = c.contains("ids_split") ? c["ids_split"].get<std::vector<TokenId>>() : want;
-    const std::string label = "case " + std::to_string(k) + " text " + show(text.size() > 200 ? text.substr(0, 200) : text);
+    const std::string label =
+        "case " + std::to_string(k) + " text " + show(text.size() > 200 ? text.substr(0, 200) : text);
     std::string d = diff_ids(tok.encode(text, false), want);
     if (!d.empty()) ++failures;
     EXPECT_EQ(d, "") << GetParam() << " encode(add_special_tokens=False) " << label;

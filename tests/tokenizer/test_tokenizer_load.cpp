@@ -22,7 +22,9 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string data_dir(const std::string& name) { return std::string(LATENT_SOURCE_DIR) + "/tests/data/tokenizer/" + name; }
+std::string data_dir(const std::string& name) {
+  return std::string(LATENT_SOURCE_DIR) + "/tests/data/tokenizer/" + name;
+}
 
 std::string read(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -54,23 +56,35 @@ std::string mutated_error(const std::function<void(nlohmann::json&)>& f) {
 }
 
 TEST(TokenizerLoad, UnknownComponentTypesNameTypeAndFile) {
-  EXPECT_THAT(mutated_error([](auto& j) { j["normalizer"] = {{"type", "Frobnicate"}}; }),
+  EXPECT_THAT(mutated_error([](auto& j) {
+                j["normalizer"] = {{"type", "Frobnicate"}};
+              }),
               AllOf(HasSubstr("bad/tokenizer.json"), HasSubstr("normalizer"), HasSubstr("'Frobnicate'")));
-  EXPECT_THAT(mutated_error([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Quux"}}; }),
+  EXPECT_THAT(mutated_error([](auto& j) {
+                j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Quux"}};
+              }),
               AllOf(HasSubstr("bad/tokenizer.json"), HasSubstr("pre_tokenizer"), HasSubstr("'Quux'")));
   EXPECT_THAT(mutated_error([](auto& j) { j["model"]["type"] = "WordPiece"; }),
               AllOf(HasSubstr("bad/tokenizer.json"), HasSubstr("model type 'WordPiece'")));
-  EXPECT_THAT(mutated_error([](auto& j) { j["decoder"] = {{"type", "Zap"}}; }),
+  EXPECT_THAT(mutated_error([](auto& j) {
+                j["decoder"] = {{"type", "Zap"}};
+              }),
               AllOf(HasSubstr("bad/tokenizer.json"), HasSubstr("decoder"), HasSubstr("'Zap'")));
-  EXPECT_THAT(mutated_error([](auto& j) { j["post_processor"] = {{"type", "Blah"}}; }),
+  EXPECT_THAT(mutated_error([](auto& j) {
+                j["post_processor"] = {{"type", "Blah"}};
+              }),
               AllOf(HasSubstr("bad/tokenizer.json"), HasSubstr("post_processor"), HasSubstr("'Blah'")));
-  EXPECT_THAT(mutated_error([](auto& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }),
+  EXPECT_THAT(mutated_error([](auto& j) {
+                j["pre_tokenizer"] = {{"type", "Metaspace"}};
+              }),
               HasSubstr("'Metaspace' is not supported"));
   EXPECT_THAT(mutated_error([](auto& j) { j["normalizer"] = {{"noType", 1}}; }), HasSubstr("no \"type\""));
 }
 
 TEST(TokenizerLoad, MalformedMerges) {
-  EXPECT_THAT(mutated_error([](auto& j) { j["model"]["merges"][3] = {"Ġ", "not-a-token-xyz"}; }),
+  EXPECT_THAT(mutated_error([](auto& j) {
+                j["model"]["merges"][3] = {"Ġ", "not-a-token-xyz"};
+              }),
               AllOf(HasSubstr("merges[3]"), HasSubstr("not-a-token-xyz"), HasSubstr("not in the vocab")));
   EXPECT_THAT(mutated_error([](auto& j) { j["model"]["merges"][5] = "a b c"; }),
               AllOf(HasSubstr("merges[5]"), HasSubstr("one space")));
@@ -78,7 +92,9 @@ TEST(TokenizerLoad, MalformedMerges) {
   EXPECT_THAT(mutated_error([](auto& j) { j["model"]["merges"][7] = 42; }), HasSubstr("merges[7]"));
   EXPECT_THAT(mutated_error([](auto& j) { j["model"]["merges"] = "nope"; }), HasSubstr("merges is not an array"));
   // Both tokens exist but their concatenation does not.
-  EXPECT_THAT(mutated_error([](auto& j) { j["model"]["merges"][0] = {"Q", "Z"}; }),
+  EXPECT_THAT(mutated_error([](auto& j) {
+                j["model"]["merges"][0] = {"Q", "Z"};
+              }),
               AllOf(HasSubstr("merged token"), HasSubstr("QZ")));
 }
 
@@ -108,8 +124,9 @@ TEST(TokenizerLoad, MalformedAddedTokens) {
 TEST(TokenizerLoad, BadRegexesAndProcessors) {
   EXPECT_THAT(mutated_error([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(abc"; }),
               AllOf(HasSubstr("bad/tokenizer.json"), HasSubstr("(abc")));
-  EXPECT_THAT(mutated_error([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[[:alpha:]]"; }),
-              HasSubstr("POSIX bracket"));
+  EXPECT_THAT(
+      mutated_error([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[[:alpha:]]"; }),
+      HasSubstr("POSIX bracket"));
   EXPECT_THAT(mutated_error([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways"; }),
               HasSubstr("'Sideways'"));
   EXPECT_THAT(mutated_error([](auto& j) {
@@ -181,7 +198,9 @@ TEST(TokenizerLoad, ConfigAndQueries) {
   EXPECT_TRUE(ds.encode("", false).empty());
   EXPECT_EQ(ds.config().add_bos_token, true);
   // The DeepSeek BOS string inside the text is the BOS id, once from the text and once from the post-processor.
-  EXPECT_EQ(ds.encode("<\xEF\xBD\x9C" "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", true),
+  EXPECT_EQ(ds.encode("<\xEF\xBD\x9C"
+                      "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                      true),
             (std::vector<TokenId>{0, 0}));
 
   // transformers' Llama post-processor rule: add_bos_token false drops the BOS, add_eos_token adds the EOS.

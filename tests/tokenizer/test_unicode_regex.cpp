@@ -60,7 +60,9 @@ TEST(ByteLevel, Map) {
   for (int b = 0; b < 256; ++b) EXPECT_EQ(byte_level::cp_to_byte(byte_level::byte_to_cp(static_cast<uint8_t>(b))), b);
   std::string mapped;
   byte_level::encode("a b\n", mapped);
-  EXPECT_EQ(mapped, "a\xC4\xA0" "b\xC4\x8A");
+  EXPECT_EQ(mapped,
+            "a\xC4\xA0"
+            "b\xC4\x8A");
   EXPECT_EQ(byte_level::decode(mapped), "a b\n");
   EXPECT_FALSE(byte_level::decode("\xEF\xBD\x9C").has_value());  // U+FF5C is not in the map
 }
@@ -83,15 +85,28 @@ TEST(Regex, OnigurumaSemantics) {
   EXPECT_EQ(matches("^a", "a\na a"), V({"a", "a"}));
   EXPECT_EQ(matches("a$", "a\na a"), V({"a", "a"}));
   EXPECT_EQ(matches(R"(\u0041)", "xAx"), V({"A"}));
-  EXPECT_EQ(matches(R"(\v)", "a\x0B" "b\n"), V({"\x0B"}));
+  EXPECT_EQ(matches(R"(\v)",
+                    "a\x0B"
+                    "b\n"),
+            V({"\x0B"}));
   // Class intersection and nesting.
   EXPECT_EQ(matches(R"([\p{L}&&[^a-c]]+)", "abcdefgABC"), V({"defgABC"}));
   EXPECT_EQ(matches(R"([a-c[x-z]]+)", "abxyzq"), V({"abxyz"}));
-  EXPECT_EQ(matches(R"([\p{Lu}\p{Lo}&&[^\p{Han}]]+)", "AB\xE4\xB8\xAD" "C\xE3\x81\x82"), V({"AB", "C\xE3\x81\x82"}));
+  EXPECT_EQ(matches(R"([\p{Lu}\p{Lo}&&[^\p{Han}]]+)",
+                    "AB\xE4\xB8\xAD"
+                    "C\xE3\x81\x82"),
+            V({"AB", "C\xE3\x81\x82"}));
   // Unicode case folding: (?i:'s) matches 'S and the long s.
   EXPECT_EQ(matches(R"((?i:'s|'t))", "'S 'T '\xC5\xBF 'K"), V({"'S", "'T", "'\xC5\xBF"}));
   // \s is White_Space: NEL, NBSP, U+3000 yes; ZWSP, BOM, U+001C no.
-  EXPECT_EQ(matches(R"(\s+)", "a\xC2\x85" "b\xC2\xA0" "c\xE3\x80\x80" "d\xE2\x80\x8B" "e\xEF\xBB\xBF" "f\x1C" "g"),
+  EXPECT_EQ(matches(R"(\s+)",
+                    "a\xC2\x85"
+                    "b\xC2\xA0"
+                    "c\xE3\x80\x80"
+                    "d\xE2\x80\x8B"
+                    "e\xEF\xBB\xBF"
+                    "f\x1C"
+                    "g"),
             V({"\xC2\x85", "\xC2\xA0", "\xE3\x80\x80"}));
   // Backtracking: \s+(?!\S) leaves one space before a word.
   EXPECT_EQ(matches(R"(\s+(?!\S)|\s+|\S+)", "a   b"), V({"a", "  ", " ", "b"}));
@@ -127,7 +142,7 @@ TEST(Bpe, MergeOrderAndIgnoreMerges) {
   EXPECT_EQ(t.encode("abc", false), (std::vector<TokenId>{6}));     // (b,c) before (a,b), then (a,bc)
   EXPECT_EQ(t.encode("aaaa", false), (std::vector<TokenId>{3, 3}));
   EXPECT_EQ(t.encode("ab c", false), (std::vector<TokenId>{4, 2}));
-  EXPECT_EQ(t.decode(std::vector<TokenId>{4, 2}), "ab c");         // no decoder: joined with spaces
+  EXPECT_EQ(t.decode(std::vector<TokenId>{4, 2}), "ab c");  // no decoder: joined with spaces
   // ignore_merges: a whole-word vocab hit wins over the merges.
   std::string j2 = json;
   j2.replace(j2.find("\"ignore_merges\": false"), 22, "\"ignore_merges\": true");

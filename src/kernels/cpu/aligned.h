@@ -14,8 +14,8 @@ struct Aligned64 {
   Aligned64() = default;
   template <class U>
   Aligned64(const Aligned64<U>&) {}  // NOLINT(google-explicit-constructor): allocator rebinding
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  T* allocate(size_t n) { return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
   template <class U>
   bool operator==(const Aligned64<U>&) const {
     return true;

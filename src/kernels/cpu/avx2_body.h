@@ -261,8 +261,8 @@ LT void v2_rope_half(float* v, const float* c, const float* s, int64_t half, boo
   for (; i + 8 <= half; i += 8) {
     const __m256 a = _mm256_loadu_ps(v + i), b = _mm256_loadu_ps(v + half + i);
     const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
-    __m256 ac = opaque8(_mm256_mul_ps(a, cv)), bs = opaque8(_mm256_mul_ps(b, sv)),
-           bc = opaque8(_mm256_mul_ps(b, cv)), as = opaque8(_mm256_mul_ps(a, sv));
+    __m256 ac = opaque8(_mm256_mul_ps(a, cv)), bs = opaque8(_mm256_mul_ps(b, sv)), bc = opaque8(_mm256_mul_ps(b, cv)),
+           as = opaque8(_mm256_mul_ps(a, sv));
     if (bf16) {
       ac = bf16r8(ac);
       bs = bf16r8(bs);
@@ -337,8 +337,7 @@ LTI void fp8_decode16(__m128i v, bool fnuz, __m256& lo, __m256& hi, __m128i& nan
 }
 
 inline bool is_fp8(WeightFormat f) {
-  return f == WeightFormat::FP8_E4M3_BLOCK || f == WeightFormat::FP8_E4M3_TENSOR ||
-         f == WeightFormat::FP8_E4M3_CHANNEL;
+  return f == WeightFormat::FP8_E4M3_BLOCK || f == WeightFormat::FP8_E4M3_TENSOR || f == WeightFormat::FP8_E4M3_CHANNEL;
 }
 
 // Column-block scale structure of a natural-format row: blocks of `bc` columns, scale(j) = scale[s0 + j].
@@ -421,9 +420,7 @@ LT void v2_dequant_row(const QuantWeight& w, int64_t r, float* out) {
       }
       return;
     }
-    default:
-      kernels_scalar().dequant_row(w, r, out);
-      return;
+    default: kernels_scalar().dequant_row(w, r, out); return;
   }
 }
 
@@ -515,8 +512,8 @@ LTI float hmax8(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
-LT void v2_attn_softmax_tile(float* s, int64_t nq, const uint32_t* mask, float scale, int mode, float* mx,
-                             float* sum, float* acc, int64_t dv) {
+LT void v2_attn_softmax_tile(float* s, int64_t nq, const uint32_t* mask, float scale, int mode, float* mx, float* sum,
+                             float* acc, int64_t dv) {
   const __m256 ninf = _mm256_set1_ps(-INFINITY), sv = _mm256_set1_ps(scale);
   const __m256i bits0 = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i bits1 = _mm256_slli_epi32(bits0, 8);
@@ -571,8 +568,7 @@ LT void v2_attn_softmax_tile(float* s, int64_t nq, const uint32_t* mask, float s
 }
 
 // 8 rows × 8 columns transposed in registers (unpack / shuffle / permute2f128).
-LTI void v2_transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256& r4, __m256& r5, __m256& r6,
-                       __m256& r7) {
+LTI void v2_transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256& r4, __m256& r5, __m256& r6, __m256& r7) {
   const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
   const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
   const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
@@ -613,7 +609,6 @@ LT void v2_attn_pack_kt(const float* const* rows, int64_t d, float* kt) {
   for (; x < d; ++x)
     for (int64_t j = 0; j < kAttnKeyTile; ++j) kt[x * kAttnKeyTile + j] = rows[j][x];
 }
-
 
 // ---------------------------------------------------------------------------------------------------------------
 // 256-bit vector traits of the width-generic kernels (vec_body.h).

@@ -28,14 +28,14 @@ auto* sized(V& v, int64_t n) {
 // One token of the call: its keys (the causal range 0..n_keys-1, or keys[key_off ..] with a selection) and how
 // they are chunked (a function of n_keys only).
 struct Tok {
-  int64_t row = 0;       // absolute row of q / o / pos / sel
+  int64_t row = 0;  // absolute row of q / o / pos / sel
   int64_t seq = 0;
   int64_t n_keys = 0;
   int64_t key_off = -1;  // into Call::keys, -1 = causal range
   int64_t per = 0;       // keys per chunk (a multiple of kSub)
   int64_t n_chunks = 0;
-  int64_t slot = -1;     // first partial slot (n_chunks > 1)
-  int64_t score_off = 0; // bf16: scores [H, n_keys] at scores + score_off
+  int64_t slot = -1;      // first partial slot (n_chunks > 1)
+  int64_t score_off = 0;  // bf16: scores [H, n_keys] at scores + score_off
 };
 struct Item {
   int32_t tok, chunk, h0, h1;
@@ -334,11 +334,11 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
       base_items += t.n_chunks;
     }
   }
-  float* qcat = sized(cl.qcat, N * H * dq2);                         // [N, H, dc + dr]
-  float* olat = sized(cl.olat, H * N * std::max<int64_t>(dc, 1));    // [H, N, dc]
-  sized(cl.part, slots * H * std::max<int64_t>(dc, 1));              // [slot, H, dc]
-  sized(cl.pstat, slots * H * 2);                                    // [slot, H, (max, sum)]
-  if (multi_bf16) sized(cl.tstat, N * H * 2);                        // [N, H, (max, sum)]
+  float* qcat = sized(cl.qcat, N * H * dq2);                       // [N, H, dc + dr]
+  float* olat = sized(cl.olat, H * N * std::max<int64_t>(dc, 1));  // [H, N, dc]
+  sized(cl.part, slots * H * std::max<int64_t>(dc, 1));            // [slot, H, dc]
+  sized(cl.pstat, slots * H * 2);                                  // [slot, H, (max, sum)]
+  if (multi_bf16) sized(cl.tstat, N * H * 2);                      // [N, H, (max, sum)]
   if (bf16) sized(cl.scores, std::max<int64_t>(score_total, 1));
 
   // Phase 1: q_lat = q_nope · W_UK[h] for all tokens, per head (W_UK rows read once: bf16 in place, other formats
@@ -376,8 +376,8 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
   // chunks (a row's arithmetic does not depend on its group).
   int64_t groups = 1;
   if (pool.size() > 1 && base_items < 2 * pool.size())
-    groups = std::min<int64_t>(H, (2 * pool.size() + std::max<int64_t>(base_items, 1) - 1) /
-                                      std::max<int64_t>(base_items, 1));
+    groups = std::min<int64_t>(
+        H, (2 * pool.size() + std::max<int64_t>(base_items, 1) - 1) / std::max<int64_t>(base_items, 1));
   const int64_t hg = (H + groups - 1) / groups;
   cl.items.clear();
   for (int64_t t = 0; t < N; ++t) {
@@ -414,7 +414,8 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
       if (tk.n_chunks <= 1) continue;
       for (int64_t h = 0; h < H; ++h) {
         float M = kNegInf;
-        for (int64_t c = 0; c < tk.n_chunks; ++c) M = std::max(M, cl.pstat[static_cast<size_t>(((tk.slot + c) * H + h) * 2)]);
+        for (int64_t c = 0; c < tk.n_chunks; ++c)
+          M = std::max(M, cl.pstat[static_cast<size_t>(((tk.slot + c) * H + h) * 2)]);
         float L = 0.0f;
         for (int64_t c = 0; c < tk.n_chunks; ++c) {
           const float* st = cl.pstat.data() + ((tk.slot + c) * H + h) * 2;

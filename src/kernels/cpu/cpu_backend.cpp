@@ -43,9 +43,8 @@ bool cpu_isa_supported(CpuIsa isa) {
     case CpuIsa::Avx2:
       return cpu::kernels_avx2() != nullptr && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case CpuIsa::Avx512:
-      return cpu::kernels_avx512() != nullptr && cpu_isa_supported(CpuIsa::Avx2) &&
-             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl");
+      return cpu::kernels_avx512() != nullptr && cpu_isa_supported(CpuIsa::Avx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #else
     default: return false;
 #endif
@@ -133,7 +132,7 @@ class CpuBackend final : public HostTyped<CpuBackend> {
       int64_t M;
     };
     thread_local std::vector<Item> tl_items;  // reused: no allocation per call once grown
-    std::vector<Item>& items = tl_items;     // (a reference: the workers must see this thread's vector)
+    std::vector<Item>& items = tl_items;      // (a reference: the workers must see this thread's vector)
     items.clear();
     int64_t N = 0, K = 0, prep_rows = 0;
     for (int64_t g = 0; g < n_groups; ++g) {
@@ -255,9 +254,8 @@ class CpuBackend final : public HostTyped<CpuBackend> {
   }
 
   void silu_mul_f32(const float* gate, const float* up, int64_t n, float* out, bool bf16) {
-    pool_.parallel_for(n, 16384, [&](int64_t i0, int64_t i1) {
-      k_.silu_mul(gate + i0, up + i0, i1 - i0, out + i0, bf16);
-    });
+    pool_.parallel_for(n, 16384,
+                       [&](int64_t i0, int64_t i1) { k_.silu_mul(gate + i0, up + i0, i1 - i0, out + i0, bf16); });
   }
 
   void add_f32(float* y, const float* x, int64_t n, bool bf16) {
@@ -328,9 +326,9 @@ class CpuBackend final : public HostTyped<CpuBackend> {
     mla_attention_absorbed_paged_f32(d, qf, kv_b, pool, seqs, pos, sel, scale, of, o.bf16());
     host::store_out(o, of);
   }
-  void mla_attention_absorbed_paged_f32(const MlaDims& d, const float* q, const QuantWeight& kv_b,
-                                        const KvPool& pool, const StepSeqs& seqs, const int64_t* pos,
-                                        const KeySelection& sel, float scale, float* o, bool bf16) {
+  void mla_attention_absorbed_paged_f32(const MlaDims& d, const float* q, const QuantWeight& kv_b, const KvPool& pool,
+                                        const StepSeqs& seqs, const int64_t* pos, const KeySelection& sel, float scale,
+                                        float* o, bool bf16) {
     cpu::AbsorbedCall a = absorbed_call(d, q, kv_b, pos, sel, scale, o, bf16);
     a.pool = pool.data;
     a.pool_bf16 = pool.dtype == DType::BF16;
@@ -562,8 +560,8 @@ class CpuBackend final : public HostTyped<CpuBackend> {
       fs.keys.clear();
       // (capacity from the bound on the windows' positions, at least 8,192 and by doubling: a decode step
       // allocates only when its context first passes a power of two above that)
-      const size_t bound = static_cast<size_t>(std::min<int64_t>((T + kKT - 1) / kKT * kKT,
-                                                                 static_cast<int64_t>(fs.tmp.size()) * kKT));
+      const size_t bound =
+          static_cast<size_t>(std::min<int64_t>((T + kKT - 1) / kKT * kKT, static_cast<int64_t>(fs.tmp.size()) * kKT));
       if (fs.keys.capacity() < bound) fs.keys.reserve(std::max({bound, 2 * fs.keys.capacity(), size_t{8192}}));
       int64_t win_end = 0;
       for (const int32_t k : fs.tmp) {
@@ -614,8 +612,10 @@ class CpuBackend final : public HostTyped<CpuBackend> {
         const float* v = pack(klist, j0, nk, kt, vt, zeros, final_pass, ldv);
         k_.attn_qk_tile(qr + r_lo * ldq, ldq, r_hi - r_lo, kt, dqk, sc + r_lo * kKT);
         k_.attn_softmax_tile(sc + r_lo * kKT, r_hi - r_lo, mask + r_lo, scale,
-                             !bf16 ? cpu::kSoftmaxOnline : final_pass ? cpu::kSoftmaxFinal : cpu::kSoftmaxStats, mx + r_lo,
-                             sum + r_lo, acc + r_lo * dv, dv);
+                             !bf16        ? cpu::kSoftmaxOnline
+                             : final_pass ? cpu::kSoftmaxFinal
+                                          : cpu::kSoftmaxStats,
+                             mx + r_lo, sum + r_lo, acc + r_lo * dv, dv);
         if (final_pass) k_.attn_pv_tile(sc + r_lo * kKT, r_hi - r_lo, v, ldv, nk, dv, acc + r_lo * dv);
       }
     }
@@ -631,9 +631,8 @@ class CpuBackend final : public HostTyped<CpuBackend> {
     return acc;
   }
 
-  static cpu::AbsorbedCall absorbed_call(const MlaDims& d, const float* q, const QuantWeight& kv_b,
-                                         const int64_t* pos, const KeySelection& sel, float scale, float* o,
-                                         bool bf16) {
+  static cpu::AbsorbedCall absorbed_call(const MlaDims& d, const float* q, const QuantWeight& kv_b, const int64_t* pos,
+                                         const KeySelection& sel, float scale, float* o, bool bf16) {
     cpu::AbsorbedCall a;
     a.heads = d.n_heads;
     a.nope = d.nope;

@@ -22,8 +22,7 @@ struct Kernels {
   // xp [M, K] = x [M, K] in this ISA's order for format f.
   void (*prep_x)(WeightFormat f, const float* x, int64_t M, int64_t K, float* xp);
   // y[m*ldy + (r - r0)] = Σ_k W[r, k]·x[m, k] for r in [r0, r1), m < M; xp prepared (row stride K = w.cols).
-  void (*matmul_rows)(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y,
-                      int64_t ldy);
+  void (*matmul_rows)(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int64_t r1, float* y, int64_t ldy);
   // out[0..cols) = W[r, :] (natural order, exact).
   void (*dequant_row)(const QuantWeight& w, int64_t r, float* out);
 
@@ -59,8 +58,8 @@ struct Kernels {
   //     Σ exp(score − mx'), acc row [dv] *= alpha when alpha != 1, s = exp(score − mx');
   //   kSoftmaxStats (bf16 pass 1): mx and sum updated the same way, s and acc untouched;
   //   kSoftmaxFinal (bf16 pass 2): s = bf16(exp(score − mx) / sum) with the final mx and sum.
-  void (*attn_softmax_tile)(float* s, int64_t nq, const uint32_t* mask, float scale, int mode, float* mx,
-                            float* sum, float* acc, int64_t dv);
+  void (*attn_softmax_tile)(float* s, int64_t nq, const uint32_t* mask, float scale, int mode, float* mx, float* sum,
+                            float* acc, int64_t dv);
   // kt[x·kAttnKeyTile + j] = rows[j][x] for x < d, j < kAttnKeyTile (a key tile transposed; every pointer valid).
   void (*attn_pack_kt)(const float* const* rows, int64_t d, float* kt);
 
@@ -70,12 +69,12 @@ struct Kernels {
   // tile it falls in (batch invariant).
   void (*dot_rows_f32)(const float* a, int64_t lda, int64_t na, const float* const* b1, const float* const* b2,
                        int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds);
-  void (*dot_rows_bf16)(const float* a, int64_t lda, int64_t na, const uint16_t* const* b1,
-                        const uint16_t* const* b2, int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds);
+  void (*dot_rows_bf16)(const float* a, int64_t lda, int64_t na, const uint16_t* const* b1, const uint16_t* const* b2,
+                        int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds);
   // c[i·ldc + x] = (accumulate ? c[i·ldc + x] : 0) + Σ_{j<nb} a[i·lda + j]·b[j][x]   (i < na, x < n): one fma
   // per term in j order per (i, x).
-  void (*axpy_rows_f32)(const float* a, int64_t lda, int64_t na, const float* const* b, int64_t nb, int64_t n,
-                        float* c, int64_t ldc, bool accumulate);
+  void (*axpy_rows_f32)(const float* a, int64_t lda, int64_t na, const float* const* b, int64_t nb, int64_t n, float* c,
+                        int64_t ldc, bool accumulate);
   void (*axpy_rows_bf16)(const float* a, int64_t lda, int64_t na, const uint16_t* const* b, int64_t nb, int64_t n,
                          float* c, int64_t ldc, bool accumulate);
 };

@@ -156,12 +156,29 @@ struct V16 {
 };
 
 const Kernels kAvx512 = {
-    "avx512",        vec_permutes,    vec_prep_x<V16>, vec_matmul_rows<V16>, v2_dequant_row, v5_dot,
-    v5_axpy,         v2_scaled_add,   v2_exp_sub_sum, v2_rms_norm_row, v2_silu_mul,    v2_add,
-    v2_round_bf16,   v2_rope_interleaved, v2_rope_half,
-    v2_attn_qk_tile, v2_attn_pv_tile, v2_attn_softmax_tile, v2_attn_pack_kt,
-    vec_dot_rows<V16, float, 6, 4>, vec_dot_rows<V16, uint16_t, 6, 4>,
-    vec_axpy_rows<V16, float, 4, 4>, vec_axpy_rows<V16, uint16_t, 4, 4>,
+    "avx512",
+    vec_permutes,
+    vec_prep_x<V16>,
+    vec_matmul_rows<V16>,
+    v2_dequant_row,
+    v5_dot,
+    v5_axpy,
+    v2_scaled_add,
+    v2_exp_sub_sum,
+    v2_rms_norm_row,
+    v2_silu_mul,
+    v2_add,
+    v2_round_bf16,
+    v2_rope_interleaved,
+    v2_rope_half,
+    v2_attn_qk_tile,
+    v2_attn_pv_tile,
+    v2_attn_softmax_tile,
+    v2_attn_pack_kt,
+    vec_dot_rows<V16, float, 6, 4>,
+    vec_dot_rows<V16, uint16_t, 6, 4>,
+    vec_axpy_rows<V16, float, 4, 4>,
+    vec_axpy_rows<V16, uint16_t, 4, 4>,
 };
 
 }  // namespace

@@ -26,9 +26,7 @@ void dequant_row(const QuantWeight& w, int64_t r, float* out) {
   const int64_t K = w.cols;
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes();
   switch (w.format) {
-    case WeightFormat::F32:
-      std::memcpy(out, row, static_cast<size_t>(K) * 4);
-      return;
+    case WeightFormat::F32: std::memcpy(out, row, static_cast<size_t>(K) * 4); return;
     case WeightFormat::BF16:
       for (int64_t c = 0; c < K; ++c) {
         uint16_t h;
@@ -255,8 +253,8 @@ inline float elem(const uint16_t* p, int64_t x) {  // bf16 rows may be unaligned
 }
 
 template <class B>
-void dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
-              int64_t n2, int64_t nb, float* s, int64_t lds) {
+void dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1, int64_t n2,
+              int64_t nb, float* s, int64_t lds) {
   for (int64_t i = 0; i < na; ++i)
     for (int64_t j = 0; j < nb; ++j) {
       const float* ai = a + i * lda;
@@ -268,8 +266,8 @@ void dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const
 }
 
 template <class B>
-void axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t n, float* c,
-               int64_t ldc, bool accumulate) {
+void axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t n, float* c, int64_t ldc,
+               bool accumulate) {
   for (int64_t i = 0; i < na; ++i) {
     float* ci = c + i * ldc;
     if (!accumulate) std::fill(ci, ci + n, 0.0f);
@@ -281,10 +279,29 @@ void axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b, int64
 }
 
 const Kernels kScalar = {
-    "scalar",     permutes,     prep_x, matmul_rows, dequant_row,      dot,      axpy,      scaled_add,
-    exp_sub_sum, rms_norm_row, silu_mul, add,        round_bf16,       rope_interleaved, rope_half,
-    attn_qk_tile, attn_pv_tile, attn_softmax_tile, attn_pack_kt,
-    dot_rows<float>, dot_rows<uint16_t>, axpy_rows<float>, axpy_rows<uint16_t>,
+    "scalar",
+    permutes,
+    prep_x,
+    matmul_rows,
+    dequant_row,
+    dot,
+    axpy,
+    scaled_add,
+    exp_sub_sum,
+    rms_norm_row,
+    silu_mul,
+    add,
+    round_bf16,
+    rope_interleaved,
+    rope_half,
+    attn_qk_tile,
+    attn_pv_tile,
+    attn_softmax_tile,
+    attn_pack_kt,
+    dot_rows<float>,
+    dot_rows<uint16_t>,
+    axpy_rows<float>,
+    axpy_rows<uint16_t>,
 };
 
 }  // namespace

@@ -207,8 +207,7 @@ struct TMx {
       }
     }
 #pragma GCC unroll 32
-    for (int i = 0; i < MT * NT; ++i)
-      y[(i / NT) * ldy + (i % NT)] = V::hsum(acc[i / NT][i % NT]) + odd[i / NT][i % NT];
+    for (int i = 0; i < MT * NT; ++i) y[(i / NT) * ldy + (i % NT)] = V::hsum(acc[i / NT][i % NT]) + odd[i / NT][i % NT];
   }
 };
 
@@ -316,9 +315,15 @@ LT void mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, 
   float* ym = y + m0 * ldy;
   switch (m1 - m0) {  // fewer than MT rows left
     case 1: mm_rows<T, 1>(w, x, rs, re, ym, ldy); break;
-    case 2: if constexpr (MT > 2) mm_rows<T, 2>(w, x, rs, re, ym, ldy); break;
-    case 3: if constexpr (MT > 3) mm_rows<T, 3>(w, x, rs, re, ym, ldy); break;
-    case 4: if constexpr (MT > 4) mm_rows<T, 4>(w, x, rs, re, ym, ldy); break;
+    case 2:
+      if constexpr (MT > 2) mm_rows<T, 2>(w, x, rs, re, ym, ldy);
+      break;
+    case 3:
+      if constexpr (MT > 3) mm_rows<T, 3>(w, x, rs, re, ym, ldy);
+      break;
+    case 4:
+      if constexpr (MT > 4) mm_rows<T, 4>(w, x, rs, re, ym, ldy);
+      break;
     default: break;
   }
 }

@@ -84,23 +84,31 @@ LT void vec_dot_tile(const float* a, int64_t lda, const B* const* b1, const B* c
 // Rows [i, i + RA) against every key (groups of RB keys, then smaller): the RA query rows stay in L1 while the keys
 // stream from L2.
 template <class V, class B, int RA, int RB>
-LTI void vec_dot_row_tile(const float* a, int64_t lda, const B* const* b1, const B* const* b2, int64_t n1,
-                          int64_t n2, int64_t nb, float* s, int64_t lds) {
+LTI void vec_dot_row_tile(const float* a, int64_t lda, const B* const* b1, const B* const* b2, int64_t n1, int64_t n2,
+                          int64_t nb, float* s, int64_t lds) {
   int64_t j = 0;
   for (; j + RB <= nb; j += RB) vec_dot_tile<V, B, RA, RB>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
   switch (nb - j) {
     case 1: vec_dot_tile<V, B, RA, 1>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
-    case 2: if constexpr (RB > 2) vec_dot_tile<V, B, RA, 2>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
-    case 3: if constexpr (RB > 3) vec_dot_tile<V, B, RA, 3>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
-    case 4: if constexpr (RB > 4) vec_dot_tile<V, B, RA, 4>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
-    case 5: if constexpr (RB > 5) vec_dot_tile<V, B, RA, 5>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
+    case 2:
+      if constexpr (RB > 2) vec_dot_tile<V, B, RA, 2>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+      break;
+    case 3:
+      if constexpr (RB > 3) vec_dot_tile<V, B, RA, 3>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+      break;
+    case 4:
+      if constexpr (RB > 4) vec_dot_tile<V, B, RA, 4>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+      break;
+    case 5:
+      if constexpr (RB > 5) vec_dot_tile<V, B, RA, 5>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+      break;
     default: break;
   }
 }
 
 template <class V, class B, int RA, int RB>
-LTI void vec_dot_rows_from(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2,
-                           int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds) {
+LTI void vec_dot_rows_from(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
+                           int64_t n2, int64_t nb, float* s, int64_t lds) {
   int64_t i = 0;
   for (; i + RA <= na; i += RA) vec_dot_row_tile<V, B, RA, RB>(a + i * lda, lda, b1, b2, n1, n2, nb, s + i * lds, lds);
   if constexpr (RA > 1) {
@@ -121,8 +129,8 @@ LT void vec_dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1
 // Register tile: RA rows × CV vectors of columns; per b row the RA coefficients are broadcast once.
 // ---------------------------------------------------------------------------------------------------------------
 template <class V, class B, int RA, int CV, bool kPart>
-LT void vec_axpy_tile(const float* a, int64_t lda, const B* const* b, int64_t nb, int64_t x0, int64_t last,
-                      float* c, int64_t ldc, bool accumulate) {
+LT void vec_axpy_tile(const float* a, int64_t lda, const B* const* b, int64_t nb, int64_t x0, int64_t last, float* c,
+                      int64_t ldc, bool accumulate) {
   // Columns x0 .. x0 + (CV−1)·W + (kPart ? last : W).
   using F = typename V::F;
   constexpr int W = V::W;
@@ -170,15 +178,14 @@ LTI void vec_axpy_block(const float* a, int64_t lda, int64_t na, const B* const*
     vec_axpy_tile<V, B, RA, CV, kPart>(a + i * lda, lda, b, nb, x0, last, c + i * ldc, ldc, accumulate);
   if constexpr (RA > 1) {
     if (na - i > 0)
-      vec_axpy_block<V, B, RA - 1, CV, kPart>(a + i * lda, lda, na - i, b, nb, x0, last, c + i * ldc, ldc,
-                                              accumulate);
+      vec_axpy_block<V, B, RA - 1, CV, kPart>(a + i * lda, lda, na - i, b, nb, x0, last, c + i * ldc, ldc, accumulate);
   }
 }
 
 // The column tail after the full CV-vector blocks: CVt full vectors then (maybe) one partial one.
 template <class V, class B, int RA, int CVt>
-LTI void vec_axpy_tail(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t x0,
-                       int64_t rem, float* c, int64_t ldc, bool accumulate) {
+LTI void vec_axpy_tail(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t x0, int64_t rem,
+                       float* c, int64_t ldc, bool accumulate) {
   constexpr int W = V::W;
   if constexpr (CVt > 0) {
     if (rem >= CVt * W) {
@@ -200,8 +207,7 @@ LT void vec_axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b
                       int64_t ldc, bool accumulate) {
   constexpr int W = V::W;
   int64_t x = 0;
-  for (; x + CV * W <= n; x += CV * W)
-    vec_axpy_block<V, B, RA, CV, false>(a, lda, na, b, nb, x, W, c, ldc, accumulate);
+  for (; x + CV * W <= n; x += CV * W) vec_axpy_block<V, B, RA, CV, false>(a, lda, na, b, nb, x, W, c, ldc, accumulate);
   if (x < n) vec_axpy_tail<V, B, RA, CV - 1>(a, lda, na, b, nb, x, n - x, c, ldc, accumulate);
 }
 

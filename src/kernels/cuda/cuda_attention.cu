@@ -71,8 +71,7 @@ __device__ __forceinline__ void online_add(float& m, float& l, float v) {
 
 // ---- naive form: block per (s, h), 128 threads ----
 __global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, TView q, TView kvb, TView k_pe, int64_t T,
-                                                         const int64_t* q_pos, KeySelection sel, float scale,
-                                                         TView o) {
+                                                        const int64_t* q_pos, KeySelection sel, float scale, TView o) {
   const bool bf16 = o.bf16 != 0;
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = dn + dr, dkv = dn + dv;
@@ -233,7 +232,7 @@ __device__ void absorbed_one(const MlaDims& d, const TView& q, int64_t qi, const
         const int64_t row = h * dkv + j0 + u;
         wv[u] = j0 + u >= dn ? 0.0f
                 : wbf16      ? bf16_bits_to_f(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(kv_b.data) +
-                                                                               row * kv_b.row_bytes)[x])
+                                                                           row * kv_b.row_bytes)[x])
                              : wget(kv_b, row, x);
       }
 #pragma unroll
@@ -417,7 +416,7 @@ __device__ void absorbed_one(const MlaDims& d, const TView& q, int64_t qi, const
         const int64_t x = x0 + 32 * u;
         wv[u] = x >= dc ? 0.0f
                 : wbf16 ? bf16_bits_to_f(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(kv_b.data) +
-                                                                          (h * dkv + dn + j) * kv_b.row_bytes)[x])
+                                                                           (h * dkv + dn + j) * kv_b.row_bytes)[x])
                         : wget(kv_b, h * dkv + dn + j, x);
       }
 #pragma unroll
@@ -445,11 +444,10 @@ __host__ __device__ inline AbsLayout abs_layout(const MlaDims& d, int64_t max_ke
 }
 constexpr size_t kAbsSmemCap = 200 * 1024;  // opt-in dynamic shared memory per block (H200: up to 227 KB)
 
-__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, TView q, WDesc kv_b, const float* c,
-                                                                    const float* k_pe, int64_t T,
-                                                                    const int64_t* q_pos, KeySelection sel,
-                                                                    float scale, TView o, bool vec,
-                                                                    bool cache_scores, int n_ranks) {
+__global__ void __launch_bounds__(kAbsThreads)
+    mla_absorbed_kernel(MlaDims d, TView q, WDesc kv_b, const float* c, const float* k_pe, int64_t T,
+                        const int64_t* q_pos, KeySelection sel, float scale, TView o, bool vec, bool cache_scores,
+                        int n_ranks) {
   const bool bf16 = o.bf16 != 0;
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
@@ -470,11 +468,9 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_kernel(MlaDims d, TV
 
 // Persistent grid over (token, head) work items of the whole step; bitmap and score cache sized by max_ctx.
 template <class Elem>
-__global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims d, TView q, WDesc kv_b,
-                                                                         KvPool pool, StepSeqs seqs,
-                                                                         const int64_t* pos, KeySelection sel,
-                                                                         float scale, TView o, bool vec,
-                                                                         bool cache_scores, int n_ranks) {
+__global__ void __launch_bounds__(kAbsThreads)
+    mla_absorbed_paged_kernel(MlaDims d, TView q, WDesc kv_b, KvPool pool, StepSeqs seqs, const int64_t* pos,
+                              KeySelection sel, float scale, TView o, bool vec, bool cache_scores, int n_ranks) {
   const bool bf16 = o.bf16 != 0;
   extern __shared__ uint32_t smem_u[];
   const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent;
@@ -494,7 +490,10 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
     int64_t lo = 0, hi = seqs.n_seqs - 1;
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
-      if (seqs.q_begin[mid] <= i) lo = mid; else hi = mid - 1;
+      if (seqs.q_begin[mid] <= i)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     const int64_t s = lo, T = seqs.ctx_len[s];
     const int64_t last = pos[i] < T - 1 ? pos[i] : T - 1;
@@ -511,8 +510,7 @@ __global__ void __launch_bounds__(kAbsThreads) mla_absorbed_paged_kernel(MlaDims
     __syncthreads();
     const PagedKeys<Elem> keys{static_cast<const Elem*>(pool.data), pool.width, pool.block_tokens,
                                seqs.block_table + s * seqs.max_blocks, dc};
-    absorbed_one(d, q, i, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale, o, bf16, rank,
-                 n_ranks);
+    absorbed_one(d, q, i, kv_b, keys, h, last, bits, qs, qlat, olat, part, sc, vec, scale, o, bf16, rank, n_ranks);
   }
 }
 
@@ -544,8 +542,7 @@ void launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t 
                       const KeySelection& sel, float scale, TView o, cudaStream_t st) {
   if (S <= 0 || d.n_heads <= 0) return;
   const size_t smem = static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk()) * 4;
-  mla_naive_kernel<<<static_cast<unsigned>(S * d.n_heads), 128, smem, st>>>(d, q, kvb, k_pe, T, q_pos, sel, scale,
-                                                                             o);
+  mla_naive_kernel<<<static_cast<unsigned>(S * d.n_heads), 128, smem, st>>>(d, q, kvb, k_pe, T, q_pos, sel, scale, o);
 }
 
 void launch_mla_absorbed(const MlaDims& d, TView q, const WDesc& kv_b, const float* c, const float* k_pe, int64_t S,
@@ -558,9 +555,9 @@ void launch_mla_absorbed(const MlaDims& d, TView q, const WDesc& kv_b, const flo
   const AbsLayout L = abs_layout(d, T, vec, kN);
   const bool cache = L.fixed_bytes + static_cast<size_t>(T) * 4 <= kAbsSmemCap;
   const size_t smem = L.fixed_bytes + (cache ? static_cast<size_t>(T) * 4 : 0);
-  static const cudaError_t attr_set = cudaFuncSetAttribute(mla_absorbed_kernel,
-                                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                            static_cast<int>(kAbsSmemCap));  // once per process
+  static const cudaError_t attr_set =
+      cudaFuncSetAttribute(mla_absorbed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kAbsSmemCap));  // once per process
   (void)attr_set;
   // Few (query, head) items: clusters split each one's keys over kAbsCluster SMs; many: one block each.
   const int ranks = S * d.n_heads >= 256 ? 1 : kAbsCluster;

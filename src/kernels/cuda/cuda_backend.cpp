@@ -34,10 +34,8 @@ bool sticky(cudaError_t e) {
     case cudaErrorLaunchTimeout:
     case cudaErrorECCUncorrectable:
     case cudaErrorContextIsDestroyed:
-    case cudaErrorDevicesUnavailable:
-      return true;
-    default:
-      return false;
+    case cudaErrorDevicesUnavailable: return true;
+    default: return false;
   }
 }
 
@@ -64,8 +62,7 @@ class CudaBackend final : public Backend {
   CudaBackend() {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess)
-      fail("CUDA backend: no usable GPU: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+    if (e != cudaSuccess) fail("CUDA backend: no usable GPU: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
     if (n == 0) fail("CUDA backend: no GPU found (cudaGetDeviceCount returned 0)");
     check(cudaGetDevice(&device_), "cudaGetDevice");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -330,8 +327,8 @@ class CudaBackend final : public Backend {
     check_launch("mla_attention_naive");
   }
   void mla_attention_absorbed(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b, const Tensor& c,
-                              const Tensor& k_pe, int64_t T, const int64_t* q_pos, const KeySelection& sel,
-                              float scale, const Tensor& o) override {
+                              const Tensor& k_pe, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale,
+                              const Tensor& o) override {
     const float* cf = f32_rows(c.with_rows(T), kTmpAcc, "absorbed attention latent (fp32)");
     const float* kf = f32_rows(k_pe.with_rows(T), kTmpGacc, "absorbed attention rope keys (fp32)");
     cuda::launch_mla_absorbed(d, cuda::tview(q), cuda::make_wdesc(kv_b), cf, kf, q.rows, T, q_pos, sel, scale,
@@ -342,8 +339,8 @@ class CudaBackend final : public Backend {
   // ---------------- DSA indexer ----------------
   void indexer_scores(const Tensor& q, const Tensor& w, const Tensor& k, int64_t n_heads, float scale,
                       const int64_t* q_pos, float* scores) override {
-    cuda::launch_indexer_scores(cuda::tview(q), cuda::tview(w), cuda::tview(k), q.rows, k.rows, n_heads, k.cols,
-                                scale, q_pos, scores, stream_);
+    cuda::launch_indexer_scores(cuda::tview(q), cuda::tview(w), cuda::tview(k), q.rows, k.rows, n_heads, k.cols, scale,
+                                q_pos, scores, stream_);
     check_launch("indexer_scores");
   }
   void indexer_scores_paged(const Tensor& q, const Tensor& w, const KvPool& pool, const StepSeqs& seqs, int64_t r0,

@@ -7,15 +7,15 @@ namespace latent::cuda {
 
 namespace {
 
-#define LATENT_GRID_STRIDE(i, n)                                                              \
+#define LATENT_GRID_STRIDE(i, n)                                                         \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 constexpr int kGroupThreads = 256;
 
 // offsets[e+1] = number of pairs of expert e, then an exclusive scan (one block; E ≤ any).
-__global__ void __launch_bounds__(kGroupThreads) moe_count_kernel(const int32_t* ids, int64_t n, int64_t E,
-                                                                 int64_t* offsets) {
+__global__ void __launch_bounds__(kGroupThreads)
+    moe_count_kernel(const int32_t* ids, int64_t n, int64_t E, int64_t* offsets) {
   extern __shared__ unsigned int cnt[];  // [E]
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
@@ -32,9 +32,9 @@ __global__ void __launch_bounds__(kGroupThreads) moe_count_kernel(const int32_t*
 }
 
 // Block per expert: scans the pairs in order, compacting its own pairs with an ordered block prefix (stable).
-__global__ void __launch_bounds__(kGroupThreads) moe_place_kernel(const int32_t* ids, const float* weights, int64_t n,
-                                                                 int64_t K, const int64_t* offsets, int32_t* token,
-                                                                 float* weight) {
+__global__ void __launch_bounds__(kGroupThreads)
+    moe_place_kernel(const int32_t* ids, const float* weights, int64_t n, int64_t K, const int64_t* offsets,
+                     int32_t* token, float* weight) {
   __shared__ unsigned int warp_cnt[kGroupThreads / 32];
   __shared__ int64_t base_sh;
   const int e = blockIdx.x;
@@ -76,8 +76,7 @@ __global__ void fill_kernel(TView x, int64_t rows, int64_t cols, float v) {
   LATENT_GRID_STRIDE(i, rows * cols) tset(x, i / cols, i % cols, v);
 }
 
-__global__ void kv_store_kernel(KvPool pool, const int64_t* slots, int64_t n, TView src, int64_t col0,
-                                int64_t width) {
+__global__ void kv_store_kernel(KvPool pool, const int64_t* slots, int64_t n, TView src, int64_t col0, int64_t width) {
   const TView dst{pool.data, pool.width, pool.dtype == DType::BF16 ? 1 : 0};
   LATENT_GRID_STRIDE(i, n * width) {
     const int64_t r = slots[i / width];
@@ -106,7 +105,8 @@ void launch_moe_group(const int32_t* ids, const float* weights, int64_t M, int64
   if (E <= 0) return;
   const int64_t n = M * K;
   moe_count_kernel<<<1, kGroupThreads, static_cast<size_t>(E) * sizeof(unsigned int), st>>>(ids, n, E, offsets);
-  if (n > 0) moe_place_kernel<<<static_cast<unsigned>(E), kGroupThreads, 0, st>>>(ids, weights, n, K, offsets, token, weight);
+  if (n > 0)
+    moe_place_kernel<<<static_cast<unsigned>(E), kGroupThreads, 0, st>>>(ids, weights, n, K, offsets, token, weight);
 }
 
 void launch_gather_rows(TView src, const int32_t* rows, int64_t n, int64_t D, TView dst, cudaStream_t st) {

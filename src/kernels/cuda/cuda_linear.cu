@@ -2,8 +2,9 @@
 //  * M ≤ kSmallRows (decode, skinny): one block computes kR output rows for up to kMC tokens at a time; its threads
 //    split the rows (split-K) in 16-byte chunks of stored weight bytes, decoded in registers (bf16/f16: 8 values,
 //    fp8: 16 through the hardware e4m3→f16 conversion, mxfp4: 32 as fp16 bit patterns), the chunk's scale applied
-//    once to its partial sum, fp32 accumulation per thread, the cross-thread reduction (warp shuffles, then shared memory in a fixed order) in fp64 in a fixed order. Rows whose
-//    bytes are not 16-byte aligned (odd sizes) take the element-wise path (one value at a time).
+//    once to its partial sum, fp32 accumulation per thread, the cross-thread reduction (warp shuffles, then shared
+//    memory in a fixed order) in fp64 in a fixed order. Rows whose bytes are not 16-byte aligned (odd sizes) take the
+//    element-wise path (one value at a time).
 //  * larger M (prefill): a 64×64 fp32 tiled kernel; weight tiles are dequantized element-wise into shared memory.
 //  * larger M in the bf16 activation mode (x values are bf16): a 64×64 tensor-core kernel (bf16 wmma, fp32
 //    accumulators) for the formats whose weight values, or codes, are exact bf16 values — BF16, MXFP4 (e2m1 × 2^e)
@@ -21,9 +22,9 @@ namespace latent::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;     // warps per block; they split the row (K) between them
+constexpr int kWarps = 8;  // warps per block; they split the row (K) between them
 constexpr int kThreads = kWarps * 32;
-constexpr int kMC = 4;        // tokens per pass (M > 1)
+constexpr int kMC = 4;  // tokens per pass (M > 1)
 // Output rows per block: 4 at M = 1 (activations reused over 4 rows), 2 for the 4-token passes (registers).
 template <int MC>
 __host__ __device__ constexpr int rows_per_block() {
@@ -141,8 +142,7 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
       sc[i] = rs[i];
       if constexpr (FMT == kFmtFp8Block)
         sc[i] = static_cast<const float*>(w.scale)[(r[i] / w.block_rows) * w.scale_cols + (ch * E) / w.block_cols];
-      if constexpr (FMT == kFmtMxfp4)
-        sc[i] = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r[i] * w.scale_cols + ch]);
+      if constexpr (FMT == kFmtMxfp4) sc[i] = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r[i] * w.scale_cols + ch]);
     }
     float part[kR][MC];
 #pragma unroll
@@ -336,10 +336,9 @@ __global__ void __launch_bounds__(kThreads) small_kernel(WDesc w, int64_t M, con
 
 // Grouped: a persistent grid over (group of `list`, row tile) items; tokens offsets[g] .. offsets[g+1].
 template <int MC, class XT>
-__global__ void __launch_bounds__(kThreads) small_grouped_kernel(const WDesc* table, const int64_t* offsets,
-                                                                  const int32_t* list, const int32_t* list_count,
-                                                                  int64_t tiles, const XT* x, int64_t ldx,
-                                                                  SmallOut out) {
+__global__ void __launch_bounds__(kThreads)
+    small_grouped_kernel(const WDesc* table, const int64_t* offsets, const int32_t* list, const int32_t* list_count,
+                         int64_t tiles, const XT* x, int64_t ldx, SmallOut out) {
   __shared__ double red[kWarps][rows_per_block<MC>() * MC];
   const int64_t n_items = static_cast<int64_t>(*list_count) * tiles;
   for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
@@ -386,7 +385,8 @@ __device__ __forceinline__ void warp_rows(const WDesc& w, int64_t m0, int64_t m1
 #pragma unroll
       for (int m = 0; m < MC; ++m) {
         const double v = warp_sum_d(static_cast<double>(acc[i][m]));
-        if (lane == i * MC + m && rbase + i < N && m < nm) small_store(out, mb + m, rbase + i, N, static_cast<float>(v));
+        if (lane == i * MC + m && rbase + i < N && m < nm)
+          small_store(out, mb + m, rbase + i, N, static_cast<float>(v));
       }
   }
 }
@@ -400,9 +400,9 @@ __global__ void __launch_bounds__(256) warp_kernel(WDesc w, int64_t M, const XT*
 
 // Grouped: a persistent grid of warps over (group of `list`, tile of KR rows) items.
 template <int MC, class XT, int KR>
-__global__ void __launch_bounds__(256) warp_grouped_kernel(const WDesc* table, const int64_t* offsets,
-                                                           const int32_t* list, const int32_t* list_count,
-                                                           int64_t tiles, const XT* x, int64_t ldx, SmallOut out) {
+__global__ void __launch_bounds__(256)
+    warp_grouped_kernel(const WDesc* table, const int64_t* offsets, const int32_t* list, const int32_t* list_count,
+                        int64_t tiles, const XT* x, int64_t ldx, SmallOut out) {
   const int64_t n_items = static_cast<int64_t>(*list_count) * tiles;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * 8;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5); item < n_items; item += warps) {
@@ -435,9 +435,9 @@ constexpr int kTM = 64, kTN = 64, kTK = 16;
 
 // Single weight (list == null): grid (row tiles, m-tile strides). Grouped: a persistent grid over (group of `list`,
 // row tile) items, each looping over all m tiles of its group.
-__global__ void __launch_bounds__(256) tiled_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
-                                                     const int32_t* list, const int32_t* list_count, int64_t ntiles,
-                                                     int64_t M, const float* x, float* y) {
+__global__ void __launch_bounds__(256)
+    tiled_kernel(WDesc single, const WDesc* table, const int64_t* offsets, const int32_t* list,
+                 const int32_t* list_count, int64_t ntiles, int64_t M, const float* x, float* y) {
   __shared__ float xs[kTK][kTM + 4];
   __shared__ float ws[kTK][kTN + 4];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -487,8 +487,8 @@ __global__ void __launch_bounds__(256) tiled_kernel(WDesc single, const WDesc* t
 
 // ---- tensor-core tiles (bf16 activation mode) ----
 constexpr int kCM = 128, kCN = 128, kCK = 32;  // block tile: tokens × weight rows × K step
-constexpr int kCLd = kCK + 8;                   // shared-memory leading dimension (wmma: a multiple of 8 bf16)
-constexpr int kCThreads = 256;                  // 8 warps: 4 (tokens) × 2 (weight rows), 32 × 64 each
+constexpr int kCLd = kCK + 8;                  // shared-memory leading dimension (wmma: a multiple of 8 bf16)
+constexpr int kCThreads = 256;                 // 8 warps: 4 (tokens) × 2 (weight rows), 32 × 64 each
 
 // The bf16 value a weight element enters the tensor cores with: BF16 and MXFP4 their (exact) value, FP8 its code's
 // value (the scale comes later). Callers check tc_format() first.
@@ -528,10 +528,10 @@ __device__ __forceinline__ void tc_load_w(const WDesc& w, int64_t n0, int64_t k0
       uint2 o = make_uint2(0, 0);
       if (n < N && k < K) {
         const uint32_t u = *reinterpret_cast<const uint32_t*>(data + n * w.row_bytes + k);
-        const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-                         static_cast<__nv_fp8x2_storage_t>(u & 0xFFFFu), __NV_E4M3)));
-        const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-                         static_cast<__nv_fp8x2_storage_t>(u >> 16), __NV_E4M3)));
+        const float2 lo = __half22float2(
+            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u & 0xFFFFu), __NV_E4M3)));
+        const float2 hi =
+            __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u >> 16), __NV_E4M3)));
         o = make_uint2(bf162_bits(lo.x, lo.y), bf162_bits(hi.x, hi.y));
       }
       *reinterpret_cast<uint2*>(&ws[a][c]) = o;
@@ -591,9 +591,9 @@ __device__ __forceinline__ void tc_load_x(const float* x, int64_t mt, int64_t m1
 // 2×4 wmma 16×16×16 fragments. FP8 block scales: the fragments' partial sums over one scale block (the K steps of
 // kCK inside block_cols) are scaled into the accumulators when the block ends; a fragment's 16 weight rows lie in
 // one scale block (block_rows % 16 == 0, checked on the host), so its scale is uniform over the fragment.
-__global__ void __launch_bounds__(kCThreads) tc_kernel(WDesc single, const WDesc* table, const int64_t* offsets,
-                                                        const int32_t* list, const int32_t* list_count,
-                                                        int64_t ntiles, int64_t M, const float* x, float* y) {
+__global__ void __launch_bounds__(kCThreads)
+    tc_kernel(WDesc single, const WDesc* table, const int64_t* offsets, const int32_t* list, const int32_t* list_count,
+              int64_t ntiles, int64_t M, const float* x, float* y) {
   using namespace nvcuda;
   __shared__ __align__(32) __nv_bfloat16 xs[kCM][kCLd];
   __shared__ __align__(32) __nv_bfloat16 ws[kCN][kCLd];
@@ -648,7 +648,8 @@ __global__ void __launch_bounds__(kCThreads) tc_kernel(WDesc single, const WDesc
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
 #pragma unroll
-              for (int t = 0; t < acc[i][j].num_elements; ++t) acc[i][j].x[t] = fmaf(s, part[i][j].x[t], acc[i][j].x[t]);
+              for (int t = 0; t < acc[i][j].num_elements; ++t)
+                acc[i][j].x[t] = fmaf(s, part[i][j].x[t], acc[i][j].x[t]);
               wmma::fill_fragment(part[i][j], 0.0f);
             }
           }
@@ -666,8 +667,10 @@ __global__ void __launch_bounds__(kCThreads) tc_kernel(WDesc single, const WDesc
             const int64_t m = mt + wm * 32 + i * 16 + r, n = n0 + wn * 64 + j * 16 + c;
             if (m < m1 && n < N) {
               float v = st[warp][r][c];
-              if (w.format == kFmtFp8Channel) v *= sc[n];
-              else if (w.format == kFmtFp8Tensor) v *= sc[0];
+              if (w.format == kFmtFp8Channel)
+                v *= sc[n];
+              else if (w.format == kFmtFp8Tensor)
+                v *= sc[0];
               y[m * N + n] = v;
             }
           }
@@ -825,8 +828,8 @@ void launch_grouped_matmul(const WDesc* table, int64_t n_groups, int64_t rows, i
     tc_kernel<<<static_cast<unsigned>(sms * 2), kCThreads, 0, st>>>(none, table, offsets, lists + 2 * n_groups,
                                                                     counts + 2, (rows + kCN - 1) / kCN, 0, x, y);
   else
-    tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups,
-                                                                 counts + 2, (rows + kTN - 1) / kTN, 0, x, y);
+    tiled_kernel<<<static_cast<unsigned>(sms * 4), 256, 0, st>>>(none, table, offsets, lists + 2 * n_groups, counts + 2,
+                                                                 (rows + kTN - 1) / kTN, 0, x, y);
 }
 
 void launch_to_bf16(const float* x, int64_t M, int64_t K, int64_t Kp, void* out, cudaStream_t st) {
@@ -840,7 +843,9 @@ void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st)
   const bool aligned8 = (reinterpret_cast<uintptr_t>(w.data) & 7) == 0 && w.row_bytes % 8 == 0;
   bool fast = false;
   switch (w.format) {
-    case kFmtMxfp4: fast = (reinterpret_cast<uintptr_t>(w.data) & 3) == 0 && w.row_bytes % 4 == 0 && w.cols % 32 == 0; break;
+    case kFmtMxfp4:
+      fast = (reinterpret_cast<uintptr_t>(w.data) & 3) == 0 && w.row_bytes % 4 == 0 && w.cols % 32 == 0;
+      break;
     case kFmtFp8Block: fast = aligned8 && w.cols % 8 == 0 && w.block_cols % 8 == 0; break;
     case kFmtFp8Tensor:
     case kFmtFp8Channel: fast = aligned8 && w.cols % 8 == 0; break;
@@ -896,10 +901,10 @@ void grouped_small_t(const WDesc* table, int64_t n_groups, int64_t rows, const i
   // Class 0 (one token), 1 (2 .. 16), 2 (more): a warp per (group, 2 or 4 rows). Several rows per warp share each
   // load of the activations (one row per warp re-read x once per weight row: more bytes than the weights).
   warp_grouped_kernel<1, XT, 2><<<grid, 256, 0, st>>>(table, offsets, lists, counts, (rows + 1) / 2, x, ldx, out);
-  warp_grouped_kernel<4, XT, 4><<<grid, 256, 0, st>>>(table, offsets, lists + n_groups, counts + 1, (rows + 3) / 4, x,
-                                                      ldx, out);
-  warp_grouped_kernel<8, XT, 4><<<grid, 256, 0, st>>>(table, offsets, lists + 2 * n_groups, counts + 2,
-                                                      (rows + 3) / 4, x, ldx, out);
+  warp_grouped_kernel<4, XT, 4>
+      <<<grid, 256, 0, st>>>(table, offsets, lists + n_groups, counts + 1, (rows + 3) / 4, x, ldx, out);
+  warp_grouped_kernel<8, XT, 4>
+      <<<grid, 256, 0, st>>>(table, offsets, lists + 2 * n_groups, counts + 2, (rows + 3) / 4, x, ldx, out);
 }
 }  // namespace
 

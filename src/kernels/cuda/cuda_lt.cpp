@@ -78,7 +78,8 @@ LtGemm::Plan* LtGemm::plan_for(const void* w, const void* x, int64_t M, int64_t 
   const uint64_t ws = kWorkspaceBytes;
   const auto al = [&](int i) { return static_cast<uint32_t>(key[static_cast<size_t>(i)]); };
   const uint32_t aa = al(3), ab = al(4), ad = al(5);
-  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasStatus_t s =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa));
   if (s == CUBLAS_STATUS_SUCCESS)

@@ -22,11 +22,11 @@ namespace latent::cuda {
 
 namespace {
 
-constexpr int kHT = 64;        // head rows per attention block
-constexpr int kKT = 32;        // keys per tile
+constexpr int kHT = 64;  // head rows per attention block
+constexpr int kKT = 32;  // keys per tile
 constexpr int kAttnThreads = 256;
-constexpr int kMaxD = 576;     // dc + dr at most (GLM-5, DeepSeek-V3: 512 + 64)
-constexpr int kPad = 8;        // bf16 elements of padding per shared-memory row (conflict-free ldmatrix)
+constexpr int kMaxD = 576;  // dc + dr at most (GLM-5, DeepSeek-V3: 512 + 64)
+constexpr int kPad = 8;     // bf16 elements of padding per shared-memory row (conflict-free ldmatrix)
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -66,7 +66,10 @@ __device__ __forceinline__ int64_t seq_of(const StepSeqs& seqs, int64_t i) {
   int64_t lo = 0, hi = seqs.n_seqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (seqs.q_begin[mid] <= i) lo = mid; else hi = mid - 1;
+    if (seqs.q_begin[mid] <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -77,15 +80,15 @@ __device__ __forceinline__ int64_t seq_of(const StepSeqs& seqs, int64_t i) {
 constexpr int kTokChunk = 16;
 __device__ __forceinline__ float2 w_pair(const WDesc& w, int64_t row, int64_t c) {
   if (w.format == kFmtBF16) {
-    const uint32_t v = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(w.data) + row * w.row_bytes +
-                                                          c * 2);
+    const uint32_t v =
+        *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(w.data) + row * w.row_bytes + c * 2);
     return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xFFFF0000u));
   }
   return make_float2(wget(w, row, c), wget(w, row, c + 1));
 }
-__global__ void __launch_bounds__(256) absorb_q_kernel(MlaDims d, TView q, int64_t N, WDesc kv_b, StepSeqs seqs,
-                                                       uint16_t* qlat) {
-  __shared__ float qs[kTokChunk][256];     // q_nope of the chunk (dn ≤ 256)
+__global__ void __launch_bounds__(256)
+    absorb_q_kernel(MlaDims d, TView q, int64_t N, WDesc kv_b, StepSeqs seqs, uint16_t* qlat) {
+  __shared__ float qs[kTokChunk][256];      // q_nope of the chunk (dn ≤ 256)
   __shared__ float part[8][kTokChunk][64];  // per warp, token, column
   const int64_t H = d.n_heads, dn = d.nope, dqk = d.nope + d.rope, dc = d.latent, dkv = d.nope + d.v;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -138,8 +141,8 @@ __global__ void __launch_bounds__(256) absorb_q_kernel(MlaDims d, TView q, int64
 
 // ---- D. output absorption: block (head h, 8 value rows), warp per value row, tokens in chunks ----
 // Lane l reads 8 consecutive columns per 256-column step (one 16-byte load of bf16 weights).
-__global__ void __launch_bounds__(256) absorb_o_kernel(MlaDims d, const uint16_t* olat, int64_t N, WDesc kv_b,
-                                                       StepSeqs seqs, TView o) {
+__global__ void __launch_bounds__(256)
+    absorb_o_kernel(MlaDims d, const uint16_t* olat, int64_t N, WDesc kv_b, StepSeqs seqs, TView o) {
   __shared__ __align__(16) float os[kTokChunk][512];  // o_lat of the chunk (dc ≤ 512)
   const int64_t H = d.n_heads, dn = d.nope, dv = d.v, dc = d.latent, dkv = d.nope + d.v;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -162,8 +165,8 @@ __global__ void __launch_bounds__(256) absorb_o_kernel(MlaDims d, const uint16_t
     for (int64_t c0 = lane * 8; c0 < dc; c0 += 256) {
       float wv[8];
       if (wbf16) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(kv_b.data) +
-                                                          row * kv_b.row_bytes + c0 * 2);
+        const uint4 raw =
+            *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(kv_b.data) + row * kv_b.row_bytes + c0 * 2);
         const uint32_t ws[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -206,8 +209,7 @@ struct AttnSmem {
 template <int NT>
 __global__ void __launch_bounds__(kAttnThreads, 1)
     mla_decode_attn_kernel(MlaDims d, TView q, const uint16_t* qlat, KvPool pool, StepSeqs seqs, const int64_t* pos,
-                           KeySelection sel, float scale, int n_splits, float* part_o, float* part_ml,
-                           uint16_t* olat) {
+                           KeySelection sel, float scale, int n_splits, float* part_o, float* part_ml, uint16_t* olat) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   AttnSmem& sm = *reinterpret_cast<AttnSmem*>(smem_raw);
   const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dqk = d.nope + d.rope, dc = d.latent;
@@ -470,7 +472,7 @@ int mla_decode_splits(const MlaDims& d, int64_t n_tokens, int64_t max_ctx) {
     return n;
   }();
   const int64_t items = n_tokens * ((d.n_heads + kHT - 1) / kHT);
-  int64_t s = (2 * sms + items - 1) / items;  // about two blocks per SM
+  int64_t s = (2 * sms + items - 1) / items;      // about two blocks per SM
   const int64_t by_keys = (max_ctx + 127) / 128;  // at least ~128 keys per split
   if (s > by_keys) s = by_keys;
   if (s < 1) s = 1;
@@ -494,23 +496,22 @@ void launch_mla_decode(const MlaDims& d, TView q, int64_t n_tokens, const WDesc&
   if (seqs.n_seqs <= 0 || n_tokens <= 0) return;
   auto* ql = static_cast<uint16_t*>(qlat);
   auto* ol = static_cast<uint16_t*>(olat);
-  absorb_q_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>((d.latent + 63) / 64)), 256, 0,
-                    st>>>(d, q, n_tokens, kv_b, seqs, ql);
+  absorb_q_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>((d.latent + 63) / 64)), 256, 0, st>>>(
+      d, q, n_tokens, kv_b, seqs, ql);
   const size_t smem = sizeof(AttnSmem);
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>((d.n_heads + kHT - 1) / kHT),
                   static_cast<unsigned>(n_splits));
   auto* po = static_cast<float*>(part_o);
   auto* pm = static_cast<float*>(part_ml);
   switch (d.latent / 64) {
-#define LATENT_MLA_CASE(NT)                                                                                         \
-  case NT: {                                                                                                        \
-    static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_attn_kernel<NT>,                                \
-                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,               \
-                                                         static_cast<int>(smem));                                   \
-    (void)attr;                                                                                                     \
-    mla_decode_attn_kernel<NT><<<grid, kAttnThreads, smem, st>>>(d, q, ql, pool, seqs, pos, sel, scale, n_splits, \
-                                                                 po, pm, ol);                                       \
-    break;                                                                                                          \
+#define LATENT_MLA_CASE(NT)                                                                               \
+  case NT: {                                                                                              \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                 \
+        mla_decode_attn_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)); \
+    (void)attr;                                                                                           \
+    mla_decode_attn_kernel<NT>                                                                            \
+        <<<grid, kAttnThreads, smem, st>>>(d, q, ql, pool, seqs, pos, sel, scale, n_splits, po, pm, ol);  \
+    break;                                                                                                \
   }
     LATENT_MLA_CASE(1)
     LATENT_MLA_CASE(2)
@@ -521,7 +522,7 @@ void launch_mla_decode(const MlaDims& d, TView q, int64_t n_tokens, const WDesc&
   }
   if (n_splits > 1)
     combine_kernel<<<static_cast<unsigned>(n_tokens * d.n_heads), 128, 0, st>>>(d, n_tokens, seqs, n_splits, po, pm,
-                                                                                 ol);
+                                                                                ol);
   absorb_o_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>((d.v + 7) / 8)), 256, 0, st>>>(
       d, ol, n_tokens, kv_b, seqs, o);
 }

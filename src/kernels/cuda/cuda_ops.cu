@@ -27,24 +27,24 @@ __device__ __forceinline__ void rms_norm_row(TView x, const float* w, int64_t m,
   }
 }
 
-__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(TView x, const float* w, int64_t D, float eps,
-                                                                 TView y) {
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_kernel(TView x, const float* w, int64_t D, float eps, TView y) {
   __shared__ double sh[32];
   rms_norm_row(x, w, blockIdx.x, D, eps, y, sh);
 }
 
 // h = R(h + delta), then y = rms_norm(h): each thread first updates its own elements of h (read back below by the
 // same thread after the block's reduction barrier).
-__global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(TView h, TView delta, const float* w, int64_t D,
-                                                                     float eps, TView y) {
+__global__ void __launch_bounds__(kNormThreads)
+    add_rms_norm_kernel(TView h, TView delta, const float* w, int64_t D, float eps, TView y) {
   __shared__ double sh[32];
   const int64_t m = blockIdx.x;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) tset(h, m, i, __fadd_rn(tget(h, m, i), tget(delta, m, i)));
   rms_norm_row(h, w, m, D, eps, y, sh);
 }
 
-__global__ void __launch_bounds__(kNormThreads) layer_norm_kernel(TView x, const float* w, const float* b, int64_t D,
-                                                                   float eps, TView y) {
+__global__ void __launch_bounds__(kNormThreads)
+    layer_norm_kernel(TView x, const float* w, const float* b, int64_t D, float eps, TView y) {
   __shared__ double sh[32];
   const int64_t m = blockIdx.x;
   double s = 0.0;
@@ -103,7 +103,6 @@ __global__ void rope_kernel(TView x, int64_t n_tokens, int64_t n_heads, int64_t 
   }
 }
 
-
 __global__ void silu_mul_kernel(TView gate, TView up, int64_t rows, int64_t cols, TView out) {
   const bool bf16 = out.bf16 != 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
@@ -151,9 +150,9 @@ __global__ void epilogue_kernel(const float* acc, const float* gacc, const float
 __global__ void router_kernel(const float* logits, const float* bias, int64_t E, int64_t G, int64_t topk_group,
                               int64_t K, bool norm, float scaling, int32_t* ids, float* weights) {
   extern __shared__ float sm[];
-  float* s = sm;          // [E]
-  float* b = sm + E;      // [E]
-  float* gs = sm + 2 * E; // [G]
+  float* s = sm;           // [E]
+  float* b = sm + E;       // [E]
+  float* gs = sm + 2 * E;  // [G]
   const int64_t m = blockIdx.x;
   const float* lg = logits + m * E;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
@@ -284,10 +283,9 @@ __global__ void indexer_kernel(TView q, TView w, TView k, int64_t T, int64_t n_h
 // Paged: block per (token of the step, 128 keys of its sequence); the block's key rows staged in shared memory
 // (coalesced 16-byte copies from the pool), q of the token and its head weights too; thread = key.
 constexpr int kIdxKeys = 128;
-__global__ void __launch_bounds__(kIdxKeys) indexer_paged_kernel(TView q, TView w, KvPool pool, StepSeqs seqs,
-                                                                 int64_t r0, int64_t n_heads, int64_t head_dim,
-                                                                 float scale, const int64_t* q_pos, int64_t T,
-                                                                 float* scores) {
+__global__ void __launch_bounds__(kIdxKeys)
+    indexer_paged_kernel(TView q, TView w, KvPool pool, StepSeqs seqs, int64_t r0, int64_t n_heads, int64_t head_dim,
+                         float scale, const int64_t* q_pos, int64_t T, float* scores) {
   extern __shared__ float ish[];  // q [n_heads · head_dim] | w [n_heads] | keys [kIdxKeys · (head_dim + 1)]
   float* qs = ish;
   float* ws = qs + n_heads * head_dim;
@@ -297,7 +295,10 @@ __global__ void __launch_bounds__(kIdxKeys) indexer_paged_kernel(TView q, TView 
   int64_t lo = 0, hi = seqs.n_seqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (seqs.q_begin[mid] <= i) lo = mid; else hi = mid - 1;
+    if (seqs.q_begin[mid] <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int64_t s = lo, last = q_pos[row] < seqs.ctx_len[s] - 1 ? q_pos[row] : seqs.ctx_len[s] - 1;
   if (t0 > last) {  // the whole tile is past the token's position
@@ -352,9 +353,9 @@ __device__ __forceinline__ uint64_t topk_key(float v, int64_t t) {
 
 constexpr int kTopkThreads = 1024;
 
-__global__ void __launch_bounds__(kTopkThreads) topk_kernel(const float* scores, int64_t T, int64_t k,
-                                                            const int64_t* q_pos, int32_t* sel, int32_t* count,
-                                                            uint64_t* scratch, int64_t cap) {
+__global__ void __launch_bounds__(kTopkThreads)
+    topk_kernel(const float* scores, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel, int32_t* count,
+                uint64_t* scratch, int64_t cap) {
   extern __shared__ uint64_t sm_keys[];
   __shared__ uint32_t hist[256];
   __shared__ uint64_t prefix_sh;
@@ -525,12 +526,11 @@ void launch_indexer_scores_paged(TView q, TView w, const KvPool& pool, const Ste
                                  float* scores, cudaStream_t st) {
   if (n <= 0 || T <= 0) return;
   const size_t smem = static_cast<size_t>(n_heads * head_dim + n_heads + kIdxKeys * (head_dim + 1)) * sizeof(float);
-  static const cudaError_t attr = cudaFuncSetAttribute(indexer_paged_kernel,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(indexer_paged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
   (void)attr;
   const dim3 grid(static_cast<unsigned>((T + kIdxKeys - 1) / kIdxKeys), static_cast<unsigned>(n));
-  indexer_paged_kernel<<<grid, kIdxKeys, smem, st>>>(q, w, pool, seqs, r0, n_heads, head_dim, scale, q_pos, T,
-                                                      scores);
+  indexer_paged_kernel<<<grid, kIdxKeys, smem, st>>>(q, w, pool, seqs, r0, n_heads, head_dim, scale, q_pos, T, scores);
 }
 
 void launch_indexer_scores(TView q, TView w, TView k, int64_t S, int64_t T, int64_t n_heads, int64_t head_dim,

@@ -7,8 +7,8 @@
 
 namespace latent {
 
-void Backend::mla_qkv(const MlaLayer& L, const Tensor& x, const StepTokens& tok, const KvPool& pool,
-                      const Tensor& cq, const Tensor& q, const Tensor& kv) {
+void Backend::mla_qkv(const MlaLayer& L, const Tensor& x, const StepTokens& tok, const KvPool& pool, const Tensor& cq,
+                      const Tensor& q, const Tensor& kv) {
   const int64_t H = L.d.n_heads, dn = L.d.nope, dr = L.d.rope, dqk = L.d.qk(), dc = L.d.latent;
   // Query path: cq = RMSNorm(x·Wq_aᵀ + b), q = cq·Wq_bᵀ, q_pe of every head rotated in place.
   Epilogue qa;

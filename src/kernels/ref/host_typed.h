@@ -120,8 +120,8 @@ class HostTyped : public Backend {
   }
 
   void mla_attention_absorbed(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b, const Tensor& c,
-                              const Tensor& k_pe, int64_t T, const int64_t* q_pos, const KeySelection& sel,
-                              float scale, const Tensor& o) override {
+                              const Tensor& k_pe, int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale,
+                              const Tensor& o) override {
     const float* qf = host::f32_in(q, tl(0));
     const float* cf = host::f32_in(c.with_rows(T), tl(1));
     const float* pf = host::f32_in(k_pe.with_rows(T), tl(2));

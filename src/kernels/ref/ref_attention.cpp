@@ -11,8 +11,7 @@ namespace latent {
 
 using ref::bf16r;
 
-void ref::allowed_keys(int64_t s, int64_t T, const int64_t* q_pos, const KeySelection& sel,
-                       std::vector<int32_t>& out) {
+void ref::allowed_keys(int64_t s, int64_t T, const int64_t* q_pos, const KeySelection& sel, std::vector<int32_t>& out) {
   out.clear();
   const int64_t last = std::min<int64_t>(q_pos[s], T - 1);
   if (sel.sel == nullptr) {
@@ -53,8 +52,8 @@ double scaled_score(double dot, float scale, bool bf16) {
 }  // namespace
 
 void RefBackend::mla_attention_naive_f32(const MlaDims& d, const float* q, const float* kvb, const float* k_pe,
-                                     int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel,
-                                     float scale, float* o, bool bf16) {
+                                         int64_t S, int64_t T, const int64_t* q_pos, const KeySelection& sel,
+                                         float scale, float* o, bool bf16) {
   const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dqk = d.qk(), dkv = dn + dv;
   pool_.parallel_for(S * H, 1, [&](int64_t i0, int64_t i1) {
     std::vector<int32_t> keys;
@@ -90,8 +89,8 @@ void RefBackend::mla_attention_naive_f32(const MlaDims& d, const float* q, const
 }
 
 void RefBackend::mla_attention_absorbed_f32(const MlaDims& d, const float* q, const QuantWeight& kv_b, const float* c,
-                                        const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
-                                        const KeySelection& sel, float scale, float* o, bool bf16) {
+                                            const float* k_pe, int64_t S, int64_t T, const int64_t* q_pos,
+                                            const KeySelection& sel, float scale, float* o, bool bf16) {
   const int64_t H = d.n_heads, dn = d.nope, dr = d.rope, dv = d.v, dc = d.latent, dqk = d.qk(), dkv = dn + dv;
   pool_.parallel_for(H, 1, [&](int64_t h0, int64_t h1) {
     std::vector<float> wuk(static_cast<size_t>(dn * dc)), wuv(static_cast<size_t>(dv * dc));
@@ -145,8 +144,8 @@ void RefBackend::mla_attention_absorbed_f32(const MlaDims& d, const float* q, co
 }
 
 void RefBackend::indexer_scores_f32(const float* q, const float* w, const float* k, int64_t S, int64_t T,
-                                int64_t n_heads, int64_t head_dim, float scale, const int64_t* q_pos,
-                                float* scores) {
+                                    int64_t n_heads, int64_t head_dim, float scale, const int64_t* q_pos,
+                                    float* scores) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   pool_.parallel_for(S, 1, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
@@ -171,8 +170,8 @@ void RefBackend::indexer_scores_f32(const float* q, const float* w, const float*
   });
 }
 
-void RefBackend::topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos,
-                             int32_t* sel, int32_t* count) {
+void RefBackend::topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
+                             int32_t* count) {
   pool_.parallel_for(S, 4, [&](int64_t s0, int64_t s1) {
     thread_local std::vector<int32_t> idx;  // grow-only: no allocation per call once warm
     for (int64_t s = s0; s < s1; ++s) {

@@ -44,7 +44,7 @@ void RefBackend::matmul_f32(const QuantWeight& w, const float* x, int64_t M, flo
 }
 
 void RefBackend::grouped_matmul_f32(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets,
-                                const float* x, float* y) {
+                                    const float* x, float* y) {
   for (int64_t g = 0; g < n_groups; ++g) {
     const int64_t rows = offsets[g + 1] - offsets[g];
     if (rows <= 0) continue;
@@ -81,7 +81,7 @@ void RefBackend::rms_norm_f32(const float* x, const float* w, int64_t M, int64_t
 }
 
 void RefBackend::layer_norm_f32(const float* x, const float* w, const float* b, int64_t M, int64_t D, float eps,
-                            float* y, bool bf16) {
+                                float* y, bool bf16) {
   pool_.parallel_for(M, 8, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) ref::layer_norm_row(x + m * D, w, b, D, eps, y + m * D, bf16);
   });
@@ -102,7 +102,7 @@ void ref::layer_norm_row(const float* x, const float* w, const float* b, int64_t
 }
 
 void RefBackend::rope_f32(float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
-                      const int64_t* pos, const RopeParams& p, bool bf16) {
+                          const int64_t* pos, const RopeParams& p, bool bf16) {
   const int64_t half = p.dim / 2;
   pool_.parallel_for(n_tokens, 4, [&](int64_t t0, int64_t t1) {
     std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
@@ -190,17 +190,15 @@ void RefBackend::router(const float* logits, const float* bias, int64_t M, const
           gscore[g] = gsize >= 2 ? top1 + top2 : top1;
         }
         std::iota(order.begin(), order.begin() + G, 0);
-        std::stable_sort(order.begin(), order.begin() + G,
-                         [&](int32_t a, int32_t c) { return gscore[a] > gscore[c]; });
+        std::stable_sort(order.begin(), order.begin() + G, [&](int32_t a, int32_t c) { return gscore[a] > gscore[c]; });
         std::vector<char> keep(static_cast<size_t>(G), 0);
         for (int64_t j = 0; j < p.topk_group; ++j) keep[order[j]] = 1;
         for (int64_t e = 0; e < E; ++e)
           if (!keep[e / gsize]) b[e] = kNegInf;
       }
       std::iota(order.begin(), order.begin() + E, 0);
-      std::partial_sort(order.begin(), order.begin() + K, order.begin() + E, [&](int32_t a, int32_t c) {
-        return b[a] > b[c] || (b[a] == b[c] && a < c);
-      });
+      std::partial_sort(order.begin(), order.begin() + K, order.begin() + E,
+                        [&](int32_t a, int32_t c) { return b[a] > b[c] || (b[a] == b[c] && a < c); });
       float sum = 0.0f;
       for (int64_t k = 0; k < K; ++k) sum += s[order[k]];
       for (int64_t k = 0; k < K; ++k) {
@@ -214,7 +212,7 @@ void RefBackend::router(const float* logits, const float* bias, int64_t M, const
 }
 
 void RefBackend::scatter_add_weighted_f32(const float* x, const int32_t* token, const float* weight, int64_t n,
-                                      int64_t D, float* y, bool bf16) {
+                                          int64_t D, float* y, bool bf16) {
   for (int64_t i = 0; i < n; ++i) {
     float* yr = y + static_cast<int64_t>(token[i]) * D;
     const float* xr = x + i * D;
