@@ -811,6 +811,17 @@ void bench_sample_decode(const std::string& dir, Model& m, Backend& be, int64_t 
       dir.c_str(), static_cast<long long>(batch), sample_mode_name(mode), t[0] * 1e6, t[1] * 1e6, (t[0] - t[1]) * 1e6);
 }
 
+// "1,8,32" -> {1, 8, 32} (the --batch / --ctx / --k lists).
+std::vector<int64_t> int_list(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::atoll(p));
+    while (*p && *p != ',') ++p;
+    if (*p) ++p;
+  }
+  return v;
+}
+
 }  // namespace
 }  // namespace latent
 
@@ -827,20 +838,11 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "ctx") {
     std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
     bool profile = false;
-    auto list = [](const char* s) {
-      std::vector<int64_t> v;
-      for (const char* p = s; *p;) {
-        v.push_back(std::atoll(p));
-        while (*p && *p != ',') ++p;
-        if (*p) ++p;
-      }
-      return v;
-    };
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--profile") profile = true;
-      if (a == "--batch" && i + 1 < argc) batches = list(argv[++i]);
-      if (a == "--ctx" && i + 1 < argc) ctxs = list(argv[++i]);
+      if (a == "--batch" && i + 1 < argc) batches = int_list(argv[++i]);
+      if (a == "--ctx" && i + 1 < argc) ctxs = int_list(argv[++i]);
     }
     const auto t0 = std::chrono::steady_clock::now();
     ModelFiles files = open_model_files(argv[2]);
@@ -858,23 +860,14 @@ int main(int argc, char** argv) {
   // per sequence) against a decode step, and the MTP draft step when the checkpoint has one (bf16, graphs).
   if (argc > 2 && std::string(argv[1]) == "verify") {
     std::vector<int64_t> batches{1, 64}, ctxs{1024}, ks{1};
-    auto list = [](const char* s) {
-      std::vector<int64_t> v;
-      for (const char* p = s; *p;) {
-        v.push_back(std::atoll(p));
-        while (*p && *p != ',') ++p;
-        if (*p) ++p;
-      }
-      return v;
-    };
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--batch" && i + 1 < argc)
-        batches = list(argv[++i]);
+        batches = int_list(argv[++i]);
       else if (a == "--ctx" && i + 1 < argc)
-        ctxs = list(argv[++i]);
+        ctxs = int_list(argv[++i]);
       else if (a == "--k" && i + 1 < argc)
-        ks = list(argv[++i]);
+        ks = int_list(argv[++i]);
       else {
         std::fprintf(stderr, "cuda_bench verify: unknown argument '%s'\n", a.c_str());
         return 2;

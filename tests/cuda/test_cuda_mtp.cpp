@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "../runtime/speculative_harness.h"
 #include "../runtime/truncated_softmax.h"
 #include "core/npy.h"
 #include "model/model.h"
@@ -364,96 +365,9 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CudaVerifyGraphs,
                          param_name);
 
 // ---- the scheduler over the device ----
-class Sink : public GenerationSink {
- public:
-  bool on_token(int, const SampleResult& s, bool) override {
-    std::lock_guard lk(mu);
-    toks.push_back(s.token);
-    return false;
-  }
-  void on_draft_tokens(int, int64_t p, int64_t a) override {
-    std::lock_guard lk(mu);
-    proposed += p;
-    accepted += a;
-  }
-  void on_finish(int, FinishReason) override {
-    std::lock_guard lk(mu);
-    done = true;
-    cv.notify_all();
-  }
-  void on_abort(AbortReason, const std::string& m) override {
-    std::lock_guard lk(mu);
-    aborted = m.empty() ? "aborted" : m;
-    cv.notify_all();
-  }
-  bool wait(int seconds = 120) {
-    std::unique_lock lk(mu);
-    return cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return done || !aborted.empty(); }) && aborted.empty();
-  }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> toks;
-  int64_t proposed = 0, accepted = 0;
-  bool done = false;
-  std::string aborted;
-};
-
-// Passes everything to the model engine (device sampling included); with `truth`, the drafts the model proposed
-// are replaced by the known continuation (every `wrong`-th one off by one), so that long accepted runs go through
-// the verify path too (the tiny models' random MTP layers accept little).
-class OracleEngine : public Engine {
- public:
-  OracleEngine(server::ModelEngine& e, std::map<std::vector<int32_t>, std::vector<int32_t>>* truth, int wrong)
-      : e_(e), truth_(truth), wrong_(wrong) {}
-  int64_t vocab_size() const override { return e_.vocab_size(); }
-  int64_t kv_bytes_per_token() const override { return e_.kv_bytes_per_token(); }
-  void copy_block(int32_t s, int32_t d, int64_t n) override { e_.copy_block(s, d, n); }
-  void step(std::span<const EngineStepItem> items, float* logits) override {
-    record(items);
-    e_.step(items, logits);
-  }
-  bool samples_on_device() const override { return e_.samples_on_device(); }
-  void step_sampled(std::span<const EngineStepItem> items, const SampleBatch& sampling, int32_t* ids) override {
-    record(items);
-    ++sampled_steps;
-    e_.step_sampled(items, sampling, ids);
-  }
-  bool lost() const override { return e_.lost(); }
-  int64_t draft_layers() const override { return e_.draft_layers(); }
-  void draft(std::span<const EngineDraftItem> items, int32_t* drafts) override {
-    e_.draft(items, drafts);
-    if (!truth_) return;
-    int64_t at = 0;
-    for (const auto& d : items) {
-      std::vector<int32_t> h = hist_[d.seq];
-      h.resize(static_cast<size_t>(d.start));
-      h.insert(h.end(), d.tokens.begin(), d.tokens.end());
-      for (int32_t j = 0; j < d.n_draft; ++j, ++at) {
-        for (const auto& [prompt, cont] : *truth_) {
-          if (h.size() < prompt.size() || !std::equal(prompt.begin(), prompt.end(), h.begin())) continue;
-          const size_t gi = h.size() - prompt.size() + static_cast<size_t>(j);
-          if (gi < cont.size()) drafts[at] = cont[gi];
-          if (wrong_ > 0 && (gi + static_cast<size_t>(d.seq)) % static_cast<size_t>(wrong_) == 0)
-            drafts[at] = (drafts[at] + 1) % static_cast<int32_t>(vocab_size());
-        }
-      }
-    }
-  }
-  int64_t sampled_steps = 0;
-
- private:
-  void record(std::span<const EngineStepItem> items) {
-    for (const auto& it : items) {
-      auto& h = hist_[it.seq];
-      h.resize(static_cast<size_t>(it.start));
-      h.insert(h.end(), it.tokens.begin(), it.tokens.end());
-    }
-  }
-  server::ModelEngine& e_;
-  std::map<std::vector<int32_t>, std::vector<int32_t>>* truth_;
-  int wrong_;
-  std::map<SeqId, std::vector<int32_t>> hist_;
-};
+using spec_test::Continuations;
+using spec_test::OracleEngine;
+using spec_test::Sink;
 
 struct SpecResult {
   std::vector<std::vector<int32_t>> toks;
@@ -463,8 +377,7 @@ struct SpecResult {
 // Every step of at most 16 tokens (prefill chunks of 8): the fp32 linears then always take the skinny kernels, whose
 // rows do not depend on the batch, so that plain and speculative decoding see the same logits whatever the steps
 // hold.
-SpecResult run_spec(const std::string& name, int64_t k, bool batched,
-                    std::map<std::vector<int32_t>, std::vector<int32_t>>* truth,
+SpecResult run_spec(const std::string& name, int64_t k, bool batched, const Continuations* truth,
                     const std::vector<std::vector<int32_t>>& prompts, int wrong = 0) {
   PlanOptions po;
   po.mtp_layers = k > 0 ? 1 : 0;
@@ -488,29 +401,11 @@ SpecResult run_spec(const std::string& name, int64_t k, bool batched,
   {
     Scheduler sched(oe, o);
     sched.start();
-    std::vector<std::shared_ptr<Sink>> sinks;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      auto sink = std::make_shared<Sink>();
-      GenerationRequest g;
-      g.prompt = prompts[i];
-      g.max_tokens = 24;
-      g.sampling.temperature = 0.0f;
-      g.sink = sink;
-      sched.submit(g);
-      sinks.push_back(sink);
-      if (!batched) {
-        EXPECT_TRUE(sink->wait()) << sink->aborted;
-      }
-    }
-    for (auto& s : sinks) {
-      EXPECT_TRUE(s->wait()) << s->aborted;
-      r.toks.push_back(s->toks);
-      r.proposed += s->proposed;
-      r.accepted += s->accepted;
-    }
-    for (int i = 0; i < 200 && sched.stats().running_requests > 0; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    r.kv_used = sched.stats().kv_used;
+    const spec_test::Outputs out = spec_test::generate_all(sched, prompts, batched);
+    r.toks = out.toks;
+    r.proposed = out.proposed;
+    r.accepted = out.accepted;
+    r.kv_used = out.kv_used;
     sched.stop();
   }
   r.sampled_steps = oe.sampled_steps;
@@ -533,7 +428,7 @@ TEST_P(CudaSpeculative, Fp32GreedyOutputEqualsPlainAloneAndBatched) {
   }
   const SpecResult plain = run_spec(name, 0, true, nullptr, prompts);
   EXPECT_GT(plain.sampled_steps, 0) << "the rows were not sampled on the device";
-  std::map<std::vector<int32_t>, std::vector<int32_t>> truth;
+  Continuations truth;
   for (size_t i = 0; i < prompts.size(); ++i) truth[prompts[i]] = plain.toks[i];
   int64_t proposed = 0, accepted = 0;
   for (int64_t k = 1; k <= 3; ++k)
