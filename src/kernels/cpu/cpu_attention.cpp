@@ -268,13 +268,30 @@ void run_item(const Ctx& cx, const Item& it, Mode mode) {
   }
 }
 
-// Runs the items (longest first) on every thread of the pool, each item claimed by one thread.
+// Sizes the calling thread's Work for any item of a call whose items have at most `rows` heads: which thread
+// claims which item is decided at run time (an oversubscribed machine may leave a worker out of every warm-up
+// call), so each participating thread grows its buffers before it claims its first item, never in the middle of
+// a warm step's items.
+void ready_work(int64_t rows, int64_t dc) {
+  Work& w = work_scratch();
+  sized(w.s, rows * kSub);
+  sized(w.e, rows * kSub);
+  sized(w.acc, rows * std::max<int64_t>(dc, 1));
+  sized(w.m, rows);
+  sized(w.l, rows);
+  sized(w.pc, kSub);
+  sized(w.pr, kSub);
+}
+
+// Runs the items (longest first) on every thread of the pool, each item claimed by one thread; every
+// participating thread first readies its Work for items of up to `rows` heads.
 template <class Fn>
-void run_items(ThreadPool& pool, int64_t n, const Fn& fn) {
+void run_items(ThreadPool& pool, int64_t n, int64_t rows, int64_t dc, const Fn& fn) {
   if (n <= 0) return;
   std::atomic<int64_t> next{0};
   const int64_t parts = std::min<int64_t>(pool.size(), n);
   pool.parallel_for(parts, 1, [&](int64_t, int64_t) {
+    ready_work(rows, dc);
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
          i = next.fetch_add(1, std::memory_order_relaxed))
       fn(i);
@@ -402,7 +419,7 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
     return x.h0 < y.h0;
   });
   const int64_t n_items = static_cast<int64_t>(cl.items.size());
-  run_items(pool, n_items, [&](int64_t i) {
+  run_items(pool, n_items, hg, dc, [&](int64_t i) {
     const Item& it = cl.items[static_cast<size_t>(i)];
     const bool multi = cl.toks[static_cast<size_t>(it.tok)].n_chunks > 1;
     run_item(cx, it, bf16 && multi ? kStats : kFull);
@@ -425,7 +442,7 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
         cl.tstat[static_cast<size_t>((t * H + h) * 2 + 1)] = L;
       }
     }
-    run_items(pool, n_items, [&](int64_t i) {
+    run_items(pool, n_items, hg, dc, [&](int64_t i) {
       const Item& it = cl.items[static_cast<size_t>(i)];
       if (cl.toks[static_cast<size_t>(it.tok)].n_chunks > 1) run_item(cx, it, kApply);
     });
