@@ -401,7 +401,8 @@ inline int64_t decode_graph_bucket(int64_t n) {
   return b;
 }
 
-// The scalar reference backend (src/kernels/ref): fp32 math, double accumulation; `threads` = 0 → all cores.
+// The scalar reference backend (src/kernels/ref): fp32 math, double accumulation; `threads` = 0 → available_cpus()
+// (core/threads.h).
 std::unique_ptr<Backend> make_ref_backend(int threads);
 // By name: "ref", "cpu" (the optimized CPU backend when built; falls back to "ref" otherwise). Throws Error on an
 // unknown name.

@@ -18,7 +18,8 @@ void ModelFlags::add_to(CLI::App* cmd, bool model_required) {
   cmd->add_option("--max-quant-error", max_quant_error,
                   "Refuse any --quantize transform whose relative Frobenius error exceeds this (default 0.05)");
   cmd->add_flag("--allow-lossy", allow_lossy, "Lift the --max-quant-error guard on --quantize (the plan says so)");
-  cmd->add_option("--threads", threads, "Worker threads (0 = all cores)");
+  cmd->add_option("--threads", threads,
+                  "Worker threads (0 = the CPUs this process may use: affinity mask, cgroup quota)");
   cmd->add_option("--device", device, "cpu (default) or cuda (the CUDA backend on GPU 0)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
 }

@@ -3,7 +3,7 @@
 //   --quantize PAT=FMT     opt-in lossy transform applied at load (repeatable; nothing is transformed without it)
 //   --max-quant-error E    refuse a --quantize transform whose relative weight error exceeds E (default 0.05)
 //   --allow-lossy          lift that guard (the plan says so)
-//   --threads N            worker threads (0 = all cores)
+//   --threads N            worker threads (0 = the CPUs this process may use: affinity mask, cgroup quota)
 //   --device cpu|cuda      where the model runs (default cpu; cuda needs a CUDA build and a GPU: a clear error
 //                          otherwise)
 // and, for run / serve / plan (add_parallel_to; model/shard.h):

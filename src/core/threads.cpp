@@ -1,11 +1,17 @@
 #include "core/threads.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #if defined(__linux__)
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -48,10 +54,82 @@ void futex_wake_all(std::atomic<uint32_t>& a) {
 #endif
 }
 
+std::string read_small_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return {};
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// CPUs in this process's affinity mask (0 when unknown).
+int affinity_cpus() {
+#if defined(__linux__)
+  for (int n = 1024; n <= (1 << 16); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set) return 0;
+    const size_t bytes = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(bytes, set);
+    if (sched_getaffinity(0, bytes, set) == 0) {
+      const int c = CPU_COUNT_S(bytes, set);
+      CPU_FREE(set);
+      return c;
+    }
+    CPU_FREE(set);
+    if (errno != EINVAL) return 0;  // EINVAL: the mask is wider than n CPUs; try a larger one
+  }
+#endif
+  return 0;
+}
+
+// The cgroup CPU limit of this process (0 when none): cgroup v2 cpu.max in the process's own cgroup or at the
+// mount's root (what a container sees), else cgroup v1 cpu.cfs_quota_us / cpu.cfs_period_us.
+int cgroup_cpus() {
+  std::string rel;
+  std::istringstream lines(read_small_file("/proc/self/cgroup"));
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("0::", 0) == 0) rel = line.substr(3);
+  int lim = 0;
+  for (const std::string& dir : {"/sys/fs/cgroup" + rel, std::string("/sys/fs/cgroup")}) {
+    const std::string t = read_small_file(dir + "/cpu.max");
+    if (!t.empty()) {
+      lim = cgroup_cpu_limit(t);
+      break;
+    }
+  }
+  if (lim > 0) return lim;
+  const std::string q = read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+  const std::string p = read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+  if (!q.empty() && !p.empty()) {
+    const long long quota = std::atoll(q.c_str()), period = std::atoll(p.c_str());
+    if (quota > 0 && period > 0) return static_cast<int>((quota + period - 1) / period);
+  }
+  return 0;
+}
+
 }  // namespace
 
+int cgroup_cpu_limit(const std::string& cpu_max) {
+  std::istringstream in(cpu_max);
+  std::string quota;
+  long long period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  char* end = nullptr;
+  const long long q = std::strtoll(quota.c_str(), &end, 10);
+  if (end == quota.c_str() || *end != '\0' || q <= 0) return 0;
+  return static_cast<int>(std::min<long long>(INT_MAX, (q + period - 1) / period));
+}
+
+int available_cpus() {
+  int n = affinity_cpus();
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  const int lim = cgroup_cpus();
+  if (lim > 0 && (n <= 0 || lim < n)) n = lim;
+  return std::max(1, n);
+}
+
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (n_threads <= 0) n_threads = available_cpus();
   n_threads_ = n_threads;
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace latent {
 
@@ -28,7 +29,7 @@ ParallelModel::ParallelModel(const ModelConfig& cfg, const PrecisionPlan& plan, 
   }
   int per_rank = 1;
   if (!cuda_) {
-    const int total = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int total = threads > 0 ? threads : available_cpus();
     per_rank = std::max(1, total / W);
   }
   backends_.resize(static_cast<size_t>(W));

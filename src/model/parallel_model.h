@@ -35,8 +35,8 @@ class ParallelKvCache {
 class ParallelModel {
  public:
   // backend: "cpu" or "ref" (ranks as threads over the in-process communicator; `threads` split over the ranks,
-  // 0 = all cores) or "cuda" (rank r on GPU r, NCCL). Throws Error on an invalid layout (names the config field or
-  // the tensor), or when fewer GPUs than ranks are visible.
+  // 0 = available_cpus()) or "cuda" (rank r on GPU r, NCCL). Throws Error on an invalid layout (names the config field
+  // or the tensor), or when fewer GPUs than ranks are visible.
   ParallelModel(const ModelConfig& cfg, const PrecisionPlan& plan, const std::string& backend, int threads,
                 const ParallelConfig& pc, ModelOptions opt = {});
   ~ParallelModel();

@@ -14,6 +14,10 @@
 
 #include "core/threads.h"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 namespace latent {
 namespace {
 
@@ -111,6 +115,55 @@ TEST(ThreadPool, CallableIsNotCopied) {
   pool.parallel_for(100, 10, f);  // a std::function is just another callable
   EXPECT_EQ(total.load(), 200);
 }
+
+// A cgroup v2 cpu.max: quota and period in microseconds, rounded up to whole CPUs; "max" and anything malformed
+// are no limit (0).
+TEST(AvailableCpus, CgroupQuotaParsing) {
+  EXPECT_EQ(cgroup_cpu_limit("max 100000\n"), 0);
+  EXPECT_EQ(cgroup_cpu_limit("200000 100000\n"), 2);
+  EXPECT_EQ(cgroup_cpu_limit("150000 100000"), 2);
+  EXPECT_EQ(cgroup_cpu_limit("50000 100000"), 1);
+  EXPECT_EQ(cgroup_cpu_limit("100000 100000"), 1);
+  EXPECT_EQ(cgroup_cpu_limit(""), 0);
+  EXPECT_EQ(cgroup_cpu_limit("abc 100000"), 0);
+  EXPECT_EQ(cgroup_cpu_limit("12x 100000"), 0);
+  EXPECT_EQ(cgroup_cpu_limit("100000 0"), 0);
+  EXPECT_EQ(cgroup_cpu_limit("-1 100000"), 0);
+}
+
+// At least one CPU, never more than the host has; a pool of size 0 takes that many threads.
+TEST(AvailableCpus, BoundedByTheHostAndUsedByDefaultPools) {
+  const int n = available_cpus();
+  EXPECT_GE(n, 1);
+  const unsigned host = std::thread::hardware_concurrency();
+  if (host > 0) {
+    EXPECT_LE(n, static_cast<int>(host));
+  }
+  ThreadPool pool(0);
+  EXPECT_EQ(pool.size(), n);
+}
+
+#if defined(__linux__)
+// A thread limited to one CPU (what taskset -c 0 does to a process) sees one CPU, whatever the host has.
+TEST(AvailableCpus, FollowTheAffinityMask) {
+  int seen = 0;
+  std::thread t([&] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+    int first = -1;
+    for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
+      if (CPU_ISSET(c, &set)) first = c;
+    ASSERT_GE(first, 0);
+    CPU_ZERO(&set);
+    CPU_SET(first, &set);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);
+    seen = available_cpus();
+  });
+  t.join();
+  EXPECT_EQ(seen, 1);
+}
+#endif
 
 }  // namespace
 }  // namespace latent

@@ -23,7 +23,7 @@ std::vector<CpuIsa> cpu_isas_available();
 // The level make_cpu_backend(threads) picks: LATENT_CPU_ISA if set and supported, else the best supported.
 CpuIsa cpu_isa_default();
 
-// `threads` = 0 → all cores.
+// `threads` = 0 → available_cpus() (core/threads.h).
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 // A specific ISA level (tests); an unsupported level falls back to the best supported one.
 std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa);
