@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
-#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
