@@ -5,12 +5,9 @@
 // --chat: one conversation through the serving path (chat template, scheduler, sampler, reasoning split), the
 // reasoning printed between <think> and </think> (dimmed on a terminal), then the answer.
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 
 #include "backend/backend.h"
@@ -20,6 +17,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/parallel_model.h"
+#include "runtime/collecting_sink.h"
 #include "runtime/scheduler.h"
 #include "server/chat_once.h"
 #include "server/model_engine.h"
@@ -151,36 +149,11 @@ void register_run(CLI::App& app) {
       so.kv_total_blocks = eng.configure(blocks * so.kv_block_tokens * eng.kv_bytes_per_token(), so.kv_block_tokens,
                                          so.max_batch_tokens, 1, so.max_context);
       Scheduler sched(eng, so);
-      struct PrintSink : GenerationSink {
-        std::mutex mu;
-        std::condition_variable cv;
-        std::vector<int32_t> out;
-        bool done = false;
-        std::string err;
-        std::function<void(int32_t)> print;
-        bool on_token(int, const SampleResult& s, bool) override {
-          std::lock_guard lk(mu);
-          out.push_back(s.token);
-          print(s.token);
-          return false;
-        }
-        void on_finish(int, FinishReason) override {
-          std::lock_guard lk(mu);
-          done = true;
-          cv.notify_all();
-        }
-        void on_abort(AbortReason, const std::string& m) override {
-          std::lock_guard lk(mu);
-          err = m.empty() ? "aborted" : m;
-          cv.notify_all();
-        }
-      };
-      auto sink = std::make_shared<PrintSink>();
-      sink->print = [first = true](int32_t id) mutable {
+      auto sink = std::make_shared<CollectingSink>([first = true](int32_t id) mutable {
         std::printf(first ? "%d" : " %d", id);
         std::fflush(stdout);
         first = false;
-      };
+      });
       GenerationRequest req;
       req.prompt = prompt;
       req.max_tokens = o->max_tokens;
@@ -192,15 +165,12 @@ void register_run(CLI::App& app) {
       const auto t0 = std::chrono::steady_clock::now();
       sched.start();
       sched.submit(std::move(req));
-      {
-        std::unique_lock lk(sink->mu);
-        sink->cv.wait(lk, [&] { return sink->done || !sink->err.empty(); });
-      }
+      const bool finished = sink->wait();
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       sched.stop();
-      if (!sink->err.empty()) fail("run: generation aborted: {}", sink->err);
+      if (!finished) fail("run: generation aborted: {}", sink->aborted);
       std::printf("\n");
-      if (tok) std::printf("%s\n", tok->decode(sink->out).c_str());
+      if (tok) std::printf("%s\n", tok->decode(sink->toks).c_str());
       const SchedulerStats st = sched.stats();
       std::string per;
       for (size_t j = 0; j < st.spec_proposed_at.size(); ++j)
@@ -210,7 +180,7 @@ void register_run(CLI::App& app) {
       std::fprintf(stderr,
                    "latent: %zu tokens in %.3f s (%.1f tokens/s incl. the prompt), %lld steps; speculative k=%lld: "
                    "%lld drafts proposed, %lld accepted, acceptance per position [%s]\n",
-                   sink->out.size(), secs, double(sink->out.size()) / secs, static_cast<long long>(st.steps),
+                   sink->toks.size(), secs, double(sink->toks.size()) / secs, static_cast<long long>(st.steps),
                    static_cast<long long>(k), static_cast<long long>(st.spec_proposed),
                    static_cast<long long>(st.spec_accepted), per.c_str());
       return;

@@ -15,43 +15,16 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/collecting_sink.h"
 #include "runtime/scheduler.h"
 #include "server/model_engine.h"
 
 namespace latent::spec_test {
 
-class Sink : public GenerationSink {
+// The harness's sink: tokens and draft counts of one request (runtime/collecting_sink.h); wait() defaults to 120 s.
+class Sink : public CollectingSink {
  public:
-  bool on_token(int, const SampleResult& s, bool) override {
-    std::lock_guard lk(mu);
-    toks.push_back(s.token);
-    return false;
-  }
-  void on_draft_tokens(int, int64_t p, int64_t a) override {
-    std::lock_guard lk(mu);
-    proposed += p;
-    accepted += a;
-  }
-  void on_finish(int, FinishReason) override {
-    std::lock_guard lk(mu);
-    done = true;
-    cv.notify_all();
-  }
-  void on_abort(AbortReason, const std::string& m) override {
-    std::lock_guard lk(mu);
-    aborted = m.empty() ? "aborted" : m;
-    cv.notify_all();
-  }
-  bool wait(int seconds = 120) {
-    std::unique_lock lk(mu);
-    return cv.wait_for(lk, std::chrono::seconds(seconds), [&] { return done || !aborted.empty(); }) && aborted.empty();
-  }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> toks;
-  int64_t proposed = 0, accepted = 0;
-  bool done = false;
-  std::string aborted;
+  bool wait(int seconds = 120) { return CollectingSink::wait(std::chrono::seconds(seconds)); }
 };
 
 // Prompt -> its known greedy continuation.
