@@ -244,44 +244,64 @@ void bench_copy(Backend& be) {
   be.dealloc(b);
 }
 
-// One MoE layer's routed experts at decode: E experts of [rows, cols], `active` of them with one token each
-// (a different set every call, so that the selected weights come from HBM).
-void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64_t rows, int64_t cols, DType act) {
-  const HostWeight h = make(f, rows, cols);
-  std::vector<QuantWeight> ws;
-  for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
-  std::vector<const QuantWeight*> wp(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) wp[static_cast<size_t>(e)] = &ws[static_cast<size_t>(e)];
-  const int sets = static_cast<int>(E / active);
-  std::vector<int64_t*> offs;
-  for (int k = 0; k < sets; ++k) {
-    std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
-    for (int64_t e = 0; e < E; ++e)
-      off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? 1 : 0);
-    auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
-    be.upload(d, off.data(), off.size() * 8);
-    offs.push_back(d);
+// One MoE layer's routed experts at decode: E experts of [rows, cols], `active` of them with `tpe` tokens each
+// (a different set every call, so that the selected weights come from HBM). bf16 activations: the MXFP4
+// tensor-core skinny kernels (the default) and, for comparison, the exact kernels (tensor-core dispatch off).
+void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64_t rows, int64_t cols, DType act,
+                   int64_t tpe = 1) {
+  for (bool tc : {false, true}) {
+    if (tc && act != DType::BF16) continue;
+    const HostWeight h = make(f, rows, cols);
+    std::vector<QuantWeight> ws;
+    for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
+    std::vector<const QuantWeight*> wp(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) wp[static_cast<size_t>(e)] = &ws[static_cast<size_t>(e)];
+    const int sets = static_cast<int>(E / active);
+    std::vector<int64_t*> offs;
+    for (int k = 0; k < sets; ++k) {
+      std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
+      for (int64_t e = 0; e < E; ++e)
+        off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? tpe : 0);
+      auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
+      be.upload(d, off.data(), off.size() * 8);
+      offs.push_back(d);
+    }
+    const int64_t n = active * tpe;
+    std::vector<float> x(static_cast<size_t>(n * cols));
+    for (float& v : x) v = next_normalish();
+    const Tensor xd = upload_act(be, x, n, cols, act);
+    const Tensor yd(be.alloc(static_cast<size_t>(n * rows) * Tensor::size_of(act), "y"), act, n, rows);
+    cuda_set_tc_dispatch(be, act == DType::BF16 && tc);
+    for (int i = 0; i < 3; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
+    be.sync();
+    const int iters = 64;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
+    be.sync();
+    const double t = seconds_since(t0) / iters;
+    const double bytes = static_cast<double>(active) * static_cast<double>(h.bytes());
+    std::printf(
+        "grouped_matmul %s x %s %lld experts, %lld active x %lld token(s), [%lld x %lld], %s: %.2f us, %.0f GB/s "
+        "(%.1f%%)\n",
+        std::string(weight_format_name(f)).c_str(), std::string(dtype_name(act)).c_str(), static_cast<long long>(E),
+        static_cast<long long>(active), static_cast<long long>(tpe), static_cast<long long>(rows),
+        static_cast<long long>(cols),
+        act != DType::BF16 ? "exact"
+        : tc               ? "tensor-core"
+                           : "exact (tc off)",
+        t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / 1e9 / 4310.0);
+    for (void* p : offs) be.dealloc(p);
+    be.dealloc(xd.data);
+    be.dealloc(yd.data);
   }
-  std::vector<float> x(static_cast<size_t>(active * cols));
-  for (float& v : x) v = next_normalish();
-  const Tensor xd = upload_act(be, x, active, cols, act);
-  const Tensor yd(be.alloc(static_cast<size_t>(active * rows) * Tensor::size_of(act), "y"), act, active, rows);
-  for (int i = 0; i < 3; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
-  be.sync();
-  const int iters = 64;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
-  be.sync();
-  const double t = seconds_since(t0) / iters;
-  const double bytes = static_cast<double>(active) * static_cast<double>(h.bytes());
-  std::printf(
-      "grouped_matmul %s x %s %lld experts, %lld active x 1 token, [%lld x %lld]: %.2f us, %.0f GB/s (%.1f%%)\n",
-      std::string(weight_format_name(f)).c_str(), std::string(dtype_name(act)).c_str(), static_cast<long long>(E),
-      static_cast<long long>(active), static_cast<long long>(rows), static_cast<long long>(cols), t * 1e6,
-      bytes / t / 1e9, 100.0 * bytes / t / 1e9 / 4310.0);
+  cuda_set_tc_dispatch(be, true);
 }
 
-void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
+// MLA decode attention over a paged bf16 pool, GLM-5 shape (H 64, dn 192, dr 64, dv 256, dc 512): the decode block
+// (Backend::mla_decode_attention: absorption GEMMs, tensor-core attention with split keys, combine, output
+// absorption) and, with `generic`, the generic absorbed kernel. Bytes: the keys read (batch · ctx · 576 · 2) plus
+// kv_b (W_UK and W_UV, read once per step by the block); % of 4.31 TB/s.
+void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx, bool generic) {
   const int64_t H = 64, dn = 192, dr = 64, dv = 256, dc = 512, bt = 64;
   const int64_t blocks_per_seq = (ctx + bt - 1) / bt, nb = blocks_per_seq * batch;
   KvPool pool;
@@ -303,9 +323,11 @@ void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
   std::vector<int64_t> pos(static_cast<size_t>(batch), ctx - 1);
   std::vector<float> q(static_cast<size_t>(batch * H * (dn + dr)));
   for (float& v : q) v = bf16_to_f32(f32_to_bf16(next_normalish()));
+  std::vector<void*> owned;
   auto up = [&](const auto& v) {
     void* p = be.alloc(v.size() * sizeof(v[0]), "bench input");
     be.upload(p, v.data(), v.size() * sizeof(v[0]));
+    owned.push_back(p);
     return p;
   };
   StepSeqs seqs{batch,
@@ -315,20 +337,40 @@ void bench_paged_attention(Backend& be, int64_t batch, int64_t ctx) {
                 blocks_per_seq,
                 ctx};
   const MlaDims d{H, dn, dr, dv, dc};
+  MlaLayer L;
+  L.d = d;
+  L.kv_b = &kvbd;
+  L.softmax_scale = 0.07f;
   const Tensor qd = upload_act(be, q, batch, H * (dn + dr), DType::BF16);
   const int64_t* posd = static_cast<int64_t*>(up(pos));
   const Tensor od(be.alloc(static_cast<size_t>(batch * H * dv) * 2, "o"), DType::BF16, batch, H * dv);
-  be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od);
-  be.sync();
-  const int iters = 5;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i)
-    be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od);
-  be.sync();
-  const double t = seconds_since(t0) / iters;
-  const double bytes = static_cast<double>(batch * ctx * (dc + dr) * 2);
-  std::printf("mla_attention_absorbed_paged bf16 H=64 dc=512 batch=%lld ctx=%lld: %.1f us, %.0f GB/s of cache\n",
-              static_cast<long long>(batch), static_cast<long long>(ctx), t * 1e6, bytes / t / 1e9);
+  const double kv_bytes = static_cast<double>(batch * ctx * (dc + dr) * 2);
+  const double w_bytes = static_cast<double>(H * (dn + dv) * dc * 2);
+  auto time = [&](auto&& op) {
+    op();
+    be.sync();
+    const int iters = 10;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) op();
+    be.sync();
+    return seconds_since(t0) / iters;
+  };
+  const double tb = time([&] { be.mla_decode_attention(L, qd, pool, seqs, posd, KeySelection{}, od); });
+  std::printf(
+      "mla_decode_attention block, bf16, GLM-5 shape, batch %lld ctx %lld: %.1f us; %.1f MB keys + %.1f MB kv_b: "
+      "%.0f GB/s, %.1f %% of 4.31 TB/s\n",
+      static_cast<long long>(batch), static_cast<long long>(ctx), tb * 1e6, kv_bytes / 1e6, w_bytes / 1e6,
+      (kv_bytes + w_bytes) / tb / 1e9, 100.0 * (kv_bytes + w_bytes) / tb / 4.31e12);
+  if (generic) {
+    const double tg =
+        time([&] { be.mla_attention_absorbed_paged(d, qd, kvbd, pool, seqs, posd, KeySelection{}, 0.07f, od); });
+    std::printf("  generic absorbed kernel (fp32 mode's path), same inputs: %.1f us, %.0f GB/s of cache\n", tg * 1e6,
+                kv_bytes / tg / 1e9);
+  }
+  for (void* p : owned) be.dealloc(p);
+  be.dealloc(qd.data);
+  be.dealloc(od.data);
+  be.dealloc(pool.data);
 }
 
 // Decode of one sequence through Model::forward (eager launches, no CUDA graphs): prefill 32 tokens, then 64
@@ -914,9 +956,19 @@ int main(int argc, char** argv) {
     run_prefill_benches(*be);
     return 0;
   }
+  if (argc > 1 && std::string(argv[1]) == "grouped") {  // only the MoE decode timings
+    for (DType act : {DType::F32, DType::BF16}) {
+      bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144, act);
+      bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048, act);
+    }
+    bench_grouped(*be, WeightFormat::MXFP4, 256, 128, 4096, 6144, DType::BF16, 4);
+    bench_grouped(*be, WeightFormat::MXFP4, 256, 128, 6144, 2048, DType::BF16, 4);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "attention") {  // only the attention timings
-    bench_paged_attention(*be, 1, 64);
-    bench_paged_attention(*be, 1, 4096);
+    for (const auto& [batch, ctx] :
+         std::vector<std::pair<int64_t, int64_t>>{{1, 1024}, {1, 8192}, {8, 1024}, {64, 1024}, {64, 8192}, {128, 1024}})
+      bench_paged_attention(*be, batch, ctx, batch == 1);
     return 0;
   }
   bench_copy(*be);
@@ -934,8 +986,11 @@ int main(int argc, char** argv) {
     bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144, act);
     bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048, act);
   }
-  bench_paged_attention(*be, 1, 64);
-  bench_paged_attention(*be, 1, 4096);
-  bench_paged_attention(*be, 32, 4096);
+  // Batch 64 of a top-8 model: 512 (token, expert) pairs, here 128 experts x 4 tokens.
+  bench_grouped(*be, WeightFormat::MXFP4, 256, 128, 4096, 6144, DType::BF16, 4);
+  bench_grouped(*be, WeightFormat::MXFP4, 256, 128, 6144, 2048, DType::BF16, 4);
+  bench_paged_attention(*be, 1, 64, true);
+  bench_paged_attention(*be, 1, 4096, true);
+  bench_paged_attention(*be, 32, 4096, true);
   return 0;
 }

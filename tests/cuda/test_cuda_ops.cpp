@@ -290,6 +290,98 @@ TEST(CudaDispatch, GroupedMatmulBf16TensorCores) {
   }
 }
 
+// The MXFP4 skinny tensor-core kernels (bf16 x, M <= 16 / decode expert groups, cols % 128 == 0): taken exactly
+// then (the counter), held to the harness tolerances against the ref, per weight row — rows whose scales are tiny
+// (2^-107) or above 2^1 (the second multiply) are compared on their own, so that a wrong or flushed scale cannot
+// hide under the other rows' magnitude.
+TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
+  Rng rng(23);
+  const TcOn tc_on;
+  auto col_err = [](const std::vector<float>& got, const std::vector<float>& want, int64_t M, int64_t N, int64_t r) {
+    std::vector<float> a, b;
+    for (int64_t m = 0; m < M; ++m) {
+      a.push_back(got[static_cast<size_t>(m * N + r)]);
+      b.push_back(want[static_cast<size_t>(m * N + r)]);
+    }
+    return ops::norm_err(a.data(), b.data(), a.size());
+  };
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 128}, {37, 1152}, {300, 6144}}) {
+    HostWeight w = ops::make_weight(Fmt::Mxfp4, rows, cols, rng);
+    const int64_t sc = cols / 32;
+    for (int64_t b = 0; b < sc; ++b) {
+      w.scale[static_cast<size_t>(1 + 0 * sc + b)] = 20;   // 2^-107
+      w.scale[static_cast<size_t>(1 + 1 * sc + b)] = 140;  // 2^13: scale bytes above 128
+      w.scale[static_cast<size_t>(1 + 2 * sc + b)] = static_cast<uint8_t>(b % 2 ? 129 : 128);
+    }
+    for (int64_t M : {1, 5, 8, 9, 16}) {
+      const std::vector<float> x = rng.normals(M * cols);
+      for (DType yt : {DType::BF16, DType::F32}) {
+        std::vector<float> want;
+        {
+          Arena A(ref());
+          const Tensor y = A.tensor(yt, M, rows);
+          A.be.matmul(w.q, A.up(x, DType::BF16, M, cols), y);
+          want = A.down(y);
+        }
+        Arena A(gpu());
+        const QuantWeight wd = A.weight(w);
+        const Tensor xd = A.up(x, DType::BF16, M, cols), y = A.tensor(yt, M, rows);
+        const int64_t n0 = cuda_mx_tc_matmuls(gpu());
+        gpu().matmul(wd, xd, y);
+        const std::vector<float> got = A.down(y);
+        const std::string what = "rows " + std::to_string(rows) + " cols " + std::to_string(cols) + " M " +
+                                 std::to_string(M) + " y " + ops::dtype_label(yt);
+        EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0 + 1) << what;
+        const double tol = ops::tol_for(yt), e = ops::norm_err(got.data(), want.data(), want.size());
+        ops::record_summary(std::string("cuda-only/matmul_mxfp4_tc/") + ops::dtype_label(yt), "cuda", e, tol);
+        EXPECT_LE(e, tol) << what;
+        for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{2}, rows - 1})
+          EXPECT_LE(col_err(got, want, M, rows, r), tol) << what << " weight row " << r;
+        // Off (and fp32 x): the exact kernels, the counter stays.
+        cuda_set_tc_dispatch(gpu(), false);
+        gpu().matmul(wd, xd, y);
+        EXPECT_LE(ops::norm_err(A.down(y).data(), want.data(), want.size()), tol) << what << " (exact kernels)";
+        cuda_set_tc_dispatch(gpu(), true);
+        EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0 + 1) << what;
+      }
+    }
+    Arena A(gpu());
+    const QuantWeight wd = A.weight(w);
+    const Tensor xf = A.up(rng.normals(4 * cols), DType::F32, 4, cols), yf = A.tensor(DType::F32, 4, rows);
+    const int64_t n0 = cuda_mx_tc_matmuls(gpu());
+    gpu().matmul(wd, xf, yf);
+    EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0) << "fp32 x took the bf16 tensor-core kernel";
+  }
+  // Grouped (decode experts): every group MXFP4 takes it; one BF16 weight in the table keeps the exact kernels.
+  for (bool mixed : {false, true}) {
+    const int64_t G = 6, rows = 40, cols = 256;
+    std::vector<HostWeight> ws;
+    for (int64_t g = 0; g < G; ++g)
+      ws.push_back(ops::make_weight(mixed && g == 3 ? Fmt::BF16 : Fmt::Mxfp4, rows, cols, rng));
+    const std::vector<int64_t> off = {0, 1, 1, 4, 13, 30, 31};
+    const std::vector<float> x = rng.normals(off.back() * cols);
+    std::vector<float> want;
+    {
+      Arena A(ref());
+      std::vector<const QuantWeight*> wp;
+      for (const HostWeight& w : ws) wp.push_back(&w.q);
+      const Tensor y = A.tensor(DType::BF16, off.back(), rows);
+      A.be.grouped_matmul(wp.data(), G, off.data(), A.up(x, DType::BF16, off.back(), cols), y);
+      want = A.down(y);
+    }
+    Arena A(gpu());
+    std::vector<QuantWeight> wd;
+    for (const HostWeight& w : ws) wd.push_back(A.weight(w));
+    std::vector<const QuantWeight*> wp;
+    for (const QuantWeight& w : wd) wp.push_back(&w);
+    const Tensor xd = A.up(x, DType::BF16, off.back(), cols), y = A.tensor(DType::BF16, off.back(), rows);
+    const int64_t n0 = cuda_mx_tc_matmuls(gpu());
+    gpu().grouped_matmul(wp.data(), G, A.up(off), xd, y);
+    EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0 + (mixed ? 0 : 1)) << (mixed ? "mixed" : "mxfp4");
+    EXPECT_LE(ops::norm_err(A.down(y).data(), want.data(), want.size()), ops::kTolBf16) << mixed;
+  }
+}
+
 // The epilogue contract of backend.h on the device: fused = unfused op sequence bit for bit.
 TEST(CudaBackend, FusedEpilogueEqualsUnfused) { ops::expect_fused_equals_unfused(gpu(), "cuda"); }
 

@@ -155,6 +155,7 @@ struct Groups {
   int64_t N = 0, K = 0;
   int64_t row0 = 0;                // offsets[0] (rows before it belong to no group and stay untouched)
   bool weights_for_empty = false;  // pass weights for empty groups too (the model does); else null
+  bool nan = false;                // weights with NaN codes / scales (make_weight's nan)
 };
 
 void grouped_once(CaseCtx& c, const std::string& what, const Groups& gs, Act a, const char* ep_kind = "") {
@@ -162,7 +163,7 @@ void grouped_once(CaseCtx& c, const std::string& what, const Groups& gs, Act a, 
   const std::string ep = ep_kind;
   std::vector<HostWeight> ws, wg;
   for (int64_t g = 0; g < G; ++g) {
-    ws.push_back(make_weight(gs.fmts[static_cast<size_t>(g)], gs.N, gs.K, c.rng));
+    ws.push_back(make_weight(gs.fmts[static_cast<size_t>(g)], gs.N, gs.K, c.rng, gs.nan));
     if (ep == "glu") wg.push_back(make_weight(gs.fmts[static_cast<size_t>(g)], gs.N, gs.K, c.rng));
   }
   std::vector<int64_t> off(static_cast<size_t>(G + 1), gs.row0);
@@ -286,6 +287,32 @@ void grouped_uniform_case(CaseCtx& c, Act a) {
       gs.K = K;
       grouped_once(c, std::string("list ") + S(static_cast<int64_t>(l)) + " N " + S(N) + " K " + S(K), gs, a);
     }
+}
+
+// Every group MXFP4 with K % 128 == 0 (the routed experts of the MXFP4 checkpoints: a device backend may take a
+// tensor-core kernel for these at decode sizes): groups of 1 .. 17 tokens, empty groups, ragged row tiles, the
+// decode shape, SwiGLU and residual epilogues, NaN scales.
+void grouped_mxfp4_case(CaseCtx& c, Act a) {
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{37, 128}, {200, 1152}, {16, 2048}}) {
+    Groups gs;
+    gs.fmts.assign(8, Fmt::Mxfp4);
+    gs.N = N;
+    gs.K = K;
+    gs.counts = {1, 0, 2, 9, 17, 1, 8, 3};
+    grouped_once(c, "N " + S(N) + " K " + S(K), gs, a);
+    grouped_once(c, "glu N " + S(N) + " K " + S(K), gs, a, "glu");
+    gs.counts = {1, 0, 1, 1, 1, 1, 0, 1};
+    grouped_once(c, "decode N " + S(N) + " K " + S(K), gs, a);
+    grouped_once(c, "decode glu N " + S(N) + " K " + S(K), gs, a, "glu");
+    grouped_once(c, "decode residual N " + S(N) + " K " + S(K), gs, a, "residual");
+  }
+  Groups gs;
+  gs.fmts.assign(4, Fmt::Mxfp4);
+  gs.N = 37;
+  gs.K = 256;
+  gs.counts = {1, 3, 0, 12};
+  gs.nan = true;
+  grouped_once(c, "nan", gs, a);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1185,6 +1212,8 @@ std::vector<OpCase> build() {
   }
   for (Act a : {kActBf16, kActBf16F32})
     add(std::string("grouped_matmul/uniform/") + a.name, [a](CaseCtx& c) { grouped_uniform_case(c, a); });
+  for (Act a : kActs)
+    add(std::string("grouped_matmul/mxfp4_k128/") + a.name, [a](CaseCtx& c) { grouped_mxfp4_case(c, a); });
 
   for (Fmt f : kAllFmts) add(std::string("embedding/") + fmt_name(f), [f](CaseCtx& c) { embedding_case(c, f); });
   add("embedding/all_codes", [](CaseCtx& c) { embedding_codes_case(c); });

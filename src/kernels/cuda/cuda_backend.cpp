@@ -204,12 +204,15 @@ class CudaBackend final : public Backend {
       if (ep.glu) {
         const Tensor g(tmp_bytes(kTmpGlu, static_cast<size_t>(M * N) * y.elem_size(), "SwiGLU gate rows"), y.dtype, M,
                        N);
-        cuda::launch_matmul_small(cuda::make_wdesc(*ep.glu[0]), cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{},
-                                  stream_);
+        const cuda::WDesc gd = cuda::make_wdesc(*ep.glu[0]);
+        cuda::launch_matmul_small(gd, cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{}, stream_,
+                                  mx_tc(x, cuda::mx_tc_ok(gd), false));
         check_launch("matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
-      cuda::launch_matmul_small(cuda::make_wdesc(w), cuda::tview(x), M, cuda::tview(y), e, stream_);
+      const cuda::WDesc d = cuda::make_wdesc(w);
+      const bool mx = mx_tc(x, cuda::mx_tc_ok(d) && (!ep.glu || cuda::mx_tc_ok(cuda::make_wdesc(*ep.glu[0]))));
+      cuda::launch_matmul_small(d, cuda::tview(x), M, cuda::tview(y), e, stream_, mx);
       check_launch("matmul");
       return;
     }
@@ -249,7 +252,8 @@ class CudaBackend final : public Backend {
     // (and a wrapping backend such as the bench's counter) takes the same kernels.
     if (R <= kWarpGroupedMaxRows && !(ep.glu && ep.gate)) {
       int64_t rows = 0, cols = 0;
-      const cuda::WDesc* table = group_table(w, n_groups, rows, cols);
+      bool mx = true;
+      const cuda::WDesc* table = group_table(w, n_groups, rows, cols, nullptr, &mx);
       if (!table) return;
       void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
       cuda::LinEpi e;
@@ -258,16 +262,17 @@ class CudaBackend final : public Backend {
       if (ep.residual) e.residual = cuda::tview(*ep.residual);
       if (ep.glu) {
         int64_t gr = 0, gc = 0;
-        const cuda::WDesc* gtable = group_table(ep.glu, n_groups, gr, gc);
+        bool gmx = true;
+        const cuda::WDesc* gtable = group_table(ep.glu, n_groups, gr, gc, nullptr, &gmx);
         const Tensor g(tmp_bytes(kTmpGlu, static_cast<size_t>(R * N) * y.elem_size(), "SwiGLU gate rows"), y.dtype, R,
                        N);
         cuda::launch_grouped_small(gtable, n_groups, gr, gc, offsets, cuda::tview(x), cuda::tview(g), cuda::LinEpi{},
-                                   scratch, stream_);
+                                   scratch, stream_, mx_tc(x, gmx, false));
         check_launch("grouped_matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
       cuda::launch_grouped_small(table, n_groups, rows, cols, offsets, cuda::tview(x), cuda::tview(y), e, scratch,
-                                 stream_);
+                                 stream_, mx_tc(x, mx));
       check_launch("grouped_matmul");
       return;
     }
@@ -442,6 +447,14 @@ class CudaBackend final : public Backend {
 
   int64_t lt_calls() const { return lt_calls_; }
   int64_t tc_calls() const { return tc_calls_; }
+  // Whether a skinny matmul with x takes the MXFP4 tensor-core kernels (weights eligible: `ok`); counted once per
+  // op (`count`: false for the SwiGLU gate half of one).
+  bool mx_tc(const Tensor& x, bool ok, bool count = true) {
+    const bool on = ok && tc_dispatch && x.dtype == DType::BF16;
+    if (on && count) ++mx_tc_calls;
+    return on;
+  }
+  int64_t mx_tc_calls = 0;
   bool tc_dispatch = true;  // cuda_set_tc_dispatch (cuda_backend.h)
   bool fast_decode = true;  // cuda_set_fast_decode (cuda_backend.h)
   int64_t fast_decode_calls = 0;
@@ -639,8 +652,9 @@ class CudaBackend final : public Backend {
 
   // The device table of a grouped matmul's weights (cached per distinct list of weights).
   // tc (optional): set false unless every listed weight passes cuda::tc_format.
+  // mx (optional): set false unless every listed weight passes cuda::mx_tc_ok.
   const cuda::WDesc* group_table(const QuantWeight* const* w, int64_t n_groups, int64_t& rows, int64_t& cols,
-                                 bool* tc = nullptr) {
+                                 bool* tc = nullptr, bool* mx = nullptr) {
     std::vector<const void*> key(static_cast<size_t>(n_groups));
     std::vector<cuda::WDesc> descs(static_cast<size_t>(n_groups));
     bool any = false;
@@ -649,6 +663,7 @@ class CudaBackend final : public Backend {
       key[static_cast<size_t>(g)] = w[g]->data;
       descs[static_cast<size_t>(g)] = cuda::make_wdesc(*w[g]);
       if (tc && !cuda::tc_format(descs[static_cast<size_t>(g)])) *tc = false;
+      if (mx && !cuda::mx_tc_ok(descs[static_cast<size_t>(g)])) *mx = false;
       rows = w[g]->rows;
       cols = w[g]->cols;
       any = true;
@@ -706,6 +721,11 @@ void cuda_set_fast_decode(Backend& be, bool on) {
 int64_t cuda_fast_decode_calls(const Backend& be) {
   const auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->fast_decode_calls : -1;
+}
+
+int64_t cuda_mx_tc_matmuls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->mx_tc_calls : -1;
 }
 
 bool cuda_tc_dispatch(const Backend& be) {

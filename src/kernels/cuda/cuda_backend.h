@@ -21,8 +21,12 @@ int64_t cuda_lt_matmuls(const Backend& be);
 // Diagnostics: the matmul_bf16 / grouped_matmul_bf16 calls that ran on the own tensor-core kernel (FP8 weights,
 // expert groups of more than 16 rows) so far (-1 when `be` is not the CUDA backend).
 int64_t cuda_tc_matmuls(const Backend& be);
-// The own tensor-core kernel of the bf16 mode (FP8 weights from cuda_lt_min_rows() rows; expert groups of more
-// than 16 rows) is on by default; off, those take the exact fp32 kernels (tests compare the two).
+// Diagnostics: the skinny (M ≤ 16, decode) matmul / grouped_matmul calls of the bf16 mode that ran on the MXFP4
+// tensor-core kernels (MXFP4 weights with cols % 128 == 0) so far (-1 when `be` is not the CUDA backend).
+int64_t cuda_mx_tc_matmuls(const Backend& be);
+// The own tensor-core kernels of the bf16 mode (FP8 weights from cuda_lt_min_rows() rows; expert groups of more
+// than 16 rows; the MXFP4 skinny kernels) are on by default; off, those take the exact fp32 kernels (tests compare
+// the two).
 void cuda_set_tc_dispatch(Backend& be, bool on);
 // The fused decode kernels of the bf16 mode (the MLA decode attention block, ...) are on by default; off, the
 // blocks take their default compositions over the generic kernels (tests compare the two). Counter: the fused MLA

@@ -411,6 +411,166 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// ---- tensor-core skinny kernels: MXFP4 weights × bf16 activations (decode, expert groups) ----
+// One warp per tile of 16 weight rows, tokens in passes of 8·NT (mma.sync m16n8k16, bf16 in, fp32 accumulators).
+// Lane (g = lane/4, t = lane%4) loads, per 128 columns, the 16-byte MXFP4 block t of rows g and g+8 (the 4 lanes
+// of a row read its 64 contiguous bytes) and the 32 activations of that block for token g of each n-tile. The mma's
+// k slots are a permutation of the 128 columns shared by A and B: in step s (of 8) lane t's slots {2t, 2t+1} hold
+// the columns 8w+i, 8w+i+4 and slots {2t+8, 2t+9} the columns 8w+i+1, 8w+i+5 of its block (w = s/2, i = 2(s%2)),
+// so each A register is the nibble pair (i, i+4) of one 32-bit word of codes — two bits of code moved into bf16
+// places per value (a subnormal: e2m1 · 2^-126) — and each B register one byte permute of two activation words.
+// One bf16x2 multiply by 2^(e-1) then gives the exact e2m1 · 2^(e-127) of each value (scale bytes above 128: by
+// 2^126, then by the scale; 0xFF: NaN), products and sums in the tensor cores' fp32.
+constexpr int kMxChunks = 4;  // 128-column chunks of weights in flight per lane
+
+template <int I>
+__device__ __forceinline__ uint32_t mx_pair_bits(uint32_t w) {
+  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
+  const uint32_t mag = I == 0 ? (w << 6) : I == 1 ? (w << 2) : I == 2 ? (w >> 2) : (w >> 6);
+  const uint32_t sgn = I == 0 ? (w << 12) : I == 1 ? (w << 8) : I == 2 ? (w << 4) : w;
+  return (mag & kMag) | (sgn & kSign);
+}
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));  // + (-0): a·b exactly
+  return d;
+}
+// The multiplier of a block's codes (both halves), and the second one for scale bytes above 128 (0: none).
+__device__ __forceinline__ uint32_t mx_mult(uint32_t e, uint32_t& post) {
+  e &= 0xFFu;
+  post = 0;
+  if (e == 0xFFu) return 0x7FC07FC0u;
+  uint32_t m = 0x7E80u;  // 2^126
+  if (e <= 128u)
+    m = (e + 126u) << 7;  // 2^(e-1)
+  else
+    post = (e << 7) | (e << 23);  // 2^(e-127)
+  return m | (m << 16);
+}
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <int I>
+__device__ __forceinline__ uint32_t mx_a(uint32_t w, uint32_t m, uint32_t post) {
+  uint32_t v = bf16x2_mul(mx_pair_bits<I>(w), m);
+  if (post) v = bf16x2_mul(v, post);
+  return v;
+}
+
+template <int NT>
+__device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const uint16_t* x,
+                                           int64_t ldx, const SmallOut& out, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t N = w.rows, nkb = w.cols / 128;
+  const int64_t ra = rbase + g < N ? rbase + g : N - 1, rb = rbase + g + 8 < N ? rbase + g + 8 : N - 1;
+  const uint4* pa = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + ra * w.row_bytes) + t;
+  const uint4* pb = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + rb * w.row_bytes) + t;
+  const uint8_t* sa = static_cast<const uint8_t*>(w.scale) + ra * w.scale_cols + t;
+  const uint8_t* sb = static_cast<const uint8_t*>(w.scale) + rb * w.scale_cols + t;
+  for (int64_t mb = m0; mb < m1; mb += 8 * NT) {
+    const uint4* xp[NT];
+    bool has[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int64_t tok = mb + 8 * n + g;
+      has[n] = tok < m1;
+      xp[n] = reinterpret_cast<const uint4*>(x + (has[n] ? tok : m0) * ldx) + 4 * t;
+    }
+    float c[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+    for (int64_t kb0 = 0; kb0 < nkb; kb0 += kMxChunks) {
+      uint4 wa[kMxChunks], wb[kMxChunks];
+      uint32_t ea[kMxChunks], eb[kMxChunks];
+#pragma unroll
+      for (int j = 0; j < kMxChunks; ++j) {
+        const int64_t kb = kb0 + j < nkb ? kb0 + j : nkb - 1;  // clamped: loads stay in bounds, results unused
+        wa[j] = __ldcs(pa + 4 * kb);
+        wb[j] = __ldcs(pb + 4 * kb);
+        ea[j] = __ldg(sa + 4 * kb);
+        eb[j] = __ldg(sb + 4 * kb);
+      }
+#pragma unroll
+      for (int j = 0; j < kMxChunks; ++j) {
+        if (kb0 + j >= nkb) break;
+        uint32_t xr[NT][16];
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint4 v = has[n] ? __ldg(xp[n] + 16 * (kb0 + j) + q) : make_uint4(0u, 0u, 0u, 0u);
+            xr[n][4 * q] = v.x;
+            xr[n][4 * q + 1] = v.y;
+            xr[n][4 * q + 2] = v.z;
+            xr[n][4 * q + 3] = v.w;
+          }
+        uint32_t posta, postb;
+        const uint32_t ma = mx_mult(ea[j], posta), mbm = mx_mult(eb[j], postb);
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          const uint32_t wwa = word_of(wa[j], s >> 1), wwb = word_of(wb[j], s >> 1);
+          uint32_t a0, a1, a2, a3;
+          if (s & 1) {
+            a0 = mx_a<2>(wwa, ma, posta);
+            a1 = mx_a<2>(wwb, mbm, postb);
+            a2 = mx_a<3>(wwa, ma, posta);
+            a3 = mx_a<3>(wwb, mbm, postb);
+          } else {
+            a0 = mx_a<0>(wwa, ma, posta);
+            a1 = mx_a<0>(wwb, mbm, postb);
+            a2 = mx_a<1>(wwa, ma, posta);
+            a3 = mx_a<1>(wwb, mbm, postb);
+          }
+          const int a = 4 * (s >> 1) + (s & 1);
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+            mma_bf16_16816(c[n], a0, a1, a2, a3, __byte_perm(xr[n][a], xr[n][a + 2], 0x5410),
+                           __byte_perm(xr[n][a], xr[n][a + 2], 0x7632));
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t r = rbase + g + (e >> 1) * 8, m = mb + 8 * n + 2 * t + (e & 1);
+        if (r < N && m < m1) small_store(out, m, r, N, c[n][e]);
+      }
+  }
+}
+
+// Single weight: a warp per 16-row tile, tokens [0, M).
+template <int NT>
+__global__ void __launch_bounds__(256) mx_tc_kernel(WDesc w, int64_t M, const uint16_t* x, int64_t ldx, SmallOut out) {
+  const int64_t rbase = (static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5)) * 16;
+  if (rbase >= w.rows) return;
+  mx_tc_rows<NT>(w, 0, M, rbase, x, ldx, out, threadIdx.x & 31);
+}
+
+// Grouped: a persistent grid of warps over (group, 16-row tile) items of the listed groups of classes c0 .. c1-1
+// (classify_groups_kernel), each over all its group's tokens.
+template <int NT>
+__global__ void __launch_bounds__(256)
+    mx_tc_grouped_kernel(const WDesc* table, const int64_t* offsets, const int32_t* lists, const int32_t* counts,
+                         int64_t n_groups, int c0, int c1, int64_t tiles, const uint16_t* x, int64_t ldx,
+                         SmallOut out) {
+  int64_t n_listed = 0;
+  for (int c = c0; c < c1; ++c) n_listed += counts[c];
+  const int64_t n_items = n_listed * tiles, warps = static_cast<int64_t>(gridDim.x) * 8;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5); item < n_items; item += warps) {
+    int64_t li = item / tiles;
+    int c = c0;
+    while (li >= counts[c]) li -= counts[c++];
+    const int64_t g = lists[c * n_groups + li];
+    mx_tc_rows<NT>(table[g], offsets[g], offsets[g + 1], (item % tiles) * 16, x, ldx, out, threadIdx.x & 31);
+  }
+}
+
 // The work items of the tiled kernels. Single weight (list == null): grid (row tiles, m-tile strides), tokens
 // [0, M). Grouped: a persistent grid over (group of `list`, row tile) items, each looping over all m tiles of its
 // group (tokens offsets[g] .. offsets[g+1]).
@@ -875,6 +1035,8 @@ int sm_count() {
 }  // namespace
 
 namespace {
+bool mx_tc_x(TView x) { return x.bf16 && (reinterpret_cast<uintptr_t>(x.p) & 15) == 0 && x.ld % 8 == 0; }
+
 template <class XT>
 void matmul_small_t(const WDesc& w, const XT* x, int64_t ldx, int64_t M, const SmallOut& out, cudaStream_t st) {
   constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
@@ -908,9 +1070,23 @@ void grouped_small_t(const WDesc* table, int64_t n_groups, int64_t rows, const i
 }
 }  // namespace
 
-void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st) {
+bool mx_tc_ok(const WDesc& w) {
+  return w.format == kFmtMxfp4 && w.cols > 0 && w.cols % 128 == 0 && w.row_bytes == w.cols / 2 &&
+         w.scale_cols == w.cols / 32 && w.scale != nullptr && (reinterpret_cast<uintptr_t>(w.data) & 15) == 0;
+}
+
+void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st, bool mx_tc) {
   if (M <= 0 || w.rows <= 0) return;
   const SmallOut out = small_out(y, e);
+  if (mx_tc && mx_tc_x(x)) {
+    const unsigned blocks = static_cast<unsigned>((w.rows + 127) / 128);  // 8 warps of 16 rows
+    const auto* xb = static_cast<const uint16_t*>(x.p);
+    if (M <= 8)
+      mx_tc_kernel<1><<<blocks, 256, 0, st>>>(w, M, xb, x.ld, out);
+    else
+      mx_tc_kernel<2><<<blocks, 256, 0, st>>>(w, M, xb, x.ld, out);
+    return;
+  }
   if (x.bf16)
     matmul_small_t(w, static_cast<const uint16_t*>(x.p), x.ld, M, out, st);
   else
@@ -918,13 +1094,22 @@ void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinE
 }
 
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
-                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st) {
+                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc) {
   (void)cols;
   if (n_groups <= 0 || rows <= 0) return;
   int32_t* lists = static_cast<int32_t*>(scratch);
   int32_t* counts = lists + 3 * n_groups;
   classify_groups_kernel<<<1, 256, 0, st>>>(offsets, table, n_groups, lists, counts);
   const SmallOut out = small_out(y, e);
+  if (mx_tc && mx_tc_x(x)) {
+    // Classes 0 and 1 (≤ 16 tokens: passes of 8), class 2 (passes of 16).
+    const unsigned grid = static_cast<unsigned>(sm_count() * 8);
+    const auto* xb = static_cast<const uint16_t*>(x.p);
+    const int64_t tiles = (rows + 15) / 16;
+    mx_tc_grouped_kernel<1><<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 0, 2, tiles, xb, x.ld, out);
+    mx_tc_grouped_kernel<2><<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
+    return;
+  }
   if (x.bf16)
     grouped_small_t(table, n_groups, rows, offsets, static_cast<const uint16_t*>(x.p), x.ld, out, lists, counts, st);
   else

@@ -55,9 +55,13 @@ struct LinEpi {
   TView gate{}, residual{};
 };
 constexpr int64_t kSmallMaxRows = 16;
-void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st);
+// mx_tc: the weights (every listed one) pass mx_tc_ok — MXFP4, cols % 128 == 0, 16-byte aligned — and take the
+// tensor-core skinny kernels when x is bf16 (16-byte aligned rows); else the exact warp/block kernels.
+bool mx_tc_ok(const WDesc& w);
+void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st,
+                         bool mx_tc = false);
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
-                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st);
+                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc = false);
 // Tensor-core matmul for the bf16 activation mode (x values bf16): formats whose values or codes are exact bf16
 // values (tc_format: BF16, MXFP4, FP8 with block scales in 16×32 multiples, per tensor or per channel); FP8 scales
 // are applied to fp32 partial sums, never to the weights.
