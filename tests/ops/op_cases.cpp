@@ -768,26 +768,28 @@ void indexer_case(CaseCtx& c, DType t) {
 }
 
 // The paged form: every token of a step over its own sequence's keys in an index pool, rows r0 .. of the step.
+// Head dims: 64 (16-byte staging, float4 dots), 20 (element staging, float4 dots), 13 (scalar); contexts over
+// several 128-key blocks.
 void indexer_paged_case(CaseCtx& c, DType t) {
-  const int64_t nI = 8, dI = 64;
-  const MlaDims d{1, 0, dI, 0, 0};  // (paged_step only uses latent + rope as the pool width)
-  for (int64_t bt : {5, 16}) {
-    const PagedStep p = paged_step(c.rng, d, 0, bt, {{1, 37}, {3, 100}, {1, 1}, {2, 9}}, 0);
-    const int64_t T = p.max_ctx + 3;
-    const std::vector<float> q = c.rng.normals(p.N * nI * dI), w = c.rng.normals(p.N * nI);
-    for (int64_t r0 : {int64_t{0}, int64_t{2}}) {
-      const int64_t n = p.N - r0;
-      c.check("bt " + S(bt) + " rows " + S(r0) + ".." + S(p.N), [&](Arena& A) {
-        const PagedStep::Dev dv = p.up(A, t);
-        const std::vector<float> qr(q.begin() + r0 * nI * dI, q.end()), wr(w.begin() + r0 * nI, w.end());
-        std::vector<int64_t> pos(p.pos.begin() + r0, p.pos.end());
-        float* sc = A.out<float>(static_cast<size_t>(n * T));
-        A.be.indexer_scores_paged(A.up(qr, t, n, nI * dI), A.up(wr, DType::F32, n, nI), dv.pool, dv.seqs, r0, nI,
-                                  1.0f / std::sqrt(static_cast<float>(dI)), A.up(pos), T, sc);
-        return Outs{A.floats("scores", sc, static_cast<size_t>(n * T), kTolF32)};
-      });
+  for (const auto& [nI, dI] : std::vector<std::pair<int64_t, int64_t>>{{8, 64}, {3, 20}, {2, 13}})
+    for (int64_t bt : {5, 16}) {
+      const MlaDims d{1, 0, dI, 0, 0};  // (paged_step only uses latent + rope as the pool width)
+      const PagedStep p = paged_step(c.rng, d, 0, bt, {{1, 37}, {3, 100}, {1, 1}, {2, 9}, {1, 300}}, 0);
+      const int64_t T = p.max_ctx + 3;
+      const std::vector<float> q = c.rng.normals(p.N * nI * dI), w = c.rng.normals(p.N * nI);
+      for (int64_t r0 : {int64_t{0}, int64_t{2}}) {
+        const int64_t n = p.N - r0;
+        c.check("dI " + S(dI) + " bt " + S(bt) + " rows " + S(r0) + ".." + S(p.N), [&, nI = nI, dI = dI](Arena& A) {
+          const PagedStep::Dev dv = p.up(A, t);
+          const std::vector<float> qr(q.begin() + r0 * nI * dI, q.end()), wr(w.begin() + r0 * nI, w.end());
+          std::vector<int64_t> pos(p.pos.begin() + r0, p.pos.end());
+          float* sc = A.out<float>(static_cast<size_t>(n * T));
+          A.be.indexer_scores_paged(A.up(qr, t, n, nI * dI), A.up(wr, DType::F32, n, nI), dv.pool, dv.seqs, r0, nI,
+                                    1.0f / std::sqrt(static_cast<float>(dI)), A.up(pos), T, sc);
+          return Outs{A.floats("scores", sc, static_cast<size_t>(n * T), kTolF32)};
+        });
+      }
     }
-  }
 }
 
 void topk_once(CaseCtx& c, const std::string& what, const std::vector<float>& scores, int64_t Sq, int64_t T, int64_t k,
@@ -1039,6 +1041,29 @@ void mla_decode_attention_case(CaseCtx& c, Fmt f, DType t, int shape) {
   }
 }
 
+// Many decode tokens over long contexts with few heads: few key splits of many tiles each (the CUDA block refills
+// its key table every 8 tiles of 32 keys), with and without a DSA selection of up to 1,500 keys.
+void mla_decode_attention_long_splits_case(CaseCtx& c, DType t) {
+  const MlaHost h(Fmt::BF16, c.rng, MlaDims{4, 16, 16, 16, 64});
+  const MlaDims& d = h.d;
+  std::vector<std::pair<int64_t, int64_t>> seqs(64, {1, 2000});
+  seqs[3] = {1, 1};
+  seqs[10] = {1, 777};
+  const PagedStep p = paged_step(c.rng, d, 0, 16, seqs, 0);
+  for (bool use_sel : {false, true}) {
+    const std::vector<float> q = c.rng.normals(p.N * d.n_heads * d.qk());
+    const Selection sel = use_sel ? random_selection(c.rng, p.N, p.max_ctx, p.pos, 1500) : Selection{};
+    c.check(std::string("64 seqs ctx 2000") + (use_sel ? " dsa" : ""), [&](Arena& A) {
+      MlaHost::Dev v;
+      h.up(A, false, true, v);
+      const PagedStep::Dev dv = p.up(A, t);
+      const Tensor qt = A.up(q, t, p.N, d.n_heads * d.qk()), o = A.tensor(t, p.N, d.n_heads * d.v);
+      A.be.mla_decode_attention(v.L, qt, dv.pool, dv.seqs, dv.pos, sel.view(A), o);
+      return Outs{A.result("o", o)};
+    });
+  }
+}
+
 struct MoeHost {
   int64_t D = 64, I = 32, E = 16, Is = 64;
   RouterParams rp;
@@ -1275,6 +1300,9 @@ std::vector<OpCase> build() {
     }
   add("mla_decode_attention/glm5/bf16/bf16",
       [](CaseCtx& c) { mla_decode_attention_case(c, Fmt::BF16, DType::BF16, 2); });
+  for (DType t : kDtypes)
+    add("mla_decode_attention/long_splits/bf16/" + dn(t),
+        [t](CaseCtx& c) { mla_decode_attention_long_splits_case(c, t); });
   for (DType t : kDtypes) add("moe_route/" + dn(t), [t](CaseCtx& c) { moe_route_case(c, t); });
   for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Mxfp4})
     for (DType t : kDtypes) {

@@ -8,6 +8,9 @@
 //                token's selected rows;
 //   C. combine:  the splits' partial (O, max, sum) merged by their log-sum-exp → o_lat (bf16);
 //   D. output:   o[i, h, :] = W_UV[h] · o_lat[i, h, :] (kv_b read once per step), rounded to bf16.
+// A and D run on tensor cores when kv_b is stored bf16 (tokens as the M rows of mma.sync, each block's weight slice
+// copied whole into shared memory: every byte of kv_b in flight at once); other kv_b formats (FP8, MXFP4, f32) take
+// CUDA-core kernels that dequantize per element.
 // The split count is decided on the host from the graph bucket's shape (tokens, heads, the reserved context): every
 // block reads its sequence's length and its key range on the device, so a replayed graph splits a step exactly as
 // an eager one. Scores keep the ref backend's rounding (bf16(bf16(q·k) · scale)); the probabilities enter the P·V
@@ -25,8 +28,9 @@ namespace {
 constexpr int kHT = 64;  // head rows per attention block
 constexpr int kKT = 32;  // keys per tile
 constexpr int kAttnThreads = 256;
-constexpr int kMaxD = 576;  // dc + dr at most (GLM-5, DeepSeek-V3: 512 + 64)
-constexpr int kPad = 8;     // bf16 elements of padding per shared-memory row (conflict-free ldmatrix)
+constexpr int kRowChunk = kAttnThreads;  // key slots per key-table fill (one per thread; 8 tiles)
+constexpr int kMaxD = 576;               // dc + dr at most (GLM-5, DeepSeek-V3: 512 + 64)
+constexpr int kPad = 8;                  // bf16 elements of padding per shared-memory row (conflict-free ldmatrix)
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -195,6 +199,125 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// ---- A and D on tensor cores, for bf16 kv_b (GLM-5's as published): tokens are the M rows of m16n8k16 (a tile
+// of 16, zero rows past the run), the block's slice of W_UK / W_UV is copied whole into shared memory with cp.async
+// (every byte of it in flight at once: the step reads kv_b once, at bandwidth), fp32 accumulators rounded to bf16
+// once. Each token's result depends on its own row only (batch invariant: a padded graph step = an eager one).
+constexpr int kAbsCols = 64;  // A: latent columns per block (4 warps × 16)
+constexpr int kAbsRows = 64;  // D: value rows per block (4 warps × 16)
+constexpr int kAbsThreads = 128;
+constexpr size_t kAbsSmemMax = static_cast<size_t>(kAbsRows + 16) * (kMaxD + kPad) * 2;  // absorb_o at dc ≤ 576
+
+// q_lat[i, h, c0 .. c0 + 64) = q_nope[i, h, :] · W_UK[h][:, c0 .. c0 + 64): W_UK rows (k = j) staged as [dn][64]
+// and read as the B operand through ldmatrix.trans; q_nope tiles [16][dn] through ldmatrix.
+__global__ void __launch_bounds__(kAbsThreads)
+    absorb_q_tc_kernel(MlaDims d, TView q, int64_t N, WDesc kv_b, StepSeqs seqs, uint16_t* qlat) {
+  __shared__ __align__(16) uint16_t ws[256][kAbsCols + kPad];  // dn ≤ 256
+  __shared__ __align__(16) uint16_t as[16][256 + kPad];
+  const int64_t H = d.n_heads, dqk = d.nope + d.rope, dc = d.latent, dkv = d.nope + d.v;
+  const int dn = static_cast<int>(d.nope);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, cq = lane & 3;
+  const int64_t h = blockIdx.x, c0 = static_cast<int64_t>(blockIdx.y) * kAbsCols;
+  const int64_t i0 = seqs.q_begin[0], i1 = seqs.q_begin[seqs.n_seqs] < N ? seqs.q_begin[seqs.n_seqs] : N;
+  if (i1 <= i0) return;
+  const auto* wb = static_cast<const uint8_t*>(kv_b.data) + h * dkv * kv_b.row_bytes + c0 * 2;
+  for (int e = tid; e < dn * (kAbsCols / 8); e += kAbsThreads) {
+    const int j = e / (kAbsCols / 8), ch = e % (kAbsCols / 8);
+    cp_async16(&ws[j][ch * 8], wb + j * kv_b.row_bytes + ch * 16, true);
+  }
+  cp_async_commit();
+  const bool pairs = q.bf16 && (q.ld & 1) == 0 && (reinterpret_cast<uintptr_t>(q.p) & 3) == 0;
+  for (int64_t m0 = i0; m0 < i1; m0 += 16) {
+    __syncthreads();  // (the previous tile's reads of `as` are done)
+    for (int e = tid; e < 16 * (dn / 2); e += kAbsThreads) {
+      const int r = e / (dn / 2), j = 2 * (e % (dn / 2));
+      uint32_t v = 0;
+      if (m0 + r < i1) {
+        if (pairs) {
+          v = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(q.p) + (m0 + r) * q.ld + h * dqk + j);
+        } else {
+          v = static_cast<uint32_t>(bf16_bits(tget(q, m0 + r, h * dqk + j))) |
+              (static_cast<uint32_t>(bf16_bits(tget(q, m0 + r, h * dqk + j + 1))) << 16);
+        }
+      }
+      *reinterpret_cast<uint32_t*>(&as[r][j]) = v;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float acc[2][4] = {};
+    for (int kk = 0; kk < dn; kk += 16) {
+      uint32_t a[4], b[4];
+      ldsm_x4(a, &as[(lane & 7) + ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]);
+      ldsm_x4_t(b, &ws[kk + (lane & 7) + ((lane >> 3) & 1) * 8][warp * 16 + (lane >> 4) * 8]);
+      mma_bf16(acc[0], a, b[0], b[1]);
+      mma_bf16(acc[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int64_t i = m0 + g + 8 * h2;
+        if (i >= i1) continue;
+        const int64_t c = c0 + warp * 16 + nt * 8 + 2 * cq;
+        *reinterpret_cast<uint32_t*>(qlat + (i * H + h) * dc + c) =
+            static_cast<uint32_t>(bf16_bits(acc[nt][2 * h2])) |
+            (static_cast<uint32_t>(bf16_bits(acc[nt][2 * h2 + 1])) << 16);
+      }
+  }
+}
+
+// o[i, h, v0 .. v0 + 64) = o_lat[i, h, :] · W_UV[h][v0 .. v0 + 64, :]ᵀ: W_UV rows (n = v, k = c contiguous) staged
+// as [64][dc] and read as the B operand through ldmatrix; o_lat tiles [16][dc]. Dynamic shared memory:
+// (64 + 16) · (dc + 8) bf16.
+__global__ void __launch_bounds__(kAbsThreads)
+    absorb_o_tc_kernel(MlaDims d, const uint16_t* olat, int64_t N, WDesc kv_b, StepSeqs seqs, TView o) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int64_t H = d.n_heads, dn = d.nope, dv = d.v, dkv = d.nope + d.v;
+  const int dc = static_cast<int>(d.latent), ld = dc + kPad;
+  uint16_t* ws = reinterpret_cast<uint16_t*>(smem_raw);  // [kAbsRows][ld]
+  uint16_t* as = ws + kAbsRows * ld;                     // [16][ld]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, cq = lane & 3;
+  const int64_t h = blockIdx.x, v0 = static_cast<int64_t>(blockIdx.y) * kAbsRows;
+  const int64_t i0 = seqs.q_begin[0], i1 = seqs.q_begin[seqs.n_seqs] < N ? seqs.q_begin[seqs.n_seqs] : N;
+  if (i1 <= i0) return;
+  const auto* wb = static_cast<const uint8_t*>(kv_b.data) + (h * dkv + dn + v0) * kv_b.row_bytes;
+  const int chunks = dc / 8;
+  for (int e = tid; e < kAbsRows * chunks; e += kAbsThreads) {
+    const int r = e / chunks, ch = e % chunks;
+    const bool valid = v0 + r < dv;
+    cp_async16(ws + r * ld + ch * 8, valid ? wb + r * kv_b.row_bytes + ch * 16 : kv_b.data, valid);
+  }
+  cp_async_commit();
+  for (int64_t m0 = i0; m0 < i1; m0 += 16) {
+    __syncthreads();
+    for (int e = tid; e < 16 * chunks; e += kAbsThreads) {
+      const int r = e / chunks, ch = e % chunks;
+      const bool valid = m0 + r < i1;
+      cp_async16(as + r * ld + ch * 8, valid ? olat + ((m0 + r) * H + h) * dc + ch * 8 : olat, valid);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float acc[2][4] = {};
+    for (int kk = 0; kk < dc; kk += 16) {
+      uint32_t a[4], b[4];
+      ldsm_x4(a, as + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk + (lane >> 4) * 8);
+      ldsm_x4(b, ws + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk + ((lane >> 3) & 1) * 8);
+      mma_bf16(acc[0], a, b[0], b[1]);
+      mma_bf16(acc[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        const int64_t i = m0 + g + 8 * h2, v = v0 + warp * 16 + nt * 8 + 2 * cq;
+        if (i >= i1 || v >= dv) continue;
+        tset(o, i, h * dv + v, acc[nt][2 * h2]);
+        if (v + 1 < dv) tset(o, i, h * dv + v + 1, acc[nt][2 * h2 + 1]);
+      }
+  }
+}
+
 // ---- B. attention ----
 struct AttnSmem {
   uint16_t q[kHT][kMaxD + kPad];
@@ -202,7 +325,8 @@ struct AttnSmem {
   uint16_t p[kHT][kKT + kPad];
   float red_max[2][kHT], red_sum[2][kHT];
   float m[kHT], l[kHT], alpha[kHT];
-  int32_t key[2][kKT];  // key position of each slot of a tile (-1: masked)
+  int32_t key[2][kKT];                       // key position of each slot of a tile (-1: masked)
+  int32_t kpos[kRowChunk], krow[kRowChunk];  // the key table of the current chunk of 8 tiles
 };
 
 // NT: n-tiles of 8 latent columns per warp in O (dc = 64 · NT).
@@ -228,54 +352,71 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
   const int64_t k0 = split * per, k1 = k0 + per < n_keys ? k0 + per : n_keys;
   const int64_t out_row = (i * ((H + kHT - 1) / kHT) + ht) * n_splits + split;  // partial index
 
-  // Query tile: rows = heads ht·64 .. +64 (zero beyond H): q_lat (16-byte copies) then q_pe.
+  // Query tile: rows = heads ht·64 .. +64 (zero beyond H): q_lat, then q_pe, copied with cp.async (one group, in
+  // flight with the first key tile; q_pe element-wise when q is not 16-byte-aligned bf16).
   const int qch = static_cast<int>(dc / 8);
   for (int e = tid; e < kHT * qch; e += kAttnThreads) {
     const int r = e / qch, ch = e % qch;
     const int64_t h = ht * kHT + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (h < H) v = *reinterpret_cast<const uint4*>(qlat + (i * H + h) * dc + ch * 8);
-    *reinterpret_cast<uint4*>(&sm.q[r][ch * 8]) = v;
+    cp_async16(&sm.q[r][ch * 8], h < H ? qlat + (i * H + h) * dc + ch * 8 : qlat, h < H);
   }
-  for (int e = tid; e < kHT * static_cast<int>(dr); e += kAttnThreads) {
-    const int r = e / static_cast<int>(dr), col = e % static_cast<int>(dr);
-    const int64_t h = ht * kHT + r;
-    sm.q[r][dc + col] = h < H ? bf16_bits(tget(q, i, h * dqk + dn + col)) : uint16_t{0};
+  const bool qpe_async = q.bf16 && dr % 8 == 0 && dn % 8 == 0 && dqk % 8 == 0 && q.ld % 8 == 0 &&
+                         (reinterpret_cast<uintptr_t>(q.p) & 15) == 0;
+  if (qpe_async) {
+    const int pch = static_cast<int>(dr / 8);
+    for (int e = tid; e < kHT * pch; e += kAttnThreads) {
+      const int r = e / pch, ch = e % pch;
+      const int64_t h = ht * kHT + r;
+      const uint16_t* src = static_cast<const uint16_t*>(q.p) + i * q.ld + h * dqk + dn + ch * 8;
+      cp_async16(&sm.q[r][dc + ch * 8], h < H ? src : qlat, h < H);
+    }
+  } else {
+#pragma unroll 4
+    for (int e = tid; e < kHT * static_cast<int>(dr); e += kAttnThreads) {
+      const int r = e / static_cast<int>(dr), col = e % static_cast<int>(dr);
+      const int64_t h = ht * kHT + r;
+      sm.q[r][dc + col] = h < H ? bf16_bits(tget(q, i, h * dqk + dn + col)) : uint16_t{0};
+    }
   }
+  cp_async_commit();
   if (tid < kHT) {
     sm.m[tid] = __uint_as_float(0xFF800000u);
     sm.l[tid] = 0.0f;
   }
+  // The key table: for the 256 slots of chunk `chunk` (8 tiles), each key's position (-1: masked) and its pool row,
+  // one slot per thread (the block-table and selection loads of 8 tiles in one round trip).
+  auto fill_rows = [&](int64_t chunk) {
+    const int64_t slot = k0 + chunk * kRowChunk + tid;
+    int32_t t = -1, row = 0;
+    if (slot < k1) {
+      t = sel.sel ? sel.sel[i * sel.stride + slot] : static_cast<int32_t>(slot);
+      if (t < 0 || t > last) t = -1;
+    }
+    if (t >= 0) row = static_cast<int32_t>(static_cast<int64_t>(blocks[t / bt]) * bt + t % bt);
+    sm.kpos[tid] = t;
+    sm.krow[tid] = row;
+  };
+  const int64_t n_tiles = k1 > k0 ? (k1 - k0 + kKT - 1) / kKT : 0;
+  if (n_tiles > 0) fill_rows(0);
   __syncthreads();  // (the statistics are read below even when the split has no keys)
-  // Loads key tile `tile` (slots k0 + tile·kKT ..) into buffer b: one 16-byte chunk per (slot, 8 columns).
+  // Loads key tile `tile` (its chunk's table filled) into buffer b: warp w copies keys w, w + 8, w + 16, w + 24,
+  // its lanes the key's 16-byte chunks.
   const int chunks = D / 8;
   auto load_tile = [&](int64_t tile, int b) {
-    const int64_t base = k0 + tile * kKT;
-    if (tid < kKT) {
-      const int64_t slot = base + tid;
-      int32_t t = -1;
-      if (slot < k1) {
-        t = sel.sel ? sel.sel[i * sel.stride + slot] : static_cast<int32_t>(slot);
-        if (t < 0 || t > last) t = -1;
-      }
-      sm.key[b][tid] = t;
-    }
-    for (int e = tid; e < kKT * chunks; e += kAttnThreads) {
-      const int j = e / chunks, ch = e % chunks;
-      const int64_t slot = base + j;
-      int64_t t = -1;
-      if (slot < k1) {
-        t = sel.sel ? sel.sel[i * sel.stride + slot] : slot;
-        if (t < 0 || t > last) t = -1;
-      }
-      const uint16_t* src = static_cast<const uint16_t*>(pool.data);
-      if (t >= 0) src += (static_cast<int64_t>(blocks[t / bt]) * bt + t % bt) * pool.width + ch * 8;
-      cp_async16(&sm.k[b][j][ch * 8], src, t >= 0);
+    const int t0 = static_cast<int>(tile % (kRowChunk / kKT)) * kKT;
+    if (tid < kKT) sm.key[b][tid] = sm.kpos[t0 + tid];
+    for (int j = warp; j < kKT; j += kAttnThreads / 32) {
+      const bool valid = sm.kpos[t0 + j] >= 0;
+      const uint16_t* row =
+          static_cast<const uint16_t*>(pool.data) + static_cast<int64_t>(sm.krow[t0 + j]) * pool.width;
+      for (int ch = lane; ch < chunks; ch += 32) cp_async16(&sm.k[b][j][ch * 8], row + ch * 8, valid);
     }
     cp_async_commit();
   };
-  const int64_t n_tiles = k1 > k0 ? (k1 - k0 + kKT - 1) / kKT : 0;
-  if (n_tiles > 0) load_tile(0, 0);
+  if (n_tiles > 0)
+    load_tile(0, 0);
+  else
+    cp_async_wait<0>();
 
   // O accumulators: warp w holds all 64 rows × latent columns [w·8·NT, (w+1)·8·NT).
   float oacc[4][NT][4];
@@ -291,6 +432,10 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
   for (int64_t tile = 0; tile < n_tiles; ++tile) {
     const int b = static_cast<int>(tile & 1);
     if (tile + 1 < n_tiles) {
+      if ((tile + 1) % (kRowChunk / kKT) == 0) {  // every earlier tile's copies are issued (last iteration's sync)
+        fill_rows((tile + 1) / (kRowChunk / kKT));
+        __syncthreads();
+      }
       load_tile(tile + 1, b ^ 1);
       cp_async_wait<1>();
     } else {
@@ -303,13 +448,32 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.0f;
-    for (int kk = 0; kk < D; kk += 16) {
+    // Two accumulator chains per n-tile (even and odd k-steps), added at the end: half the dependent mma latency.
+    float sacc2[2][4] = {};
+    int kk = 0;
+#pragma unroll 2
+    for (; kk + 32 <= D; kk += 32) {
+      uint32_t a[4], bb[4], a2[4], bb2[4];
+      ldsm_x4(a, &sm.q[smt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]);
+      ldsm_x4(bb, &sm.k[b][snh * 16 + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+      ldsm_x4(a2, &sm.q[smt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][kk + 16 + (lane >> 4) * 8]);
+      ldsm_x4(bb2, &sm.k[b][snh * 16 + (lane & 7) + (lane >> 4) * 8][kk + 16 + ((lane >> 3) & 1) * 8]);
+      mma_bf16(sacc[0], a, bb[0], bb[1]);
+      mma_bf16(sacc[1], a, bb[2], bb[3]);
+      mma_bf16(sacc2[0], a2, bb2[0], bb2[1]);
+      mma_bf16(sacc2[1], a2, bb2[2], bb2[3]);
+    }
+    if (kk < D) {  // D ≡ 16 (mod 32)
       uint32_t a[4], bb[4];
       ldsm_x4(a, &sm.q[smt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]);
       ldsm_x4(bb, &sm.k[b][snh * 16 + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
       mma_bf16(sacc[0], a, bb[0], bb[1]);
       mma_bf16(sacc[1], a, bb[2], bb[3]);
     }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[nt][e] += sacc2[nt][e];
     // Scores with the ref's rounding; masked keys −inf. Element e of n-tile nt: row smt·16 + g (+8 for e ≥ 2), key
     // snh·16 + nt·8 + 2·cq + (e & 1).
     float rmax[2] = {kNegInf, kNegInf};
@@ -431,30 +595,64 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
   }
 }
 
-// ---- C. combine: block per (token, head), threads over the latent columns ----
-__global__ void combine_kernel(MlaDims d, int64_t N, StepSeqs seqs, int n_splits, const float* part_o,
-                               const float* part_ml, uint16_t* olat) {
+// ---- C. combine: block per (token, head, 128 latent columns), thread per column ----
+// The splits' weights exp(m_sp − M) (0 for a split without keys) are computed once per block into shared memory;
+// each thread then sums its column over the splits (ascending, eight loads in flight).
+constexpr int kCombineCols = 128;
+constexpr int kMaxSplits = 64;  // mla_decode_splits' cap
+__global__ void __launch_bounds__(kCombineCols)
+    combine_kernel(MlaDims d, int64_t N, StepSeqs seqs, int n_splits, const float* part_o, const float* part_ml,
+                   uint16_t* olat) {
+  __shared__ float wsp[kMaxSplits];
+  __shared__ float inv_l;
   const int64_t H = d.n_heads, dc = d.latent;
   const int64_t i = blockIdx.x / H, h = blockIdx.x % H;
   if (i >= N || seq_of(seqs, i) < 0) return;
   const int64_t tiles = (H + kHT - 1) / kHT, ht = h / kHT, row = h % kHT;
-  float M = __uint_as_float(0xFF800000u);
-  for (int sp = 0; sp < n_splits; ++sp) M = fmaxf(M, part_ml[(((i * tiles + ht) * n_splits + sp) * kHT + row) * 2]);
-  float L = 0.0f;
-  for (int sp = 0; sp < n_splits; ++sp) {
-    const float* ml = part_ml + (((i * tiles + ht) * n_splits + sp) * kHT + row) * 2;
-    if (ml[1] > 0.0f) L += ml[1] * __expf(ml[0] - M);
-  }
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-  for (int64_t c = threadIdx.x; c < dc; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int sp = 0; sp < n_splits; ++sp) {
-      const int64_t pr = ((i * tiles + ht) * n_splits + sp) * kHT + row;
-      const float* ml = part_ml + pr * 2;
-      if (ml[1] > 0.0f) acc += part_o[pr * dc + c] * __expf(ml[0] - M);
+  const int64_t pr0 = (i * tiles + ht) * n_splits;  // partial row of split 0 is (pr0 + sp) · kHT + row
+  const int tid = threadIdx.x;
+  if (tid < 32) {
+    float mv[kMaxSplits / 32], lv[kMaxSplits / 32];
+    float M = __uint_as_float(0xFF800000u);
+#pragma unroll
+    for (int u = 0; u < kMaxSplits / 32; ++u) {
+      const int sp = tid + 32 * u;
+      mv[u] = M;
+      lv[u] = 0.0f;
+      if (sp < n_splits) {
+        const float* ml = part_ml + ((pr0 + sp) * kHT + row) * 2;
+        mv[u] = ml[0];
+        lv[u] = ml[1];
+      }
+      if (lv[u] > 0.0f) M = fmaxf(M, mv[u]);
     }
-    olat[(i * H + h) * dc + c] = bf16_bits(acc * inv);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, off));
+    float L = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kMaxSplits / 32; ++u) {
+      const int sp = tid + 32 * u;
+      const float w = lv[u] > 0.0f ? __expf(mv[u] - M) : 0.0f;
+      if (sp < n_splits) wsp[sp] = w;
+      L += lv[u] * w;
+    }
+    L = warp_sum(L);
+    if (tid == 0) inv_l = L > 0.0f ? 1.0f / L : 0.0f;
   }
+  __syncthreads();
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kCombineCols + tid;
+  if (c >= dc) return;
+  float acc = 0.0f;
+  int sp = 0;
+  for (; sp + 8 <= n_splits; sp += 8) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = part_o[((pr0 + sp + u) * kHT + row) * dc + c];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc += v[u] * wsp[sp + u];
+  }
+  for (; sp < n_splits; ++sp) acc += part_o[((pr0 + sp) * kHT + row) * dc + c] * wsp[sp];
+  olat[(i * H + h) * dc + c] = bf16_bits(acc * inv_l);
 }
 
 }  // namespace
@@ -496,8 +694,13 @@ void launch_mla_decode(const MlaDims& d, TView q, int64_t n_tokens, const WDesc&
   if (seqs.n_seqs <= 0 || n_tokens <= 0) return;
   auto* ql = static_cast<uint16_t*>(qlat);
   auto* ol = static_cast<uint16_t*>(olat);
-  absorb_q_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>((d.latent + 63) / 64)), 256, 0, st>>>(
-      d, q, n_tokens, kv_b, seqs, ql);
+  const bool tc = kv_b.format == kFmtBF16 && d.nope % 16 == 0;  // A and D on tensor cores (bf16 kv_b)
+  if (tc)
+    absorb_q_tc_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>(d.latent / kAbsCols)),
+                         kAbsThreads, 0, st>>>(d, q, n_tokens, kv_b, seqs, ql);
+  else
+    absorb_q_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>((d.latent + 63) / 64)), 256, 0,
+                      st>>>(d, q, n_tokens, kv_b, seqs, ql);
   const size_t smem = sizeof(AttnSmem);
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>((d.n_heads + kHT - 1) / kHT),
                   static_cast<unsigned>(n_splits));
@@ -521,10 +724,20 @@ void launch_mla_decode(const MlaDims& d, TView q, int64_t n_tokens, const WDesc&
     default: return;  // (mla_decode_supported excludes the other sizes)
   }
   if (n_splits > 1)
-    combine_kernel<<<static_cast<unsigned>(n_tokens * d.n_heads), 128, 0, st>>>(d, n_tokens, seqs, n_splits, po, pm,
-                                                                                ol);
-  absorb_o_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>((d.v + 7) / 8)), 256, 0, st>>>(
-      d, ol, n_tokens, kv_b, seqs, o);
+    combine_kernel<<<dim3(static_cast<unsigned>(n_tokens * d.n_heads),
+                          static_cast<unsigned>((d.latent + kCombineCols - 1) / kCombineCols)),
+                     kCombineCols, 0, st>>>(d, n_tokens, seqs, n_splits, po, pm, ol);
+  if (tc) {
+    const size_t osmem = static_cast<size_t>(kAbsRows + 16) * static_cast<size_t>(d.latent + kPad) * 2;
+    static const cudaError_t oattr = cudaFuncSetAttribute(
+        absorb_o_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kAbsSmemMax));
+    (void)oattr;
+    absorb_o_tc_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>((d.v + kAbsRows - 1) / kAbsRows)),
+                         kAbsThreads, osmem, st>>>(d, ol, n_tokens, kv_b, seqs, o);
+  } else {
+    absorb_o_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>((d.v + 7) / 8)), 256, 0, st>>>(
+        d, ol, n_tokens, kv_b, seqs, o);
+  }
 }
 
 }  // namespace latent::cuda

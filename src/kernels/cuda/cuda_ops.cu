@@ -283,13 +283,18 @@ __global__ void indexer_kernel(TView q, TView w, TView k, int64_t T, int64_t n_h
 // Paged: block per (token of the step, 128 keys of its sequence); the block's key rows staged in shared memory
 // (coalesced 16-byte copies from the pool), q of the token and its head weights too; thread = key.
 constexpr int kIdxKeys = 128;
+// Shared-memory row stride of a staged key: head_dim + 4 when rows can be read as float4 (conflict-free: a quarter
+// warp's 16-byte reads start 4 banks apart), else head_dim + 1.
+__host__ __device__ inline int64_t idx_key_ld(int64_t head_dim) {
+  return head_dim % 4 == 0 ? head_dim + 4 : head_dim + 1;
+}
 __global__ void __launch_bounds__(kIdxKeys)
     indexer_paged_kernel(TView q, TView w, KvPool pool, StepSeqs seqs, int64_t r0, int64_t n_heads, int64_t head_dim,
                          float scale, const int64_t* q_pos, int64_t T, float* scores) {
-  extern __shared__ float ish[];  // q [n_heads · head_dim] | w [n_heads] | keys [kIdxKeys · (head_dim + 1)]
+  extern __shared__ __align__(16) float ish[];  // q [n_heads · head_dim] | w [n_heads] (rounded up to 4) | keys
   float* qs = ish;
   float* ws = qs + n_heads * head_dim;
-  float* ks = ws + n_heads;
+  float* ks = ws + (n_heads + 3) / 4 * 4;  // [kIdxKeys · idx_key_ld(head_dim)]
   const int64_t row = blockIdx.y, i = r0 + row, t0 = static_cast<int64_t>(blockIdx.x) * kIdxKeys;
   // The token's sequence (the last s with q_begin[s] <= i).
   int64_t lo = 0, hi = seqs.n_seqs - 1;
@@ -306,16 +311,41 @@ __global__ void __launch_bounds__(kIdxKeys)
       scores[row * T + t] = __uint_as_float(0xFF800000u);
     return;
   }
+#pragma unroll 8
   for (int64_t e = threadIdx.x; e < n_heads * head_dim; e += blockDim.x) qs[e] = tget(q, row, e);
   for (int64_t e = threadIdx.x; e < n_heads; e += blockDim.x) ws[e] = tget(w, row, e);
   const TView kp{pool.data, pool.width, pool.dtype == DType::BF16 ? 1 : 0};
   const int32_t* blocks = seqs.block_table + s * seqs.max_blocks;
-  const int64_t bt = pool.block_tokens, ld = head_dim + 1;
-  for (int64_t e = threadIdx.x; e < kIdxKeys * head_dim; e += blockDim.x) {
-    const int64_t j = e / head_dim, x = e % head_dim, t = t0 + j;
-    float v = 0.0f;
-    if (t <= last) v = tget(kp, static_cast<int64_t>(blocks[t / bt]) * bt + t % bt, x);
-    ks[j * ld + x] = v;
+  const int64_t bt = pool.block_tokens, ld = idx_key_ld(head_dim);
+  // Each thread finds one key's pool row (-1 past the token's position); then the rows are staged: 16-byte copies of
+  // 8 bf16 values when the pool is bf16 with rows of whole chunks, else element-wise.
+  __shared__ int64_t krow[kIdxKeys];
+  {
+    const int64_t t = t0 + threadIdx.x;
+    krow[threadIdx.x] = t <= last ? static_cast<int64_t>(blocks[t / bt]) * bt + t % bt : -1;
+  }
+  __syncthreads();
+  if (kp.bf16 && head_dim % 8 == 0 && pool.width % 8 == 0) {
+    const int cpk = static_cast<int>(head_dim / 8);
+#pragma unroll 4
+    for (int e = threadIdx.x; e < kIdxKeys * cpk; e += blockDim.x) {
+      const int j = e / cpk, ch = e % cpk;
+      uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+      if (krow[j] >= 0)
+        raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(pool.data) + krow[j] * pool.width + ch * 8);
+      float* dst = ks + j * ld + ch * 8;
+      const uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        dst[2 * u] = __uint_as_float(wv[u] << 16);
+        dst[2 * u + 1] = __uint_as_float(wv[u] & 0xFFFF0000u);
+      }
+    }
+  } else {
+    for (int64_t e = threadIdx.x; e < kIdxKeys * head_dim; e += blockDim.x) {
+      const int64_t j = e / head_dim, x = e % head_dim;
+      ks[j * ld + x] = krow[j] >= 0 ? tget(kp, krow[j], x) : 0.0f;
+    }
   }
   __syncthreads();
   const int64_t t = t0 + threadIdx.x;
@@ -326,10 +356,21 @@ __global__ void __launch_bounds__(kIdxKeys)
   }
   const float* kt = ks + threadIdx.x * ld;
   double total = 0.0;
+  const bool vec = head_dim % 4 == 0;  // (then qs and every key row are 16-byte aligned: idx_key_ld)
   for (int64_t jh = 0; jh < n_heads; ++jh) {
     const float* qj = qs + jh * head_dim;
     float dot = 0.0f;
-    for (int64_t x = 0; x < head_dim; ++x) dot = fmaf(qj[x], kt[x], dot);
+    if (vec) {
+      for (int64_t x = 0; x < head_dim; x += 4) {  // the same order of fmas as the scalar loop
+        const float4 a = *reinterpret_cast<const float4*>(qj + x), b = *reinterpret_cast<const float4*>(kt + x);
+        dot = fmaf(a.x, b.x, dot);
+        dot = fmaf(a.y, b.y, dot);
+        dot = fmaf(a.z, b.z, dot);
+        dot = fmaf(a.w, b.w, dot);
+      }
+    } else {
+      for (int64_t x = 0; x < head_dim; ++x) dot = fmaf(qj[x], kt[x], dot);
+    }
     const double dd = static_cast<double>(dot) * scale;
     if (dd > 0.0) total += static_cast<double>(ws[jh]) * dd;
   }
@@ -384,15 +425,41 @@ __global__ void __launch_bounds__(kTopkThreads)
         if ((key & hi_mask) == prefix) atomicAdd(&hist[(key >> shift) & 0xFF], 1u);
       }
       __syncthreads();
-      if (threadIdx.x == 0) {
-        int64_t acc = 0;
-        int digit = 255;
-        for (; digit > 0; --digit) {
-          if (acc + hist[digit] >= remaining) break;
-          acc += hist[digit];
+      // The digit: scanning from 255 down, the first whose cumulative count reaches `remaining` (digit 0 when none
+      // does). Warp 0: lane l sums digits 255 − 8l .. 248 − 8l, a scan over the lanes finds the lane, which scans
+      // its eight digits (the result of the serial scan, in a few steps).
+      if (threadIdx.x < 32) {
+        const int lane = static_cast<int>(threadIdx.x);
+        uint32_t cnt[8];
+        int64_t ls = 0;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          cnt[u] = hist[255 - 8 * lane - u];
+          ls += cnt[u];
         }
-        prefix_sh = prefix | (static_cast<uint64_t>(digit) << shift);
-        remaining_sh = remaining - acc;
+        int64_t inc = ls;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const int64_t v = __shfl_up_sync(0xFFFFFFFFu, inc, off);
+          if (lane >= off) inc += v;
+        }
+        const unsigned hit = __ballot_sync(0xFFFFFFFFu, inc >= remaining);
+        const int found = hit ? __ffs(static_cast<int>(hit)) - 1 : 31;
+        if (lane == found) {
+          int64_t acc = inc - ls;
+          int digit = 0;
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const int d = 255 - 8 * lane - u;
+            if (d == 0 || acc + cnt[u] >= remaining) {
+              digit = d;
+              break;
+            }
+            acc += cnt[u];
+          }
+          prefix_sh = prefix | (static_cast<uint64_t>(digit) << shift);
+          remaining_sh = remaining - acc;
+        }
       }
       __syncthreads();
       prefix = prefix_sh;
@@ -525,7 +592,8 @@ void launch_indexer_scores_paged(TView q, TView w, const KvPool& pool, const Ste
                                  int64_t n_heads, int64_t head_dim, float scale, const int64_t* q_pos, int64_t T,
                                  float* scores, cudaStream_t st) {
   if (n <= 0 || T <= 0) return;
-  const size_t smem = static_cast<size_t>(n_heads * head_dim + n_heads + kIdxKeys * (head_dim + 1)) * sizeof(float);
+  const size_t smem =
+      static_cast<size_t>(n_heads * head_dim + (n_heads + 3) / 4 * 4 + kIdxKeys * idx_key_ld(head_dim)) * sizeof(float);
   static const cudaError_t attr =
       cudaFuncSetAttribute(indexer_paged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
   (void)attr;
