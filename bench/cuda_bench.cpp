@@ -965,6 +965,15 @@ int main(int argc, char** argv) {
     bench_grouped(*be, WeightFormat::MXFP4, 256, 128, 6144, 2048, DType::BF16, 4);
     return 0;
   }
+  if (argc > 1 && std::string(argv[1]) == "matmul") {  // only the decode GEMV timings, bf16 activations
+    bench_matmul(*be, "bf16 o_proj GLM-5", WeightFormat::BF16, 6144, 16384, DType::BF16);
+    bench_matmul(*be, "bf16 q_b GLM-5", WeightFormat::BF16, 16384, 2048, DType::BF16);
+    bench_matmul(*be, "bf16 kv_a GLM-5", WeightFormat::BF16, 576, 6144, DType::BF16);
+    bench_matmul(*be, "bf16 router GLM-5", WeightFormat::BF16, 256, 6144, DType::BF16);
+    bench_matmul(*be, "bf16 indexer wk GLM-5", WeightFormat::BF16, 128, 6144, DType::BF16);
+    bench_matmul(*be, "bf16 indexer heads GLM-5", WeightFormat::BF16, 32, 6144, DType::BF16);
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "attention") {  // only the attention timings
     for (const auto& [batch, ctx] :
          std::vector<std::pair<int64_t, int64_t>>{{1, 1024}, {1, 8192}, {8, 1024}, {64, 1024}, {64, 8192}, {128, 1024}})

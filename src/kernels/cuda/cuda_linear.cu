@@ -31,7 +31,11 @@ __host__ __device__ constexpr int rows_per_block() {
   return MC == 1 ? 4 : 2;
 }
 constexpr int64_t kSmallRows = 16;
-// Matrices with fewer rows take a warp per row (more independent work items than a block per 4 rows).
+// Matrices of kWarpKernelMinRows .. kWarpKernelMaxRows rows take a warp per row (more independent work items than a
+// block per 4 rows); fewer rows (kv_a's 576, the router's 256, the DSA indexer's 32 / 128) a block per 4 rows, each
+// row split over the block's 8 warps: a warp per row would keep too few loads in flight (576 rows: 15.7 % of the
+// H200's bandwidth at M = 1), as do more rows in blocks.
+constexpr int64_t kWarpKernelMinRows = 1024;
 constexpr int64_t kWarpKernelMaxRows = 4096;
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
@@ -1040,7 +1044,7 @@ bool mx_tc_x(TView x) { return x.bf16 && (reinterpret_cast<uintptr_t>(x.p) & 15)
 template <class XT>
 void matmul_small_t(const WDesc& w, const XT* x, int64_t ldx, int64_t M, const SmallOut& out, cudaStream_t st) {
   constexpr int r1 = rows_per_block<1>(), r4 = rows_per_block<kMC>();
-  if (w.rows >= kWarpKernelMaxRows) {  // many rows: a block per tile of rows (each row split over 8 warps)
+  if (w.rows >= kWarpKernelMaxRows || w.rows < kWarpKernelMinRows) {  // a block per tile of rows (8 warps per row)
     if (M == 1)
       small_kernel<1, XT><<<static_cast<unsigned>((w.rows + r1 - 1) / r1), kThreads, 0, st>>>(w, M, x, ldx, out);
     else
