@@ -82,52 +82,59 @@ void expect_fused_equals_unfused(Backend& be, const std::string& label) {
         }
       }
   }
-  // grouped_matmul: SwiGLU per group and a residual, with an empty group and offsets not starting at 0.
-  const std::vector<Fmt> fmts = {Fmt::Mxfp4, Fmt::BF16, Fmt::Fp8Block, Fmt::Mxfp4};
-  const std::vector<int64_t> counts = {3, 0, 17, 1};
-  const int64_t N = 37, K = 160, G = 4;
-  std::vector<HostWeight> ws, gs;
-  for (Fmt f : fmts) {
-    ws.push_back(make_weight(f, N, K, rng));
-    gs.push_back(make_weight(f, N, K, rng));
-  }
-  std::vector<int64_t> off = {2};
-  for (int64_t c : counts) off.push_back(off.back() + c);
-  const int64_t R = off.back();
-  const std::vector<float> x = rng.normals(R * K), res = rng.normals(R * N);
-  for (DType t : {DType::F32, DType::BF16})
-    for (const std::string k : {"glu", "residual"}) {
-      Arena A(be);
-      std::vector<QuantWeight> wd, gd;
-      for (int64_t g = 0; g < G; ++g) {
-        wd.push_back(A.weight(ws[static_cast<size_t>(g)]));
-        gd.push_back(A.weight(gs[static_cast<size_t>(g)]));
-      }
-      std::vector<const QuantWeight*> wp, gp;
-      for (int64_t g = 0; g < G; ++g) {
-        wp.push_back(&wd[static_cast<size_t>(g)]);
-        gp.push_back(&gd[static_cast<size_t>(g)]);
-      }
-      const int64_t* od = A.up(off);
-      const Tensor xt = A.up(x, t, R, K), rt = A.up(res, t, R, N), y = A.tensor(t, R, N), u = A.tensor(t, R, N);
-      Epilogue e;
-      if (k == "glu") e.glu = gp.data();
-      if (k == "residual") e.residual = &rt;
-      be.grouped_matmul(wp.data(), G, od, xt, y, e);
-      be.grouped_matmul(wp.data(), G, od, xt, u);
-      const Tensor ur = u.row_slice(2, R - 2);
-      if (k == "glu") {
-        const Tensor g = A.tensor(t, R, N);
-        be.grouped_matmul(gp.data(), G, od, xt, g);
-        be.silu_mul(g.row_slice(2, R - 2), ur, ur);
-      } else {
-        const Tensor r2 = A.up(res, t, R, N);
-        be.add(r2.row_slice(2, R - 2), ur);
-        be.copy(ur.data, r2.row_ptr(2), static_cast<size_t>((R - 2) * N) * ur.elem_size());
-      }
-      EXPECT_TRUE(same_bits(A.down(y), A.down(u)))
-          << label << ": fused grouped " << k << " differs from the unfused ops; " << dtype_label(t);
+  // grouped_matmul: SwiGLU per group and a residual, with an empty group and offsets not starting at 0; mixed formats
+  // (K 160), and all MXFP4 with K a multiple of 128 (the CUDA tensor-core kernels: groups of ≤ 16 tokens read gate
+  // and up in one pass, the group of 17 through the gate rows).
+  auto grouped = [&](const std::vector<Fmt>& fmts, int64_t K) {
+    const std::vector<int64_t> counts = {3, 0, 17, 1};
+    const int64_t N = 37, G = 4;
+    std::vector<HostWeight> ws, gs;
+    for (Fmt f : fmts) {
+      ws.push_back(make_weight(f, N, K, rng));
+      gs.push_back(make_weight(f, N, K, rng));
     }
+    std::vector<int64_t> off = {2};
+    for (int64_t c : counts) off.push_back(off.back() + c);
+    const int64_t R = off.back();
+    const std::vector<float> x = rng.normals(R * K), res = rng.normals(R * N);
+    for (DType t : {DType::F32, DType::BF16})
+      for (const std::string k : {"glu", "residual", "glu+residual"}) {
+        const bool has_glu = k.find("glu") != std::string::npos, has_res = k.find("residual") != std::string::npos;
+        Arena A(be);
+        std::vector<QuantWeight> wd, gd;
+        for (int64_t g = 0; g < G; ++g) {
+          wd.push_back(A.weight(ws[static_cast<size_t>(g)]));
+          gd.push_back(A.weight(gs[static_cast<size_t>(g)]));
+        }
+        std::vector<const QuantWeight*> wp, gp;
+        for (int64_t g = 0; g < G; ++g) {
+          wp.push_back(&wd[static_cast<size_t>(g)]);
+          gp.push_back(&gd[static_cast<size_t>(g)]);
+        }
+        const int64_t* od = A.up(off);
+        const Tensor xt = A.up(x, t, R, K), rt = A.up(res, t, R, N), y = A.tensor(t, R, N), u = A.tensor(t, R, N);
+        Epilogue e;
+        if (has_glu) e.glu = gp.data();
+        if (has_res) e.residual = &rt;
+        be.grouped_matmul(wp.data(), G, od, xt, y, e);
+        be.grouped_matmul(wp.data(), G, od, xt, u);
+        const Tensor ur = u.row_slice(2, R - 2);
+        if (has_glu) {
+          const Tensor g = A.tensor(t, R, N);
+          be.grouped_matmul(gp.data(), G, od, xt, g);
+          be.silu_mul(g.row_slice(2, R - 2), ur, ur);
+        }
+        if (has_res) {
+          const Tensor r2 = A.up(res, t, R, N);
+          be.add(r2.row_slice(2, R - 2), ur);
+          be.copy(ur.data, r2.row_ptr(2), static_cast<size_t>((R - 2) * N) * ur.elem_size());
+        }
+        EXPECT_TRUE(same_bits(A.down(y), A.down(u)))
+            << label << ": fused grouped " << k << " differs from the unfused ops; " << dtype_label(t) << " K " << K;
+      }
+  };
+  grouped({Fmt::Mxfp4, Fmt::BF16, Fmt::Fp8Block, Fmt::Mxfp4}, 160);
+  grouped({Fmt::Mxfp4, Fmt::Mxfp4, Fmt::Mxfp4, Fmt::Mxfp4}, 256);
 }
 
 }  // namespace latent::ops

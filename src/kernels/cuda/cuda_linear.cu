@@ -466,9 +466,37 @@ __device__ __forceinline__ uint32_t mx_a(uint32_t w, uint32_t m, uint32_t post) 
   return v;
 }
 
+// The A fragments of one 16-column step s of a chunk (rows g and g + 8 of a 16-row tile) and its mma with every
+// n-tile's activations.
 template <int NT>
+__device__ __forceinline__ void mx_tc_step(int s, const uint4& wa, const uint4& wb, uint32_t ma, uint32_t posta,
+                                           uint32_t mbm, uint32_t postb, const uint32_t (&xr)[NT][16],
+                                           float (&c)[NT][4]) {
+  const uint32_t wwa = word_of(wa, s >> 1), wwb = word_of(wb, s >> 1);
+  uint32_t a0, a1, a2, a3;
+  if (s & 1) {
+    a0 = mx_a<2>(wwa, ma, posta);
+    a1 = mx_a<2>(wwb, mbm, postb);
+    a2 = mx_a<3>(wwa, ma, posta);
+    a3 = mx_a<3>(wwb, mbm, postb);
+  } else {
+    a0 = mx_a<0>(wwa, ma, posta);
+    a1 = mx_a<0>(wwb, mbm, postb);
+    a2 = mx_a<1>(wwa, ma, posta);
+    a3 = mx_a<1>(wwb, mbm, postb);
+  }
+  const int a = 4 * (s >> 1) + (s & 1);
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+    mma_bf16_16816(c[n], a0, a1, a2, a3, __byte_perm(xr[n][a], xr[n][a + 2], 0x5410),
+                   __byte_perm(xr[n][a], xr[n][a + 2], 0x7632));
+}
+
+// GLU (wg non-null): the same tile of the gate weight wg too (same shape), the store applying SiLU(gate) · up as
+// the unfused path does (the gate's accumulator rounded to the output dtype first: epi_value's gacc).
+template <int NT, bool GLU = false>
 __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const uint16_t* x,
-                                           int64_t ldx, const SmallOut& out, int lane) {
+                                           int64_t ldx, const SmallOut& out, int lane, const WDesc* wg = nullptr) {
   const int g = lane >> 2, t = lane & 3;
   const int64_t N = w.rows, nkb = w.cols / 128;
   const int64_t ra = rbase + g < N ? rbase + g : N - 1, rb = rbase + g + 8 < N ? rbase + g + 8 : N - 1;
@@ -476,6 +504,14 @@ __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m
   const uint4* pb = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + rb * w.row_bytes) + t;
   const uint8_t* sa = static_cast<const uint8_t*>(w.scale) + ra * w.scale_cols + t;
   const uint8_t* sb = static_cast<const uint8_t*>(w.scale) + rb * w.scale_cols + t;
+  const uint4 *qa = pa, *qb = pb;
+  const uint8_t *ta = sa, *tb = sb;
+  if constexpr (GLU) {
+    qa = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(wg->data) + ra * wg->row_bytes) + t;
+    qb = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(wg->data) + rb * wg->row_bytes) + t;
+    ta = static_cast<const uint8_t*>(wg->scale) + ra * wg->scale_cols + t;
+    tb = static_cast<const uint8_t*>(wg->scale) + rb * wg->scale_cols + t;
+  }
   for (int64_t mb = m0; mb < m1; mb += 8 * NT) {
     const uint4* xp[NT];
     bool has[NT];
@@ -485,12 +521,14 @@ __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m
       has[n] = tok < m1;
       xp[n] = reinterpret_cast<const uint4*>(x + (has[n] ? tok : m0) * ldx) + 4 * t;
     }
-    float c[NT][4];
+    float c[NT][4], cg[NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[n][e] = cg[n][e] = 0.0f;
     for (int64_t kb0 = 0; kb0 < nkb; kb0 += kMxChunks) {
-      uint4 wa[kMxChunks], wb[kMxChunks];
-      uint32_t ea[kMxChunks], eb[kMxChunks];
+      uint4 wa[kMxChunks], wb[kMxChunks], ga[GLU ? kMxChunks : 1], gb[GLU ? kMxChunks : 1];
+      uint32_t ea[kMxChunks], eb[kMxChunks], fa[GLU ? kMxChunks : 1], fb[GLU ? kMxChunks : 1];
 #pragma unroll
       for (int j = 0; j < kMxChunks; ++j) {
         const int64_t kb = kb0 + j < nkb ? kb0 + j : nkb - 1;  // clamped: loads stay in bounds, results unused
@@ -498,6 +536,12 @@ __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m
         wb[j] = __ldcs(pb + 4 * kb);
         ea[j] = __ldg(sa + 4 * kb);
         eb[j] = __ldg(sb + 4 * kb);
+        if constexpr (GLU) {
+          ga[j] = __ldcs(qa + 4 * kb);
+          gb[j] = __ldcs(qb + 4 * kb);
+          fa[j] = __ldg(ta + 4 * kb);
+          fb[j] = __ldg(tb + 4 * kb);
+        }
       }
 #pragma unroll
       for (int j = 0; j < kMxChunks; ++j) {
@@ -516,25 +560,12 @@ __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m
         uint32_t posta, postb;
         const uint32_t ma = mx_mult(ea[j], posta), mbm = mx_mult(eb[j], postb);
 #pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          const uint32_t wwa = word_of(wa[j], s >> 1), wwb = word_of(wb[j], s >> 1);
-          uint32_t a0, a1, a2, a3;
-          if (s & 1) {
-            a0 = mx_a<2>(wwa, ma, posta);
-            a1 = mx_a<2>(wwb, mbm, postb);
-            a2 = mx_a<3>(wwa, ma, posta);
-            a3 = mx_a<3>(wwb, mbm, postb);
-          } else {
-            a0 = mx_a<0>(wwa, ma, posta);
-            a1 = mx_a<0>(wwb, mbm, postb);
-            a2 = mx_a<1>(wwa, ma, posta);
-            a3 = mx_a<1>(wwb, mbm, postb);
-          }
-          const int a = 4 * (s >> 1) + (s & 1);
+        for (int s = 0; s < 8; ++s) mx_tc_step<NT>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
+        if constexpr (GLU) {
+          uint32_t pga, pgb;
+          const uint32_t mga = mx_mult(fa[j], pga), mgb = mx_mult(fb[j], pgb);
 #pragma unroll
-          for (int n = 0; n < NT; ++n)
-            mma_bf16_16816(c[n], a0, a1, a2, a3, __byte_perm(xr[n][a], xr[n][a + 2], 0x5410),
-                           __byte_perm(xr[n][a], xr[n][a + 2], 0x7632));
+          for (int s = 0; s < 8; ++s) mx_tc_step<NT>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
         }
       }
     }
@@ -543,7 +574,17 @@ __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t r = rbase + g + (e >> 1) * 8, m = mb + 8 * n + 2 * t + (e & 1);
-        if (r < N && m < m1) small_store(out, m, r, N, c[n][e]);
+        if (r >= N || m >= m1) continue;
+        if constexpr (GLU) {
+          const bool bf16 = out.yf == nullptr && out.y.bf16 != 0;
+          const float v = epi_value(c[n][e], out.bias, &cg[n][e], TView{}, out.residual, m, r, bf16);
+          if (out.yf)
+            out.yf[m * N + r] = v;
+          else
+            tset(out.y, m, r, v);
+        } else {
+          small_store(out, m, r, N, c[n][e]);
+        }
       }
   }
 }
@@ -558,11 +599,11 @@ __global__ void __launch_bounds__(256) mx_tc_kernel(WDesc w, int64_t M, const ui
 
 // Grouped: a persistent grid of warps over (group, 16-row tile) items of the listed groups of classes c0 .. c1-1
 // (classify_groups_kernel), each over all its group's tokens.
-template <int NT>
+template <int NT, bool GLU = false>
 __global__ void __launch_bounds__(256)
     mx_tc_grouped_kernel(const WDesc* table, const int64_t* offsets, const int32_t* lists, const int32_t* counts,
-                         int64_t n_groups, int c0, int c1, int64_t tiles, const uint16_t* x, int64_t ldx,
-                         SmallOut out) {
+                         int64_t n_groups, int c0, int c1, int64_t tiles, const uint16_t* x, int64_t ldx, SmallOut out,
+                         const WDesc* gtable = nullptr) {
   int64_t n_listed = 0;
   for (int c = c0; c < c1; ++c) n_listed += counts[c];
   const int64_t n_items = n_listed * tiles, warps = static_cast<int64_t>(gridDim.x) * 8;
@@ -571,7 +612,8 @@ __global__ void __launch_bounds__(256)
     int c = c0;
     while (li >= counts[c]) li -= counts[c++];
     const int64_t g = lists[c * n_groups + li];
-    mx_tc_rows<NT>(table[g], offsets[g], offsets[g + 1], (item % tiles) * 16, x, ldx, out, threadIdx.x & 31);
+    mx_tc_rows<NT, GLU>(table[g], offsets[g], offsets[g + 1], (item % tiles) * 16, x, ldx, out, threadIdx.x & 31,
+                        GLU ? &gtable[g] : nullptr);
   }
 }
 
@@ -1095,6 +1137,27 @@ void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinE
     matmul_small_t(w, static_cast<const uint16_t*>(x.p), x.ld, M, out, st);
   else
     matmul_small_t(w, static_cast<const float*>(x.p), x.ld, M, out, st);
+}
+
+void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows,
+                              const int64_t* offsets, TView x, TView y, const LinEpi& e, TView gtmp, void* scratch,
+                              cudaStream_t st) {
+  if (n_groups <= 0 || rows <= 0) return;
+  int32_t* lists = static_cast<int32_t*>(scratch);
+  int32_t* counts = lists + 3 * n_groups;
+  classify_groups_kernel<<<1, 256, 0, st>>>(offsets, table, n_groups, lists, counts);
+  const unsigned grid = static_cast<unsigned>(sm_count() * 8);
+  const auto* xb = static_cast<const uint16_t*>(x.p);
+  const int64_t tiles = (rows + 15) / 16;
+  // Classes 0 and 1: gate and up in one pass; class 2 (more than 16 tokens): the gate into gtmp, then up with it.
+  mx_tc_grouped_kernel<1, true>
+      <<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 0, 2, tiles, xb, x.ld, small_out(y, e), gtable);
+  mx_tc_grouped_kernel<2><<<grid, 256, 0, st>>>(gtable, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld,
+                                                small_out(gtmp, LinEpi{}));
+  LinEpi eu = e;
+  eu.gate = gtmp;
+  mx_tc_grouped_kernel<2>
+      <<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, small_out(y, eu));
 }
 
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,

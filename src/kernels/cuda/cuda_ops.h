@@ -60,6 +60,13 @@ constexpr int64_t kSmallMaxRows = 16;
 bool mx_tc_ok(const WDesc& w);
 void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st,
                          bool mx_tc = false);
+// SwiGLU over MXFP4 experts with bf16 x (every weight of table and gtable passing mx_tc_ok): y = SiLU(x·Gᵀ) ·
+// (x·Uᵀ) with e's bias / residual, as launch_grouped_small of the gate into gtmp and then of up with gate = gtmp
+// computes it, bit for bit; groups of ≤ 16 tokens read both weights in one pass (gtmp untouched), larger ones
+// through gtmp ([R, N], y's dtype).
+void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows,
+                              const int64_t* offsets, TView x, TView y, const LinEpi& e, TView gtmp, void* scratch,
+                              cudaStream_t st);
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
                           TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc = false);
 // Tensor-core matmul for the bf16 activation mode (x values bf16): formats whose values or codes are exact bf16
