@@ -33,8 +33,9 @@ __host__ __device__ constexpr int rows_per_block() {
 constexpr int64_t kSmallRows = 16;
 // Matrices of kWarpKernelMinRows .. kWarpKernelMaxRows rows take a warp per row (more independent work items than a
 // block per 4 rows); fewer rows (kv_a's 576, the router's 256, the DSA indexer's 32 / 128) a block per 4 rows, each
-// row split over the block's 8 warps: a warp per row would keep too few loads in flight (576 rows: 15.7 % of the
-// H200's bandwidth at M = 1), as do more rows in blocks.
+// row split over the block's 8 warps (as for kWarpKernelMaxRows rows and more): a warp per row keeps too few
+// loads in flight for so few rows (kv_a 576 x 6144 at M = 1 read at 15.7 % of the H200's bandwidth in the model's
+// eager profile; split over a block, 28 % in `cuda_bench matmul`).
 constexpr int64_t kWarpKernelMinRows = 1024;
 constexpr int64_t kWarpKernelMaxRows = 4096;
 
