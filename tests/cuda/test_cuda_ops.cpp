@@ -222,6 +222,18 @@ TEST(CudaDispatch, MatmulBf16) {
   }
 }
 
+// The ref backend's grouped matmul of x (bf16 activations, [off.back(), cols]) into a y of dtype yt.
+std::vector<float> ref_grouped(const std::vector<HostWeight>& ws, const std::vector<int64_t>& off,
+                               const std::vector<float>& x, int64_t rows, int64_t cols, DType yt) {
+  Arena A(ref());
+  std::vector<const QuantWeight*> wp;
+  for (const HostWeight& w : ws) wp.push_back(&w.q);
+  const int64_t n = off.back();
+  const Tensor y = A.tensor(yt, n, rows);
+  A.be.grouped_matmul(wp.data(), static_cast<int64_t>(ws.size()), off.data(), A.up(x, DType::BF16, n, cols), y);
+  return A.down(y);
+}
+
 // The bf16 mode's grouped matmul: groups of more than 16 rows on the tensor-core kernel when every weight's values
 // or codes are bf16 values (a table with an F32 or odd-block FP8 weight keeps the fp32 kernels for all).
 TEST(CudaDispatch, GroupedMatmulBf16TensorCores) {
@@ -249,15 +261,8 @@ TEST(CudaDispatch, GroupedMatmulBf16TensorCores) {
       const int64_t n = off.back();
       const std::vector<float> x = rng.normals(n * cols);
       for (DType yt : {DType::BF16, DType::F32}) {
-        std::vector<float> want, got;
-        {
-          Arena A(ref());
-          std::vector<const QuantWeight*> wp;
-          for (const HostWeight& w : ws) wp.push_back(&w.q);
-          const Tensor y = A.tensor(yt, n, rows);
-          A.be.grouped_matmul(wp.data(), G, off.data(), A.up(x, DType::BF16, n, cols), y);
-          want = A.down(y);
-        }
+        const std::vector<float> want = ref_grouped(ws, off, x, rows, cols, yt);
+        std::vector<float> got;
         Arena A(gpu());
         std::vector<QuantWeight> wd;
         for (const HostWeight& w : ws) wd.push_back(A.weight(w));
@@ -360,15 +365,7 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
       ws.push_back(ops::make_weight(mixed && g == 3 ? Fmt::BF16 : Fmt::Mxfp4, rows, cols, rng));
     const std::vector<int64_t> off = {0, 1, 1, 4, 13, 30, 31};
     const std::vector<float> x = rng.normals(off.back() * cols);
-    std::vector<float> want;
-    {
-      Arena A(ref());
-      std::vector<const QuantWeight*> wp;
-      for (const HostWeight& w : ws) wp.push_back(&w.q);
-      const Tensor y = A.tensor(DType::BF16, off.back(), rows);
-      A.be.grouped_matmul(wp.data(), G, off.data(), A.up(x, DType::BF16, off.back(), cols), y);
-      want = A.down(y);
-    }
+    const std::vector<float> want = ref_grouped(ws, off, x, rows, cols, DType::BF16);
     Arena A(gpu());
     std::vector<QuantWeight> wd;
     for (const HostWeight& w : ws) wd.push_back(A.weight(w));

@@ -1010,6 +1010,22 @@ void mla_qkv_case(CaseCtx& c, Fmt f, DType t) {
       }
 }
 
+// One decode-attention check: random q (and, with sel_stride > 0, a random DSA selection of that stride) over step p.
+void decode_attention_check(CaseCtx& c, const MlaHost& h, const PagedStep& p, DType t, int64_t sel_stride,
+                            const std::string& what) {
+  const MlaDims& d = h.d;
+  const std::vector<float> q = c.rng.normals(p.N * d.n_heads * d.qk());
+  const Selection sel = sel_stride > 0 ? random_selection(c.rng, p.N, p.max_ctx, p.pos, sel_stride) : Selection{};
+  c.check(what + (sel_stride > 0 ? " dsa" : ""), [&](Arena& A) {
+    MlaHost::Dev v;
+    h.up(A, false, true, v);
+    const PagedStep::Dev dv = p.up(A, t);
+    const Tensor qt = A.up(q, t, p.N, d.n_heads * d.qk()), o = A.tensor(t, p.N, d.n_heads * d.v);
+    A.be.mla_decode_attention(v.L, qt, dv.pool, dv.seqs, dv.pos, sel.view(A), o);
+    return Outs{A.result("o", o)};
+  });
+}
+
 // The decode-attention block: the small dims (every backend's generic path) and, with `fast`, shapes the CUDA
 // backend's fused decode kernels take (bf16 pools: dc a multiple of 64, dr of 16), several head tiles and a long
 // context (several key splits); some rows of q / o belong to no sequence of the run and must stay untouched.
@@ -1026,18 +1042,8 @@ void mla_decode_attention_case(CaseCtx& c, Fmt f, DType t, int shape) {
         paged_step(c.rng, d, 0, bt, {{1, 23}, {6, 40}, {1, 2}}, 1)};                        // and a chunk
     if (shape > 0) steps.push_back(paged_step(c.rng, d, 0, bt, {{1, 700}, {2, 1500}}, 2));  // long: key splits
     for (const PagedStep& p : steps)
-      for (bool use_sel : {false, true}) {
-        const std::vector<float> q = c.rng.normals(p.N * d.n_heads * d.qk());
-        const Selection sel = use_sel ? random_selection(c.rng, p.N, p.max_ctx, p.pos, 19) : Selection{};
-        c.check("bt " + S(bt) + " seqs " + S(p.n_seqs) + " N " + S(p.N) + (use_sel ? " dsa" : ""), [&](Arena& A) {
-          MlaHost::Dev v;
-          h.up(A, false, true, v);
-          const PagedStep::Dev dv = p.up(A, t);
-          const Tensor qt = A.up(q, t, p.N, d.n_heads * d.qk()), o = A.tensor(t, p.N, d.n_heads * d.v);
-          A.be.mla_decode_attention(v.L, qt, dv.pool, dv.seqs, dv.pos, sel.view(A), o);
-          return Outs{A.result("o", o)};
-        });
-      }
+      for (bool use_sel : {false, true})
+        decode_attention_check(c, h, p, t, use_sel ? 19 : 0, "bt " + S(bt) + " seqs " + S(p.n_seqs) + " N " + S(p.N));
   }
 }
 
@@ -1050,18 +1056,7 @@ void mla_decode_attention_long_splits_case(CaseCtx& c, DType t) {
   seqs[3] = {1, 1};
   seqs[10] = {1, 777};
   const PagedStep p = paged_step(c.rng, d, 0, 16, seqs, 0);
-  for (bool use_sel : {false, true}) {
-    const std::vector<float> q = c.rng.normals(p.N * d.n_heads * d.qk());
-    const Selection sel = use_sel ? random_selection(c.rng, p.N, p.max_ctx, p.pos, 1500) : Selection{};
-    c.check(std::string("64 seqs ctx 2000") + (use_sel ? " dsa" : ""), [&](Arena& A) {
-      MlaHost::Dev v;
-      h.up(A, false, true, v);
-      const PagedStep::Dev dv = p.up(A, t);
-      const Tensor qt = A.up(q, t, p.N, d.n_heads * d.qk()), o = A.tensor(t, p.N, d.n_heads * d.v);
-      A.be.mla_decode_attention(v.L, qt, dv.pool, dv.seqs, dv.pos, sel.view(A), o);
-      return Outs{A.result("o", o)};
-    });
-  }
+  for (bool use_sel : {false, true}) decode_attention_check(c, h, p, t, use_sel ? 1500 : 0, "64 seqs ctx 2000");
 }
 
 struct MoeHost {

@@ -178,15 +178,7 @@ struct KeyVec<float> {
 template <>
 struct KeyVec<uint16_t> {
   static constexpr int kN = 8;
-  __device__ static void load(const uint16_t* p, float (&v)[8]) {
-    const uint4 q = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      v[2 * k] = __uint_as_float(w[k] << 16);
-      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
-    }
-  }
+  __device__ static void load(const uint16_t* p, float (&v)[8]) { bf16x8_to_f(*reinterpret_cast<const uint4*>(p), v); }
 };
 
 constexpr int kAbsThreads = 512;

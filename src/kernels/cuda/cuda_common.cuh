@@ -28,11 +28,24 @@ __device__ __forceinline__ float bf16r(float f) {
   return __uint_as_float(((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16) << 16);
 }
 __device__ __forceinline__ float bf16_bits_to_f(uint32_t h) { return __uint_as_float((h & 0xFFFFu) << 16); }
+// The 8 bf16 values of a 16-byte load, in memory order, as floats (exact).
+__device__ __forceinline__ void bf16x8_to_f(const uint4& q, float* v) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(w[k] << 16);
+    v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+  }
+}
 // RNE to bf16 bits (NaN: quiet bit forced), as f32_to_bf16.
 __device__ __forceinline__ uint16_t f_to_bf16_bits(float f) {
   const uint32_t b = __float_as_uint(f);
   if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);
   return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+// Two floats as one word of bf16 bits (lo in the low half: the memory order of a bf16 pair).
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  return static_cast<uint32_t>(f_to_bf16_bits(lo)) | (static_cast<uint32_t>(f_to_bf16_bits(hi)) << 16);
 }
 
 // Element access of a typed activation view (TView, cuda_ops.h): fp32 values in and out, rounded on store to bf16.

@@ -169,14 +169,9 @@ __global__ void __launch_bounds__(256)
     for (int64_t c0 = lane * 8; c0 < dc; c0 += 256) {
       float wv[8];
       if (wbf16) {
-        const uint4 raw =
-            *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(kv_b.data) + row * kv_b.row_bytes + c0 * 2);
-        const uint32_t ws[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          wv[2 * k] = __uint_as_float(ws[k] << 16);
-          wv[2 * k + 1] = __uint_as_float(ws[k] & 0xFFFF0000u);
-        }
+        bf16x8_to_f(
+            *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(kv_b.data) + row * kv_b.row_bytes + c0 * 2),
+            wv);
       } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k) wv[k] = wget(kv_b, row, c0 + k);
@@ -236,8 +231,7 @@ __global__ void __launch_bounds__(kAbsThreads)
         if (pairs) {
           v = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(q.p) + (m0 + r) * q.ld + h * dqk + j);
         } else {
-          v = static_cast<uint32_t>(bf16_bits(tget(q, m0 + r, h * dqk + j))) |
-              (static_cast<uint32_t>(bf16_bits(tget(q, m0 + r, h * dqk + j + 1))) << 16);
+          v = bf16x2_bits(tget(q, m0 + r, h * dqk + j), tget(q, m0 + r, h * dqk + j + 1));
         }
       }
       *reinterpret_cast<uint32_t*>(&as[r][j]) = v;
@@ -259,9 +253,7 @@ __global__ void __launch_bounds__(kAbsThreads)
         const int64_t i = m0 + g + 8 * h2;
         if (i >= i1) continue;
         const int64_t c = c0 + warp * 16 + nt * 8 + 2 * cq;
-        *reinterpret_cast<uint32_t*>(qlat + (i * H + h) * dc + c) =
-            static_cast<uint32_t>(bf16_bits(acc[nt][2 * h2])) |
-            (static_cast<uint32_t>(bf16_bits(acc[nt][2 * h2 + 1])) << 16);
+        *reinterpret_cast<uint32_t*>(qlat + (i * H + h) * dc + c) = bf16x2_bits(acc[nt][2 * h2], acc[nt][2 * h2 + 1]);
       }
   }
 }
@@ -512,8 +504,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
         float p0 = sacc[nt][e] == kNegInf ? 0.0f : bf16r(__expf(sacc[nt][e] - mnew[h2]));
         float p1 = sacc[nt][e + 1] == kNegInf ? 0.0f : bf16r(__expf(sacc[nt][e + 1] - mnew[h2]));
         rsum[h2] += p0 + p1;
-        const uint32_t packed = static_cast<uint32_t>(bf16_bits(p0)) | (static_cast<uint32_t>(bf16_bits(p1)) << 16);
-        *reinterpret_cast<uint32_t*>(&sm.p[row][key]) = packed;
+        *reinterpret_cast<uint32_t*>(&sm.p[row][key]) = bf16x2_bits(p0, p1);
       }
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {

@@ -333,13 +333,7 @@ __global__ void __launch_bounds__(kIdxKeys)
       uint4 raw = make_uint4(0u, 0u, 0u, 0u);
       if (krow[j] >= 0)
         raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(pool.data) + krow[j] * pool.width + ch * 8);
-      float* dst = ks + j * ld + ch * 8;
-      const uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        dst[2 * u] = __uint_as_float(wv[u] << 16);
-        dst[2 * u + 1] = __uint_as_float(wv[u] & 0xFFFF0000u);
-      }
+      bf16x8_to_f(raw, ks + j * ld + ch * 8);
     }
   } else {
     for (int64_t e = threadIdx.x; e < kIdxKeys * head_dim; e += blockDim.x) {
