@@ -1144,6 +1144,13 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
                               const int64_t* offsets, TView x, TView y, const LinEpi& e, TView gtmp, void* scratch,
                               cudaStream_t st) {
   if (n_groups <= 0 || rows <= 0) return;
+  if (!mx_tc_x(x)) {  // activations the tensor-core loads cannot take: the two passes on the exact kernels
+    launch_grouped_small(gtable, n_groups, rows, 0, offsets, x, gtmp, LinEpi{}, scratch, st, false);
+    LinEpi eu = e;
+    eu.gate = gtmp;
+    launch_grouped_small(table, n_groups, rows, 0, offsets, x, y, eu, scratch, st, false);
+    return;
+  }
   int32_t* lists = static_cast<int32_t*>(scratch);
   int32_t* counts = lists + 3 * n_groups;
   classify_groups_kernel<<<1, 256, 0, st>>>(offsets, table, n_groups, lists, counts);
