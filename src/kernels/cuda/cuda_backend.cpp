@@ -201,17 +201,19 @@ class CudaBackend final : public Backend {
       e.bias = ep.bias;
       if (ep.gate) e.gate = cuda::tview(*ep.gate);
       if (ep.residual) e.residual = cuda::tview(*ep.residual);
+      const cuda::WDesc d = cuda::make_wdesc(w);
+      bool gate_mx = true;
       if (ep.glu) {
         const Tensor g(tmp_bytes(kTmpGlu, static_cast<size_t>(M * N) * y.elem_size(), "SwiGLU gate rows"), y.dtype, M,
                        N);
         const cuda::WDesc gd = cuda::make_wdesc(*ep.glu[0]);
+        gate_mx = cuda::mx_tc_ok(gd);
         cuda::launch_matmul_small(gd, cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{}, stream_,
-                                  mx_tc(x, cuda::mx_tc_ok(gd), false));
+                                  mx_tc(x, gate_mx, false));
         check_launch("matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
-      const cuda::WDesc d = cuda::make_wdesc(w);
-      const bool mx = mx_tc(x, cuda::mx_tc_ok(d) && (!ep.glu || cuda::mx_tc_ok(cuda::make_wdesc(*ep.glu[0]))));
+      const bool mx = mx_tc(x, cuda::mx_tc_ok(d) && gate_mx);
       cuda::launch_matmul_small(d, cuda::tview(x), M, cuda::tview(y), e, stream_, mx);
       check_launch("matmul");
       return;
