@@ -249,28 +249,29 @@ void bench_copy(Backend& be) {
 // tensor-core skinny kernels (the default) and, for comparison, the exact kernels (tensor-core dispatch off).
 void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64_t rows, int64_t cols, DType act,
                    int64_t tpe = 1) {
+  const HostWeight h = make(f, rows, cols);
+  std::vector<QuantWeight> ws;
+  for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
+  std::vector<const QuantWeight*> wp(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) wp[static_cast<size_t>(e)] = &ws[static_cast<size_t>(e)];
+  const int sets = static_cast<int>(E / active);
+  std::vector<int64_t*> offs;
+  for (int k = 0; k < sets; ++k) {
+    std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
+    for (int64_t e = 0; e < E; ++e)
+      off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? tpe : 0);
+    auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
+    be.upload(d, off.data(), off.size() * 8);
+    offs.push_back(d);
+  }
+  const int64_t n = active * tpe;
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (float& v : x) v = next_normalish();
+  const Tensor xd = upload_act(be, x, n, cols, act);
+  const Tensor yd(be.alloc(static_cast<size_t>(n * rows) * Tensor::size_of(act), "y"), act, n, rows);
+  const double bytes = static_cast<double>(active) * static_cast<double>(h.bytes());
   for (bool tc : {false, true}) {
     if (tc && act != DType::BF16) continue;
-    const HostWeight h = make(f, rows, cols);
-    std::vector<QuantWeight> ws;
-    for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
-    std::vector<const QuantWeight*> wp(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) wp[static_cast<size_t>(e)] = &ws[static_cast<size_t>(e)];
-    const int sets = static_cast<int>(E / active);
-    std::vector<int64_t*> offs;
-    for (int k = 0; k < sets; ++k) {
-      std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
-      for (int64_t e = 0; e < E; ++e)
-        off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? tpe : 0);
-      auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
-      be.upload(d, off.data(), off.size() * 8);
-      offs.push_back(d);
-    }
-    const int64_t n = active * tpe;
-    std::vector<float> x(static_cast<size_t>(n * cols));
-    for (float& v : x) v = next_normalish();
-    const Tensor xd = upload_act(be, x, n, cols, act);
-    const Tensor yd(be.alloc(static_cast<size_t>(n * rows) * Tensor::size_of(act), "y"), act, n, rows);
     cuda_set_tc_dispatch(be, act == DType::BF16 && tc);
     for (int i = 0; i < 3; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
     be.sync();
@@ -279,7 +280,6 @@ void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64
     for (int i = 0; i < iters; ++i) be.grouped_matmul(wp.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd);
     be.sync();
     const double t = seconds_since(t0) / iters;
-    const double bytes = static_cast<double>(active) * static_cast<double>(h.bytes());
     std::printf(
         "grouped_matmul %s x %s %lld experts, %lld active x %lld token(s), [%lld x %lld], %s: %.2f us, %.0f GB/s "
         "(%.1f%%)\n",
@@ -290,10 +290,10 @@ void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64
         : tc               ? "tensor-core"
                            : "exact (tc off)",
         t * 1e6, bytes / t / 1e9, 100.0 * bytes / t / 1e9 / 4310.0);
-    for (void* p : offs) be.dealloc(p);
-    be.dealloc(xd.data);
-    be.dealloc(yd.data);
   }
+  for (void* p : offs) be.dealloc(p);
+  be.dealloc(xd.data);
+  be.dealloc(yd.data);
   cuda_set_tc_dispatch(be, true);
 }
 
