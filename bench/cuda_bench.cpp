@@ -130,6 +130,52 @@ void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, 
   be.dealloc(yd.data);
 }
 
+// The BF16 / FP8 tensor-core skinny kernels (cuda_skinny_tc.cu) against the kernels they replace (GEMV / CUDA-core
+// skinny kernels up to 16 rows, cuBLASLt for BF16 and the wmma tensor-core kernel for FP8 above), bf16 x, per M:
+// µs, weight GB/s and % of 4.31 TB/s for each path, and which the default dispatch takes.
+void bench_skinny(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols,
+                  const std::vector<int64_t>& ms) {
+  const HostWeight h = make(f, rows, cols);
+  const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
+  std::vector<QuantWeight> ws;
+  for (size_t i = 0; i < copies; ++i) ws.push_back(be.prepare_weight(h.q));
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  std::vector<float> x(static_cast<size_t>(max_m * cols));
+  for (float& v : x) v = next_normalish();
+  const Tensor xd = upload_act(be, x, max_m, cols, DType::BF16);
+  const Tensor yd(be.alloc(static_cast<size_t>(max_m * rows) * 2, "y"), DType::BF16, max_m, rows);
+  auto time = [&](int64_t M) {
+    const int iters = M >= 256 ? 10 : 50;
+    for (int i = 0; i < 3; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd.with_rows(M), yd.with_rows(M));
+    be.sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd.with_rows(M), yd.with_rows(M));
+    be.sync();
+    return seconds_since(t0) / iters;
+  };
+  for (int64_t M : ms) {
+    cuda_set_stc_rows(be, 1, 1 << 20, 1, 1 << 20, true);
+    const int64_t n0 = cuda_stc_matmuls(be);
+    const double ts = time(M);
+    const bool took = cuda_stc_matmuls(be) > n0;
+    cuda_set_stc_rows(be, 1, 0, 1, 0, true);
+    const double to = time(M);
+    cuda_reset_stc_rows(be);  // the defaults (cuda_backend.h)
+    const int64_t n1 = cuda_stc_matmuls(be);
+    time(M);
+    const bool dflt = cuda_stc_matmuls(be) > n1;
+    auto gbs = [&](double t) { return static_cast<double>(h.bytes()) / t / 1e9; };
+    std::printf(
+        "skinny %-22s %-18s %6lld x %-6lld M=%-4lld  stc %8.2f us %6.0f GB/s (%5.1f%%)%s  "
+        "before %8.2f us %6.0f GB/s (%5.1f%%)  %5.2fx  default: %s\n",
+        label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows), static_cast<long long>(cols),
+        static_cast<long long>(M), ts * 1e6, gbs(ts), 100.0 * gbs(ts) / 4310.0, took ? "" : " (not taken)", to * 1e6,
+        gbs(to), 100.0 * gbs(to) / 4310.0, to / ts, dflt ? "stc" : "before");
+  }
+  be.dealloc(xd.data);
+  be.dealloc(yd.data);
+}
+
 // Prefill matmul of the bf16 activation mode (Backend::matmul_bf16: cuBLASLt with bf16 operands for BF16 weights
 // and MXFP4 weights dequantized whole to bf16 first; FP8 weights take the exact kernels) against the exact fp32 path
 // (matmul: the skinny kernel ≤ 16 rows, the 64×64 tiled kernel above), TFLOP/s against the H200's dense bf16 peak: 990
@@ -875,14 +921,16 @@ int main(int argc, char** argv) {
       for (bool bf16 : {false, true}) bench_model(argv[2], b, bf16);
     return 0;
   }
-  // cuda_bench ctx <dir> [--profile] [--batch 1,8,32,64,128] [--ctx 1024,8192,32768]: decode at real contexts in
-  // graphs (bf16), with the floors and kernels per layer; --profile adds a timed per-op breakdown at batch 1 and 64.
+  // cuda_bench ctx <dir> [--profile] [--batch 1,8,32,64,128] [--ctx 1024,8192,32768] [--no-stc]: decode at real
+  // contexts in graphs (bf16), with the floors and kernels per layer; --profile adds a timed per-op breakdown at
+  // batch 1 and 64; --no-stc turns the BF16 / FP8 tensor-core skinny kernels off (the paths they replace).
   if (argc > 2 && std::string(argv[1]) == "ctx") {
     std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
     bool profile = false;
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--profile") profile = true;
+      if (a == "--no-stc") cuda_set_stc_rows(*be, 1, 0, 1, 0, false);  // the BF16 / FP8 skinny tc kernels off (A/B)
       if (a == "--batch" && i + 1 < argc) batches = int_list(argv[++i]);
       if (a == "--ctx" && i + 1 < argc) ctxs = int_list(argv[++i]);
     }
@@ -898,8 +946,8 @@ int main(int argc, char** argv) {
     bench_decode_matrix(argv[2], m, cb, batches, ctxs, profile);
     return 0;
   }
-  // cuda_bench verify <dir> [--batch 1,64] [--ctx 1024] [--k 1]: speculative decoding's verify step (k + 1 tokens
-  // per sequence) against a decode step, and the MTP draft step when the checkpoint has one (bf16, graphs).
+  // cuda_bench verify <dir> [--batch 1,64] [--ctx 1024] [--k 1] [--no-stc]: speculative decoding's verify step (k + 1
+  // tokens per sequence) against a decode step, and the MTP draft step when the checkpoint has one (bf16, graphs).
   if (argc > 2 && std::string(argv[1]) == "verify") {
     std::vector<int64_t> batches{1, 64}, ctxs{1024}, ks{1};
     for (int i = 3; i < argc; ++i) {
@@ -910,6 +958,8 @@ int main(int argc, char** argv) {
         ctxs = int_list(argv[++i]);
       else if (a == "--k" && i + 1 < argc)
         ks = int_list(argv[++i]);
+      else if (a == "--no-stc")
+        cuda_set_stc_rows(*be, 1, 0, 1, 0, false);
       else {
         std::fprintf(stderr, "cuda_bench verify: unknown argument '%s'\n", a.c_str());
         return 2;
@@ -972,6 +1022,28 @@ int main(int argc, char** argv) {
     bench_matmul(*be, "bf16 router GLM-5", WeightFormat::BF16, 256, 6144, DType::BF16);
     bench_matmul(*be, "bf16 indexer wk GLM-5", WeightFormat::BF16, 128, 6144, DType::BF16);
     bench_matmul(*be, "bf16 indexer heads GLM-5", WeightFormat::BF16, 32, 6144, DType::BF16);
+    return 0;
+  }
+  // cuda_bench skinny: the BF16 / FP8 tensor-core skinny kernels against the paths they replace, per M, on the
+  // decode matmuls of the GLM-5 and DeepSeek-V3 shapes; then the grouped experts (bf16 and block-FP8).
+  if (argc > 1 && std::string(argv[1]) == "skinny") {
+    const std::vector<int64_t> ms{1, 2, 4, 8, 16, 32, 64, 128, 256};
+    bench_skinny(*be, "o_proj GLM-5", WeightFormat::BF16, 6144, 16384, ms);
+    bench_skinny(*be, "q_b GLM-5", WeightFormat::BF16, 16384, 2048, ms);
+    bench_skinny(*be, "kv_a GLM-5", WeightFormat::BF16, 576, 6144, ms);
+    bench_skinny(*be, "dense up GLM-5", WeightFormat::BF16, 12288, 6144, ms);
+    bench_skinny(*be, "router GLM-5", WeightFormat::BF16, 256, 6144, {1, 2, 8, 32});
+    bench_skinny(*be, "q_b DeepSeek-V3", WeightFormat::FP8_E4M3_BLOCK, 24576, 1536, ms);
+    bench_skinny(*be, "o_proj DeepSeek-V3", WeightFormat::FP8_E4M3_BLOCK, 7168, 16384, ms);
+    bench_skinny(*be, "kv_a DeepSeek-V3", WeightFormat::FP8_E4M3_BLOCK, 576, 7168, ms);
+    bench_skinny(*be, "dense up DeepSeek-V3", WeightFormat::FP8_E4M3_BLOCK, 18432, 7168, {1, 8, 64, 512});
+    bench_skinny(*be, "7168 x 2048", WeightFormat::FP8_E4M3_BLOCK, 7168, 2048, {16, 64, 512, 1024, 2048});
+    bench_grouped(*be, WeightFormat::FP8_E4M3_BLOCK, 256, 8, 4096, 7168, DType::BF16);
+    bench_grouped(*be, WeightFormat::FP8_E4M3_BLOCK, 256, 8, 7168, 2048, DType::BF16);
+    bench_grouped(*be, WeightFormat::FP8_E4M3_BLOCK, 256, 128, 4096, 7168, DType::BF16, 4);
+    bench_grouped(*be, WeightFormat::FP8_E4M3_BLOCK, 256, 128, 7168, 2048, DType::BF16, 4);
+    bench_grouped(*be, WeightFormat::BF16, 64, 8, 4096, 7168, DType::BF16);
+    bench_grouped(*be, WeightFormat::BF16, 64, 32, 4096, 7168, DType::BF16, 16);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "attention") {  // only the attention timings

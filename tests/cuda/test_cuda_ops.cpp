@@ -396,6 +396,107 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
   }
 }
 
+// The BF16 / FP8 tensor-core skinny kernels (bf16 x, weights with K % 128 == 0: BF16, FP8 block 128 / tensor /
+// channel; not fnuz, not 32 x 40 blocks): taken exactly where the default dispatch says (cuda_backend.h: BF16 1 ..
+// 16, FP8 1 .. 2048, not one token over long rows, not under 9 tokens below 1,024 rows; the counter), held to the
+// harness tolerances against the ref, each weight row on its own (a misplaced tile or scale cannot hide under the
+// others' magnitude); a token's result is the same bits whatever the number of tokens of the call (NT and the passes do
+// not change its arithmetic); grouped decode calls take them when every weight qualifies.
+TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
+  Rng rng(24);
+  const TcOn tc_on;
+  auto col_err = [](const std::vector<float>& got, const std::vector<float>& want, int64_t M, int64_t N, int64_t r) {
+    std::vector<float> a, b;
+    for (int64_t m = 0; m < M; ++m) {
+      a.push_back(got[static_cast<size_t>(m * N + r)]);
+      b.push_back(want[static_cast<size_t>(m * N + r)]);
+    }
+    return ops::norm_err(a.data(), b.data(), a.size());
+  };
+  for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8Tensor, Fmt::Fp8Channel, Fmt::Fp8BlockFnuz, Fmt::Fp8BlockOdd}) {
+    const bool eligible = f != Fmt::Fp8BlockFnuz && f != Fmt::Fp8BlockOdd;
+    const int64_t hi = f == Fmt::BF16 ? 16 : 2048, long_row = f == Fmt::BF16 ? 4096 : 8192;
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{16, 128}, {37, 1152}, {300, 6144}, {1037, 384}, {1024, 8320}}) {
+      const HostWeight w = ops::make_weight(f, rows, cols, rng);
+      const int64_t mmax = rows * cols > 1'000'000 ? 17 : 129;
+      const std::vector<float> x = rng.normals(mmax * cols);
+      std::vector<float> first;  // row 0 of x's result at the first M that takes the kernels
+      for (int64_t M : {1, 2, 5, 8, 9, 16, 17, 33, 64, 65, 128, 129}) {
+        if (M > mmax || (cols > 6144 && M != 1 && M != 2 && M != 9)) continue;
+        const std::vector<float> xm(x.begin(), x.begin() + M * cols);
+        for (DType yt : {DType::BF16, DType::F32}) {
+          std::vector<float> want;
+          {
+            Arena A(ref());
+            const Tensor y = A.tensor(yt, M, rows);
+            A.be.matmul(w.q, A.up(xm, DType::BF16, M, cols), y);
+            want = A.down(y);
+          }
+          Arena A(gpu());
+          const QuantWeight wd = A.weight(w);
+          const Tensor xd = A.up(xm, DType::BF16, M, cols), y = A.tensor(yt, M, rows);
+          const int64_t n0 = cuda_stc_matmuls(gpu());
+          gpu().matmul(wd, xd, y);
+          const std::vector<float> got = A.down(y);
+          const std::string what = std::string(ops::fmt_name(f)) + " rows " + std::to_string(rows) + " cols " +
+                                   std::to_string(cols) + " M " + std::to_string(M) + " y " + ops::dtype_label(yt);
+          const bool want_stc = eligible && M <= hi && (rows >= 1024 || M >= 9) && (M > 1 || cols <= long_row);
+          EXPECT_EQ(cuda_stc_matmuls(gpu()), n0 + (want_stc ? 1 : 0)) << what;
+          const double tol = ops::tol_for(yt), e = ops::norm_err(got.data(), want.data(), want.size());
+          if (want_stc)
+            ops::record_summary(std::string("cuda-only/matmul_stc/") + ops::fmt_name(f) + "/" + ops::dtype_label(yt),
+                                "cuda", e, tol);
+          EXPECT_LE(e, tol) << what;
+          for (int64_t r : {int64_t{0}, int64_t{7}, int64_t{8}, int64_t{15}, rows - 1})
+            if (r < rows) {
+              EXPECT_LE(col_err(got, want, M, rows, r), tol) << what << " weight row " << r;
+            }
+          if (want_stc && yt == DType::F32) {
+            const std::vector<float> row0(got.begin(), got.begin() + rows);
+            if (first.empty())
+              first = row0;
+            else
+              EXPECT_TRUE(same(first, row0)) << what << ": token 0 changed with the number of tokens";
+          }
+        }
+      }
+    }
+  }
+  // fp32 x never takes them; grouped decode calls do when every weight qualifies (one MXFP4 or F32 weight in the
+  // table keeps the others' kernels).
+  {
+    const HostWeight w = ops::make_weight(Fmt::BF16, 40, 256, rng);
+    Arena A(gpu());
+    const QuantWeight wd = A.weight(w);
+    const Tensor xf = A.up(rng.normals(4 * 256), DType::F32, 4, 256), yf = A.tensor(DType::F32, 4, 40);
+    const int64_t n0 = cuda_stc_matmuls(gpu());
+    gpu().matmul(wd, xf, yf);
+    EXPECT_EQ(cuda_stc_matmuls(gpu()), n0) << "fp32 x took the bf16 tensor-core kernel";
+  }
+  for (Fmt other : {Fmt::BF16, Fmt::Fp8Channel, Fmt::Mxfp4, Fmt::F32}) {
+    const int64_t G = 6, rows = 40, cols = 256;
+    const bool stc = other != Fmt::Mxfp4 && other != Fmt::F32;
+    std::vector<HostWeight> ws;
+    for (int64_t g = 0; g < G; ++g) ws.push_back(ops::make_weight(g == 3 ? other : Fmt::Fp8Block, rows, cols, rng));
+    const std::vector<int64_t> off = {0, 1, 1, 4, 13, 30, 31};
+    const std::vector<float> x = rng.normals(off.back() * cols);
+    const std::vector<float> want = ref_grouped(ws, off, x, rows, cols, DType::BF16);
+    Arena A(gpu());
+    std::vector<QuantWeight> wd;
+    for (const HostWeight& w : ws) wd.push_back(A.weight(w));
+    std::vector<const QuantWeight*> wp;
+    for (const QuantWeight& w : wd) wp.push_back(&w);
+    const Tensor xd = A.up(x, DType::BF16, off.back(), cols), y = A.tensor(DType::BF16, off.back(), rows);
+    const int64_t n0 = cuda_stc_matmuls(gpu());
+    gpu().grouped_matmul(wp.data(), G, A.up(off), xd, y);
+    EXPECT_EQ(cuda_stc_matmuls(gpu()), n0 + (stc ? 1 : 0)) << ops::fmt_name(other);
+    const double e = ops::norm_err(A.down(y).data(), want.data(), want.size());
+    if (stc) ops::record_summary("cuda-only/grouped_stc/bf16", "cuda", e, ops::kTolBf16);
+    EXPECT_LE(e, ops::kTolBf16) << ops::fmt_name(other);
+  }
+}
+
 // The epilogue contract of backend.h on the device: fused = unfused op sequence bit for bit.
 TEST(CudaBackend, FusedEpilogueEqualsUnfused) { ops::expect_fused_equals_unfused(gpu(), "cuda"); }
 

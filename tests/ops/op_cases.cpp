@@ -315,6 +315,73 @@ void grouped_mxfp4_case(CaseCtx& c, Act a) {
   grouped_once(c, "nan", gs, a);
 }
 
+// BF16 and FP8 (block 128, per tensor, per channel) weights with K % 128 == 0 — the dense layers and bf16 / FP8
+// experts of the published checkpoints, which a device backend may put on tensor-core skinny kernels from one
+// token to a few hundred: 16-row tile edges, one and several passes of 64 tokens, SwiGLU and residual epilogues,
+// NaN codes.
+void matmul_k128_case(CaseCtx& c, Act a) {
+  for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8Tensor, Fmt::Fp8Channel})
+    for (const auto& [N, K, Ms] : {std::tuple<int64_t, int64_t, std::vector<int64_t>>{37, 128, {1, 2, 9, 17, 65, 130}},
+                                   {200, 1152, {1, 2, 8, 33, 64}},
+                                   {16, 2048, {3, 16}}}) {
+      const HostWeight w = make_weight(f, N, K, c.rng);
+      for (int64_t M : Ms)
+        matmul_once(c, std::string(fmt_name(f)) + " N " + S(N) + " K " + S(K) + " M " + S(M), w, a, M);
+    }
+  for (Fmt f : {Fmt::BF16, Fmt::Fp8Block}) {
+    const int64_t N = 45, K = 384, M = 20;
+    const HostWeight w = make_weight(f, N, K, c.rng), wg = make_weight(f, N, K, c.rng);
+    const std::vector<float> x = c.rng.normals(M * K), res = c.rng.normals(M * N, 3.0f);
+    c.check(std::string(fmt_name(f)) + " glu+residual", [&](Arena& A) {
+      const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
+      const QuantWeight* gp[1] = {&wgd};
+      const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
+      Epilogue e;
+      e.glu = gp;
+      e.residual = &rt;
+      A.be.matmul(wd, xt, y, e);
+      return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
+    });
+  }
+  for (Fmt f : {Fmt::Fp8Block, Fmt::Fp8Channel}) {
+    const HostWeight w = make_weight(f, 37, 256, c.rng, /*nan=*/true);
+    for (int64_t M : {1, 6, 40}) matmul_once(c, std::string(fmt_name(f)) + " nan M " + S(M), w, a, M);
+  }
+}
+
+// Expert groups of BF16 / FP8 weights with K % 128 == 0 (DeepSeek-V3's block-FP8 experts, bf16 experts): every
+// group one format, mixed BF16 / FP8 scale layouts, each group-size class, the decode shape, SwiGLU, residual, NaN
+// codes.
+void grouped_k128_case(CaseCtx& c, Act a) {
+  const std::vector<std::vector<Fmt>> lists = {std::vector<Fmt>(8, Fmt::BF16),
+                                               std::vector<Fmt>(8, Fmt::Fp8Block),
+                                               {Fmt::BF16, Fmt::Fp8Tensor, Fmt::Fp8Block, Fmt::Fp8Channel, Fmt::BF16,
+                                                Fmt::Fp8Block, Fmt::Fp8Channel, Fmt::BF16}};
+  for (size_t l = 0; l < lists.size(); ++l)
+    for (const auto& [N, K] : {std::pair<int64_t, int64_t>{37, 128}, {200, 1152}}) {
+      Groups gs;
+      gs.fmts = lists[l];
+      gs.N = N;
+      gs.K = K;
+      gs.counts = {1, 0, 2, 9, 17, 1, 40, 3};
+      const std::string tag = "list " + S(static_cast<int64_t>(l)) + " N " + S(N) + " K " + S(K);
+      grouped_once(c, tag, gs, a);
+      if (N > 37) continue;
+      grouped_once(c, "glu " + tag, gs, a, "glu");
+      gs.counts = {1, 0, 1, 1, 1, 1, 0, 1};
+      grouped_once(c, "decode " + tag, gs, a);
+      grouped_once(c, "decode glu " + tag, gs, a, "glu");
+      grouped_once(c, "decode residual " + tag, gs, a, "residual");
+    }
+  Groups gs;
+  gs.fmts.assign(4, Fmt::Fp8Block);
+  gs.N = 37;
+  gs.K = 256;
+  gs.counts = {1, 3, 0, 12};
+  gs.nan = true;
+  grouped_once(c, "nan", gs, a);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // embedding
 // ---------------------------------------------------------------------------------------------------------------
@@ -1216,6 +1283,7 @@ std::vector<OpCase> build() {
     add(std::string("matmul/large/") + a.name, [a](CaseCtx& c) { matmul_large_case(c, a); });
     add(std::string("matmul/strided/") + a.name, [a](CaseCtx& c) { matmul_strided_case(c, a); });
     add(std::string("matmul/nan_codes/") + a.name, [a](CaseCtx& c) { matmul_nan_case(c, a); });
+    add(std::string("matmul/k128/") + a.name, [a](CaseCtx& c) { matmul_k128_case(c, a); });
   }
   for (Ep e : {Ep::Bias, Ep::Glu, Ep::Gate, Ep::Residual, Ep::ResidualY, Ep::BiasGluResidual, Ep::BiasGateResidual})
     for (Act a : {kActF32, kActBf16})
@@ -1232,8 +1300,10 @@ std::vector<OpCase> build() {
   }
   for (Act a : {kActBf16, kActBf16F32})
     add(std::string("grouped_matmul/uniform/") + a.name, [a](CaseCtx& c) { grouped_uniform_case(c, a); });
-  for (Act a : kActs)
+  for (Act a : kActs) {
     add(std::string("grouped_matmul/mxfp4_k128/") + a.name, [a](CaseCtx& c) { grouped_mxfp4_case(c, a); });
+    add(std::string("grouped_matmul/k128/") + a.name, [a](CaseCtx& c) { grouped_k128_case(c, a); });
+  }
 
   for (Fmt f : kAllFmts) add(std::string("embedding/") + fmt_name(f), [f](CaseCtx& c) { embedding_case(c, f); });
   add("embedding/all_codes", [](CaseCtx& c) { embedding_codes_case(c); });

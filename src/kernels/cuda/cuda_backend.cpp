@@ -195,26 +195,36 @@ class CudaBackend final : public Backend {
     const int64_t M = x.rows, N = w.rows;
     if (M <= 0 || N <= 0) return;
     // Decode sizes: the skinny kernels read x in its dtype and apply the epilogue at the store (SwiGLU: the gate
-    // rows first, rounded into a scratch of y's dtype, then the up rows with that gate).
-    if (M <= cuda::kSmallMaxRows && !(ep.glu && ep.gate)) {
+    // rows first, rounded into a scratch of y's dtype, then the up rows with that gate). BF16 / FP8 weights with
+    // bf16 x take the tensor-core skinny kernels over the row counts stc_rows() gives (past 16 rows too).
+    const cuda::WDesc d = cuda::make_wdesc(w);
+    const bool stc = stc_take(d, x, M) && (!ep.glu || stc_take(cuda::make_wdesc(*ep.glu[0]), x, M));
+    if ((M <= cuda::kSmallMaxRows || stc) && !(ep.glu && ep.gate)) {
       cuda::LinEpi e;
       e.bias = ep.bias;
       if (ep.gate) e.gate = cuda::tview(*ep.gate);
       if (ep.residual) e.residual = cuda::tview(*ep.residual);
-      const cuda::WDesc d = cuda::make_wdesc(w);
       bool gate_mx = true;
       if (ep.glu) {
         const Tensor g(tmp_bytes(kTmpGlu, static_cast<size_t>(M * N) * y.elem_size(), "SwiGLU gate rows"), y.dtype, M,
                        N);
         const cuda::WDesc gd = cuda::make_wdesc(*ep.glu[0]);
         gate_mx = cuda::mx_tc_ok(gd);
-        cuda::launch_matmul_small(gd, cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{}, stream_,
-                                  mx_tc(x, gate_mx, false));
+        if (stc)
+          cuda::launch_matmul_stc(gd, cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{}, stream_);
+        else
+          cuda::launch_matmul_small(gd, cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{}, stream_,
+                                    mx_tc(x, gate_mx, false));
         check_launch("matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
-      const bool mx = mx_tc(x, cuda::mx_tc_ok(d) && gate_mx);
-      cuda::launch_matmul_small(d, cuda::tview(x), M, cuda::tview(y), e, stream_, mx);
+      if (stc) {
+        ++stc_calls;
+        cuda::launch_matmul_stc(d, cuda::tview(x), M, cuda::tview(y), e, stream_);
+      } else {
+        cuda::launch_matmul_small(d, cuda::tview(x), M, cuda::tview(y), e, stream_,
+                                  mx_tc(x, cuda::mx_tc_ok(d) && gate_mx));
+      }
       check_launch("matmul");
       return;
     }
@@ -254,8 +264,9 @@ class CudaBackend final : public Backend {
     // (and a wrapping backend such as the bench's counter) takes the same kernels.
     if (R <= kWarpGroupedMaxRows && !(ep.glu && ep.gate)) {
       int64_t rows = 0, cols = 0;
-      bool mx = true;
-      const cuda::WDesc* table = group_table(w, n_groups, rows, cols, nullptr, &mx);
+      bool mx = true, stc = true;
+      const cuda::WDesc* table = group_table(w, n_groups, rows, cols, nullptr, &mx, &stc);
+      stc = stc_group(x, stc);
       if (!table) return;
       void* scratch = group_scratch_for(cuda::grouped_scratch_bytes(n_groups));
       cuda::LinEpi e;
@@ -264,8 +275,9 @@ class CudaBackend final : public Backend {
       if (ep.residual) e.residual = cuda::tview(*ep.residual);
       if (ep.glu) {
         int64_t gr = 0, gc = 0;
-        bool gmx = true;
-        const cuda::WDesc* gtable = group_table(ep.glu, n_groups, gr, gc, nullptr, &gmx);
+        bool gmx = true, gstc = true;
+        const cuda::WDesc* gtable = group_table(ep.glu, n_groups, gr, gc, nullptr, &gmx, &gstc);
+        gstc = stc_group(x, gstc);
         const Tensor g(tmp_bytes(kTmpGlu, static_cast<size_t>(R * N) * y.elem_size(), "SwiGLU gate rows"), y.dtype, R,
                        N);
         // Gate and up in one pass for the smallest steps (batch 1 at top-8: 3.66 -> 3.48 ms per GLM-5-shape step on
@@ -278,12 +290,13 @@ class CudaBackend final : public Backend {
           return;
         }
         cuda::launch_grouped_small(gtable, n_groups, gr, gc, offsets, cuda::tview(x), cuda::tview(g), cuda::LinEpi{},
-                                   scratch, stream_, mx_tc(x, gmx, false));
+                                   scratch, stream_, mx_tc(x, gmx, false), gstc);
         check_launch("grouped_matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
+      if (stc) ++stc_calls;
       cuda::launch_grouped_small(table, n_groups, rows, cols, offsets, cuda::tview(x), cuda::tview(y), e, scratch,
-                                 stream_, mx_tc(x, mx));
+                                 stream_, mx_tc(x, mx), stc);
       check_launch("grouped_matmul");
       return;
     }
@@ -466,6 +479,27 @@ class CudaBackend final : public Backend {
     return on;
   }
   int64_t mx_tc_calls = 0;
+  // The BF16 / FP8 tensor-core skinny kernels (cuda_skinny_tc.cu): a matmul with bf16 x takes them for M in
+  // [stc_min(format), stc_max(format)] (cuda_set_stc_rows); grouped calls at decode sizes whenever every weight
+  // qualifies. Counter: the calls that took them.
+  bool stc_take(const cuda::WDesc& d, const Tensor& x, int64_t M) const {
+    if (!tc_dispatch || x.dtype != DType::BF16 || !cuda::stc_ok(d) || !cuda::stc_x_ok(cuda::tview(x))) return false;
+    const bool bf16 = d.format == static_cast<int32_t>(WeightFormat::BF16);
+    // Under 1,024 rows a block per 16-row tile leaves most SMs idle: the GEMV kernels (split over a block's warps)
+    // read such matrices faster up to 8 tokens (cuda_bench skinny: kv_a, router); so do they long rows at one token
+    // (o_proj, the dense MLP's up / gate). The limits fall on decode graph bucket edges (1 | 2 | 3-4 | 5-8 | 9-16).
+    if (d.rows < 1024 && M < 9) return false;
+    if (M == 1 && d.cols > (bf16 ? 4096 : 8192)) return false;
+    return M >= (bf16 ? stc_bf16_min : stc_fp8_min) && M <= (bf16 ? stc_bf16_max : stc_fp8_max);
+  }
+  bool stc_group(const Tensor& x, bool all_ok) const {
+    return all_ok && stc_grouped && tc_dispatch && x.dtype == DType::BF16 && cuda::stc_x_ok(cuda::tview(x));
+  }
+  int64_t stc_calls = 0;
+  static constexpr int64_t kStcDefaults[4] = {1, 16, 1, 2048};  // BF16 min, max; FP8 min, max (cuda_backend.h)
+  int64_t stc_bf16_min = kStcDefaults[0], stc_bf16_max = kStcDefaults[1], stc_fp8_min = kStcDefaults[2],
+          stc_fp8_max = kStcDefaults[3];
+  bool stc_grouped = true;
   bool tc_dispatch = true;  // cuda_set_tc_dispatch (cuda_backend.h)
   bool fast_decode = true;  // cuda_set_fast_decode (cuda_backend.h)
   int64_t fast_decode_calls = 0;
@@ -664,9 +698,9 @@ class CudaBackend final : public Backend {
 
   // The device table of a grouped matmul's weights (cached per distinct list of weights).
   // tc (optional): set false unless every listed weight passes cuda::tc_format.
-  // mx (optional): set false unless every listed weight passes cuda::mx_tc_ok.
+  // mx (optional): set false unless every listed weight passes cuda::mx_tc_ok; stc (optional): cuda::stc_ok.
   const cuda::WDesc* group_table(const QuantWeight* const* w, int64_t n_groups, int64_t& rows, int64_t& cols,
-                                 bool* tc = nullptr, bool* mx = nullptr) {
+                                 bool* tc = nullptr, bool* mx = nullptr, bool* stc = nullptr) {
     std::vector<const void*> key(static_cast<size_t>(n_groups));
     std::vector<cuda::WDesc> descs(static_cast<size_t>(n_groups));
     bool any = false;
@@ -676,6 +710,7 @@ class CudaBackend final : public Backend {
       descs[static_cast<size_t>(g)] = cuda::make_wdesc(*w[g]);
       if (tc && !cuda::tc_format(descs[static_cast<size_t>(g)])) *tc = false;
       if (mx && !cuda::mx_tc_ok(descs[static_cast<size_t>(g)])) *mx = false;
+      if (stc && !cuda::stc_ok(descs[static_cast<size_t>(g)])) *stc = false;
       rows = w[g]->rows;
       cols = w[g]->cols;
       any = true;
@@ -738,6 +773,28 @@ int64_t cuda_fast_decode_calls(const Backend& be) {
 int64_t cuda_mx_tc_matmuls(const Backend& be) {
   const auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->mx_tc_calls : -1;
+}
+
+int64_t cuda_stc_matmuls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->stc_calls : -1;
+}
+
+void cuda_set_stc_rows(Backend& be, int64_t bf16_min, int64_t bf16_max, int64_t fp8_min, int64_t fp8_max,
+                       bool grouped) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) {
+    c->stc_bf16_min = bf16_min;
+    c->stc_bf16_max = bf16_max;
+    c->stc_fp8_min = fp8_min;
+    c->stc_fp8_max = fp8_max;
+    c->stc_grouped = grouped;
+  }
+}
+
+void cuda_reset_stc_rows(Backend& be) {
+  if (dynamic_cast<CudaBackend*>(&be))
+    cuda_set_stc_rows(be, CudaBackend::kStcDefaults[0], CudaBackend::kStcDefaults[1], CudaBackend::kStcDefaults[2],
+                      CudaBackend::kStcDefaults[3], true);
 }
 
 bool cuda_tc_dispatch(const Backend& be) {

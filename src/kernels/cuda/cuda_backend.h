@@ -34,5 +34,16 @@ void cuda_set_tc_dispatch(Backend& be, bool on);
 void cuda_set_fast_decode(Backend& be, bool on);
 int64_t cuda_fast_decode_calls(const Backend& be);
 bool cuda_tc_dispatch(const Backend& be);
+// The BF16 / FP8 tensor-core skinny kernels of the bf16 mode (weights with K % 128 == 0; cuda_skinny_tc.cu): a
+// matmul takes them for M in [bf16_min, bf16_max] (BF16 weights) or [fp8_min, fp8_max] (FP8), except one token
+// over rows longer than 4,096 (BF16) / 8,192 (FP8) columns and matrices of fewer than 1,024 rows below 9 tokens
+// (the GEMV kernels read those faster); grouped matmuls at decode sizes when `grouped`. Defaults
+// (cuda_reset_stc_rows): BF16 1 .. 16 (cuBLASLt is faster above), FP8 1 .. 2048 (faster than the wmma kernel up to
+// there), grouped on — measured with `cuda_bench skinny` (bench/README.md); benches and tests change them (an empty
+// range turns a format off). Counter: the matmul / grouped_matmul calls that took them so far (-1 when `be` is not
+// the CUDA backend).
+void cuda_set_stc_rows(Backend& be, int64_t bf16_min, int64_t bf16_max, int64_t fp8_min, int64_t fp8_max, bool grouped);
+void cuda_reset_stc_rows(Backend& be);
+int64_t cuda_stc_matmuls(const Backend& be);
 
 }  // namespace latent

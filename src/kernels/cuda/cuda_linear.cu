@@ -16,7 +16,7 @@
 #include <cuda_fp8.h>
 #include <mma.h>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_skinny.cuh"
 
 namespace latent::cuda {
 
@@ -38,10 +38,6 @@ constexpr int64_t kSmallRows = 16;
 // eager profile; split over a block, 28 % in `cuda_bench matmul`).
 constexpr int64_t kWarpKernelMinRows = 1024;
 constexpr int64_t kWarpKernelMaxRows = 4096;
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 // Elements per 16-byte chunk of stored weight bytes.
 template <int FMT>
@@ -263,22 +259,6 @@ __global__ void __launch_bounds__(256) classify_groups_kernel(const int64_t* off
   if (threadIdx.x < 3) counts[threadIdx.x] = base[threadIdx.x];
 }
 
-// Where the skinny kernels write: plain fp32 rows (y[m·N + r]), or a typed view through the linear epilogue
-// (bias, gate tensor, residual; rounded to the view's dtype).
-struct SmallOut {
-  float* yf = nullptr;
-  TView y{};
-  const float* bias = nullptr;
-  TView gate{}, residual{};
-};
-__device__ __forceinline__ void small_store(const SmallOut& o, int64_t m, int64_t r, int64_t N, float v) {
-  if (o.yf) {
-    o.yf[m * N + r] = v;
-    return;
-  }
-  tset(o.y, m, r, epi_value(v, o.bias, nullptr, o.gate, o.residual, m, r, o.y.bf16 != 0));
-}
-
 // Rows rbase .. rbase+kR of W times tokens m0 .. m1 of x (kThreads threads split each row).
 template <int MC, class XT>
 __device__ __forceinline__ void small_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const XT* x,
@@ -435,11 +415,6 @@ __device__ __forceinline__ uint32_t mx_pair_bits(uint32_t w) {
   const uint32_t sgn = I == 0 ? (w << 12) : I == 1 ? (w << 8) : I == 2 ? (w << 4) : w;
   return (mag & kMag) | (sgn & kSign);
 }
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));  // + (-0): a·b exactly
-  return d;
-}
 // The multiplier of a block's codes (both halves), and the second one for scale bytes above 128 (0: none).
 __device__ __forceinline__ uint32_t mx_mult(uint32_t e, uint32_t& post) {
   e &= 0xFFu;
@@ -451,14 +426,6 @@ __device__ __forceinline__ uint32_t mx_mult(uint32_t e, uint32_t& post) {
   else
     post = (e << 7) | (e << 23);  // 2^(e-127)
   return m | (m << 16);
-}
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 template <int I>
 __device__ __forceinline__ uint32_t mx_a(uint32_t w, uint32_t m, uint32_t post) {
@@ -1169,12 +1136,16 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
 }
 
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
-                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc) {
+                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc, bool stc) {
   (void)cols;
   if (n_groups <= 0 || rows <= 0) return;
   int32_t* lists = static_cast<int32_t*>(scratch);
   int32_t* counts = lists + 3 * n_groups;
   classify_groups_kernel<<<1, 256, 0, st>>>(offsets, table, n_groups, lists, counts);
+  if (stc && stc_x_ok(x)) {
+    launch_grouped_stc(table, n_groups, rows, offsets, x, y, e, lists, counts, st);
+    return;
+  }
   const SmallOut out = small_out(y, e);
   if (mx_tc && mx_tc_x(x)) {
     // Classes 0 and 1 (≤ 16 tokens: passes of 8), class 2 (passes of 16).

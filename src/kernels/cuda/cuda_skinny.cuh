@@ -1,0 +1,47 @@
+// Device pieces shared by the skinny (decode-sized) linear kernels of cuda_linear.cu (CUDA-core and MXFP4
+// tensor-core kernels) and cuda_skinny_tc.cu (BF16 / FP8 tensor-core kernels): where they write (SmallOut and its
+// epilogue store), the bf16 tensor-core MMA and the exact bf16x2 multiply.
+#pragma once
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace latent::cuda {
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Where the skinny kernels write: plain fp32 rows (y[m·N + r]), or a typed view through the linear epilogue
+// (bias, gate tensor, residual; rounded to the view's dtype).
+struct SmallOut {
+  float* yf = nullptr;
+  TView y{};
+  const float* bias = nullptr;
+  TView gate{}, residual{};
+};
+__device__ __forceinline__ void small_store(const SmallOut& o, int64_t m, int64_t r, int64_t N, float v) {
+  if (o.yf) {
+    o.yf[m * N + r] = v;
+    return;
+  }
+  tset(o.y, m, r, epi_value(v, o.bias, nullptr, o.gate, o.residual, m, r, o.y.bf16 != 0));
+}
+
+// a·b on bf16 pairs, exactly when the product is a bf16 value (fma with -0 added: the sign of a zero product kept).
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+// c += A·B over one m16n8k16 tile (bf16 in, fp32 accumulators). A row-major 16×16 (a0: row g, k 2t..2t+1; a1: row
+// g+8; a2: row g, k 2t+8..2t+9; a3: row g+8, k 2t+8..), B col-major 16×8 (b0: k 2t..2t+1, col g; b1: k 2t+8..),
+// c: (row g, cols 2t, 2t+1), (row g+8, cols 2t, 2t+1) — g = lane / 4, t = lane % 4.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+}  // namespace latent::cuda
