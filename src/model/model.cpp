@@ -288,6 +288,7 @@ Model::Dims Model::dims_for(int64_t n_tokens, int64_t n_seqs, int64_t max_ctx, i
   d.Tm = std::max<int64_t>(1, max_ctx);
   d.MB = std::max<int64_t>(1, max_blocks);
   d.R = std::max<int64_t>(1, logit_rows);
+  d.Tn = opt_.attention == AttentionForm::Naive ? d.Tm : std::min(d.Tm, naive_limit());
   return d;
 }
 
@@ -314,6 +315,7 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
   take(b.ctx_len, S);
   take(b.btab, S * d.MB);
   take(b.lrows, d.R);
+  take(b.lq_begin, 2 * S);
   take(b.pos, N);
   take(b.slots, N);
   // (consecutive with the metadata above: a draft pass uploads them in the same copy, stage_step)
@@ -344,9 +346,9 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
     take(b.sel, N * k);
     take(b.cnt, N);
   }
-  tensor(b.gc, Tm, dc, A);
-  tensor(b.gk, Tm, dr, A);
-  tensor(b.kvb, Tm, H * (dn + dv), A);
+  tensor(b.gc, d.Tn, dc, A);
+  tensor(b.gk, d.Tn, dr, A);
+  tensor(b.kvb, d.Tn, H * (dn + dv), A);
   int64_t inter = c.intermediate_size;
   if (c.n_routed_experts > 0) inter = std::max<int64_t>(inter, c.moe_intermediate_size * c.n_shared_experts);
   tensor(b.g, N, inter, A);
@@ -381,7 +383,7 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
   const Dims d = dims_for(max_tokens, max_seqs, max_ctx, max_blocks, max_tokens);
   // Host image of the step metadata (stage_step), at its largest: every array and its alignment.
   const size_t meta =
-      static_cast<size_t>(4 * (d.N + (d.S + 1) + d.S + d.S * d.MB + d.R + 3 * d.N) + 8 * 2 * d.N + 64 * 10);
+      static_cast<size_t>(4 * (d.N + (d.S + 1) + d.S + d.S * d.MB + d.R + 2 * d.S + 3 * d.N) + 8 * 2 * d.N + 64 * 11);
   if (stage_host_.size() < meta) stage_host_.resize(meta);
   Buffers b{};
   const size_t need = carve(d, nullptr, b);
@@ -392,7 +394,7 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
   res_ctx_ = std::max(res_ctx_, d.Tm);
   res_blocks_ = std::max(res_blocks_, d.MB);
   // What the backend's matmuls need for every weight the step multiplies (the head, the router, every linear) at
-  // up to the step's tokens; kv_b at up to max(tokens, context) rows (it expands a sequence's whole context).
+  // up to the step's tokens; kv_b at up to max(tokens, naive keys) rows (it expands the keys of the naive form).
   if (!w_.mtp.empty()) ensure_mtp_buffers(d.N, d.S);
   std::vector<const QuantWeight*> ws{&w_.lm_head}, kvb;
   for (const MtpWeights& mt : w_.mtp) ws.insert(ws.end(), {&mt.eh_proj, &mt.head});
@@ -409,7 +411,7 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
     }
   }
   be_.reserve_matmul(ws.data(), ws.size(), d.N, act_);
-  be_.reserve_matmul(kvb.data(), kvb.size(), std::max(d.N, d.Tm), act_);
+  be_.reserve_matmul(kvb.data(), kvb.size(), std::max(d.N, d.Tn), act_);
 }
 
 void Model::replace_workspace(size_t bytes) {
@@ -635,17 +637,30 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
       s = e;
       continue;
     }
-    const int64_t q0 = m.q_begin[s], n = m.q_begin[s + 1] - q0, T = m.ctx[s];
-    if (n > 0) {
+    // A prompt chunk: its rows below naive_max_context in the naive form over the keys they can see (expanded
+    // through kv_b), the rest in the absorbed form over the pages (lq_begin: their row range).
+    const int64_t q0 = m.q_begin[s], n = m.q_begin[s + 1] - q0, T = m.ctx[s], nn = naive_rows(T - n, n);
+    if (nn > 0) {
+      const int64_t Tn = T - n + nn;  // the last naive row's position + 1
       const int32_t* blocks = m.seqs.block_table + s * m.max_blocks;
-      const Tensor gc = b.gc.with_rows(T), gk = b.gk.with_rows(T);
-      const Tensor kvb = Tensor(b.kvb.data, act_, T, H * (cfg_.qk_nope_head_dim + dv));
+      const Tensor gc = b.gc.with_rows(Tn), gk = b.gk.with_rows(Tn);
+      const Tensor kvb = Tensor(b.kvb.data, act_, Tn, H * (cfg_.qk_nope_head_dim + dv));
       be_.kv_gather(pool, blocks, 0, gc);
       be_.kv_gather(pool, blocks, dc, gk);
       be_.matmul(*L.kv_b, gc, kvb);
       KeySelection ks;
       if (sparse) ks = {b.sel + q0 * cfg_.index_topk, b.cnt + q0, cfg_.index_topk};
-      be_.mla_attention_naive(L.d, q.row_slice(q0, n), kvb, gk, T, b.pos + q0, ks, L.softmax_scale, o.row_slice(q0, n));
+      be_.mla_attention_naive(L.d, q.row_slice(q0, nn), kvb, gk, Tn, b.pos + q0, ks, L.softmax_scale,
+                              o.row_slice(q0, nn));
+    }
+    if (nn < n) {
+      StepSeqs run = m.seqs;
+      run.n_seqs = 1;
+      run.q_begin = b.lq_begin + 2 * s;
+      run.ctx_len = m.seqs.ctx_len + s;
+      run.block_table = m.seqs.block_table + s * m.max_blocks;
+      run.max_ctx = T;
+      be_.mla_decode_attention(L, q, pool, run, b.pos, all, o);
     }
     ++s;
   }
@@ -710,7 +725,7 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
     return reinterpret_cast<decltype(dev)>(stage_host_.data() + (reinterpret_cast<char*>(dev) - base));
   };
   int32_t *h_tok = host_of(b.tokens), *h_qb = host_of(b.q_begin), *h_ctx = host_of(b.ctx_len);
-  int32_t *h_bt = host_of(b.btab), *h_rows = host_of(b.lrows);
+  int32_t *h_bt = host_of(b.btab), *h_rows = host_of(b.lrows), *h_lqb = host_of(b.lq_begin);
   int64_t *h_pos = host_of(b.pos), *h_slot = host_of(b.slots);
   if (with_mtp) {
     // The MTP concat as a row gather over [enorm rows; hnorm rows]: output row 2i = row i, row 2i+1 = row N + i.
@@ -731,6 +746,8 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
     const StepSequence& q = st.seqs[s];
     h_qb[s] = static_cast<int32_t>(at);
     h_ctx[s] = static_cast<int32_t>(q.start + q.n_tokens);
+    h_lqb[2 * s] = static_cast<int32_t>(at + naive_rows(q.start, q.n_tokens));
+    h_lqb[2 * s + 1] = static_cast<int32_t>(at + q.n_tokens);
     const int64_t need = (q.start + q.n_tokens + bt - 1) / bt;
     for (int64_t j = 0; j < max_blocks; ++j) h_bt[s * max_blocks + j] = j < need ? q.blocks[j] : 0;
     for (int64_t i = 0; i < q.n_tokens; ++i) {

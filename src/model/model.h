@@ -3,6 +3,7 @@
 // indexer key cache (docs/model.md §DSA). MTP layers (index >= num_hidden_layers) are not part of the forward pass;
 // with ModelOptions::mtp_layers they are loaded for drafting (Model::mtp_draft, model/mtp.cpp).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,6 +41,12 @@ struct ModelOptions {
   bool bf16_activations = false;  // round activations to bf16 where HF bf16 runs do (docs/model.md §bf16)
   bool disable_indexer = false;   // dense causal MLA on DSA layers (diagnostic: equals DSA when T <= index_topk)
   AttentionForm attention = AttentionForm::Auto;
+  // Auto: prompt rows at positions >= this take the absorbed form too (over the latent pages, like decode tokens),
+  // so the naive form's expanded keys and values — [context, heads · (dn + dv)] per layer, 11.7 GB at GLM-5's
+  // 202,752 tokens — are never made for more than this many keys: the step workspace is bounded by it, not by the
+  // context length. The form of a row depends on its position only, so a prompt's KV is the same however it was
+  // chunked or taken from the prefix cache. (AttentionForm::Naive expands any context.)
+  int64_t naive_max_context = 8192;
   // Decode steps as backend graphs (CUDA graphs) where the backend supports them: a step of n decode sequences of
   // t tokens each (t = 1: each wanting its last row of logits; t > 1, a speculative verify step of the last token
   // and t - 1 drafts: every row), within the reserve() limits, runs in the graph captured for
@@ -226,6 +233,12 @@ class Model {
                 std::span<const int32_t> tokens, std::span<const StepSequence> sseqs, PagedKvCache& cache, int32_t* ids,
                 float* logits, const std::vector<bool>* banned);
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
+  // Prompt rows: of n rows from position p0, how many take the naive form (the rest: absorbed).
+  int64_t naive_limit() const { return std::max<int64_t>(1, opt_.naive_max_context); }
+  int64_t naive_rows(int64_t p0, int64_t n) const {
+    if (opt_.attention == AttentionForm::Naive) return n;
+    return std::clamp<int64_t>(naive_limit() - p0, 0, n);
+  }
   void indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   void mlp(const MlpWeights& w, const Tensor& x, int64_t inter, Buffers& b, const Tensor& y);
   void moe(int64_t l, const Meta& m, Buffers& b, const Tensor& y);

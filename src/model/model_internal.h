@@ -9,10 +9,12 @@ namespace latent {
 
 struct Model::Dims {
   int64_t N = 0, S = 0, Tm = 0, MB = 0, R = 0;  // tokens, sequences, max context, max blocks, logit rows
+  int64_t Tn = 0;  // the most keys the naive form expands (Tm, bounded by ModelOptions::naive_max_context)
 };
 
 struct Model::Buffers {
   int32_t *tokens, *q_begin, *ctx_len, *btab, *lrows;
+  int32_t* lq_begin;  // [2S]: per sequence, the first and end row of its prompt rows that take the absorbed form
   int64_t *pos, *slots;
   // Activations in the run's dtype (act_), except where said: iw, scores, router logits and weights and the head's
   // logits are always F32; yf (parallel models only) is the F32 staging of the partial sums the ranks all-reduce.
