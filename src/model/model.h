@@ -42,7 +42,7 @@ struct ModelOptions {
   bool disable_indexer = false;   // dense causal MLA on DSA layers (diagnostic: equals DSA when T <= index_topk)
   AttentionForm attention = AttentionForm::Auto;
   // Auto: prompt rows at positions >= this take the absorbed form too (over the latent pages, like decode tokens),
-  // so the naive form's expanded keys and values — [context, heads · (dn + dv)] per layer, 11.7 GB at GLM-5's
+  // so the naive form's expanded keys and values — [context, heads · (dn + dv)], 11.6 GB of bf16 at GLM-5's
   // 202,752 tokens — are never made for more than this many keys: the step workspace is bounded by it, not by the
   // context length. The form of a row depends on its position only, so a prompt's KV is the same however it was
   // chunked or taken from the prefix cache. (AttentionForm::Naive expands any context.)

@@ -115,6 +115,40 @@ TEST_P(CudaModel, Fp32MatchesTransformers) {
   }
 }
 
+// ModelOptions::naive_max_context: prompt rows past the limit take the absorbed form (the CUDA MLA decode block
+// with many rows per sequence). fp32: one 70-token chunk and chunks of 10 + 30 + 30 equal the CPU backend's run
+// within 1e-4 · max|logit|.
+TEST_P(CudaModel, PromptRowsPastTheNaiveLimitTakeTheAbsorbedForm) {
+  const std::string name = GetParam();
+  ModelFiles files = open_model_files(repo() + "/tests/models/" + name);
+  ModelOptions o;
+  o.naive_max_context = 24;
+  const int64_t V = files.cfg->vocab_size, len = 70;
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < len; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % V));
+  auto run = [&](const std::string& backend, const std::vector<int64_t>& chunks) {
+    std::unique_ptr<Backend> be = make_backend(backend, 2);
+    Model m(*files.cfg, *files.plan, *be, o);
+    KvCache cache(m.config());
+    std::vector<float> lg(static_cast<size_t>(len * V));
+    int64_t at = 0;
+    for (int64_t n : chunks) {
+      m.forward(std::span<const int32_t>(ids.data() + at, static_cast<size_t>(n)), cache, lg.data() + at * V, true);
+      at += n;
+    }
+    return lg;
+  };
+  const std::vector<float> want = run("cpu", {len});
+  const double scale = max_abs(want);
+  for (const auto& chunks : {std::vector<int64_t>{len}, std::vector<int64_t>{10, 30, 30}}) {
+    const std::vector<float> got = run("cuda", chunks);
+    const double d = max_abs_diff(got.data(), want.data(), want.size());
+    std::printf("[cuda model] %-16s fp32 naive limit 24, %zu chunk(s) of 70 tokens vs the CPU backend: max|d| %.3e\n",
+                name.c_str(), chunks.size(), d);
+    EXPECT_LE(d, 1e-4 * scale) << chunks.size() << " chunk(s)";
+  }
+}
+
 // bf16 mode against the ref backend's bf16 emulation on a tiny random model. The CUDA kernels sum in another
 // order (cuBLASLt tiles for M > 16, split reductions), so bf16-rounded activations differ by an ulp here and there
 // and rows whose two best logits are a near-tie may swap: the tiny random models are full of those. Required: the
