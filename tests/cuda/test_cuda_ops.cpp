@@ -26,6 +26,7 @@
 #include "backend/sample_reference.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_mla_decode.h"
 #include "quant/float_formats.h"
 
 namespace latent {
@@ -494,6 +495,34 @@ TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
     const double e = ops::norm_err(A.down(y).data(), want.data(), want.size());
     if (stc) ops::record_summary("cuda-only/grouped_stc/bf16", "cuda", e, ops::kTolBf16);
     EXPECT_LE(e, ops::kTolBf16) << ops::fmt_name(other);
+  }
+}
+
+// The MLA decode block's absorptions take the tensor cores for FP8 kv_b whose 128 x 128 scale blocks fit the heads
+// (DeepSeek-V3's dims, per-tensor FP8) as for bf16, and the CUDA-core kernels otherwise; the harness cases
+// mla_decode_attention/deepseek/* and head_block/* hold both paths to the ref.
+TEST(CudaDispatch, MlaAbsorptionOnTensorCoresForFp8KvB) {
+  Rng rng(25);
+  struct Want {
+    Fmt f;
+    MlaDims d;
+    bool tc;
+  };
+  const Want cases[] = {{Fmt::BF16, MlaDims{4, 128, 64, 128, 512}, true},
+                        {Fmt::Fp8Block, MlaDims{4, 128, 64, 128, 512}, true},
+                        {Fmt::Fp8Block, MlaDims{3, 64, 32, 64, 256}, true},
+                        {Fmt::Fp8Tensor, MlaDims{3, 64, 32, 64, 256}, true},
+                        {Fmt::Fp8Channel, MlaDims{4, 128, 64, 128, 512}, false},
+                        {Fmt::Fp8BlockFnuz, MlaDims{4, 128, 64, 128, 512}, false},
+                        {Fmt::Fp8Block, MlaDims{3, 16, 8, 16, 64}, false},       // dn + dv = 32: blocks span heads
+                        {Fmt::Fp8Block, MlaDims{64, 192, 64, 256, 512}, false},  // dn 192 > a 128-row block
+                        {Fmt::Mxfp4, MlaDims{4, 128, 64, 128, 512}, false}};
+  for (const Want& w : cases) {
+    const HostWeight h = ops::make_weight(w.f, w.d.n_heads * (w.d.nope + w.d.v), w.d.latent, rng);
+    Arena A(gpu());
+    const QuantWeight q = A.weight(h);
+    EXPECT_EQ(cuda::absorb_tc_ok(w.d, cuda::make_wdesc(q)), w.tc)
+        << ops::fmt_name(w.f) << " dn " << w.d.nope << " dv " << w.d.v << " dc " << w.d.latent;
   }
 }
 

@@ -1099,11 +1099,13 @@ void decode_attention_check(CaseCtx& c, const MlaHost& h, const PagedStep& p, DT
 void mla_decode_attention_case(CaseCtx& c, Fmt f, DType t, int shape) {
   const MlaDims dims = shape == 0   ? MlaDims{3, 16, 8, 16, 64}
                        : shape == 1 ? MlaDims{70, 32, 16, 32, 128}
-                                    : MlaDims{64, 192, 64, 256, 512};  // GLM-5's
+                       : shape == 2 ? MlaDims{64, 192, 64, 256, 512}  // GLM-5's
+                       : shape == 3 ? MlaDims{4, 128, 64, 128, 512}   // DeepSeek-V3's (4 of its 128 heads)
+                                    : MlaDims{3, 64, 32, 64, 256};    // one 128-row FP8 scale block per head
   const MlaHost h(f, c.rng, dims);
   const MlaDims& d = h.d;
   for (int64_t bt : {5, 16, 64}) {
-    if (shape == 2 && bt != 64) continue;
+    if (shape >= 2 && bt != 64) continue;
     std::vector<PagedStep> steps = {
         paged_step(c.rng, d, 0, bt, {{1, 37}, {1, 100}, {1, 1}, {1, 9}, {1, 130}}, 0),      // decode
         paged_step(c.rng, d, 0, bt, {{1, 23}, {6, 40}, {1, 2}}, 1)};                        // and a chunk
@@ -1365,6 +1367,13 @@ std::vector<OpCase> build() {
     }
   add("mla_decode_attention/glm5/bf16/bf16",
       [](CaseCtx& c) { mla_decode_attention_case(c, Fmt::BF16, DType::BF16, 2); });
+  // kv_b dims whose FP8 128 x 128 scale blocks fit the heads (a device backend may absorb on tensor cores then).
+  for (Fmt f : {Fmt::Fp8Block, Fmt::Fp8Tensor, Fmt::Fp8Channel}) {
+    add(std::string("mla_decode_attention/deepseek/") + fmt_name(f) + "/bf16",
+        [f](CaseCtx& c) { mla_decode_attention_case(c, f, DType::BF16, 3); });
+    add(std::string("mla_decode_attention/head_block/") + fmt_name(f) + "/bf16",
+        [f](CaseCtx& c) { mla_decode_attention_case(c, f, DType::BF16, 4); });
+  }
   for (DType t : kDtypes)
     add("mla_decode_attention/long_splits/bf16/" + dn(t),
         [t](CaseCtx& c) { mla_decode_attention_long_splits_case(c, t); });

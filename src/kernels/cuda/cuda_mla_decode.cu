@@ -9,8 +9,10 @@
 //   C. combine:  the splits' partial (O, max, sum) merged by their log-sum-exp → o_lat (bf16);
 //   D. output:   o[i, h, :] = W_UV[h] · o_lat[i, h, :] (kv_b read once per step), rounded to bf16.
 // A and D run on tensor cores when kv_b is stored bf16 (tokens as the M rows of mma.sync, each block's weight slice
-// copied whole into shared memory: every byte of kv_b in flight at once); other kv_b formats (FP8, MXFP4, f32) take
-// CUDA-core kernels that dequantize per element.
+// copied whole into shared memory: every byte of kv_b in flight at once) or FP8 e4m3fn with block scales that fit
+// the heads (DeepSeek-V3's: the codes staged as their exact bf16 values, each 128 × 128 block's scale applied to its
+// fp32 partial sums — absorb_tc_ok); other kv_b formats (MXFP4, f32, fnuz, per-channel FP8) take CUDA-core kernels
+// that dequantize per element.
 // The split count is decided on the host from the graph bucket's shape (tokens, heads, the reserved context): every
 // block reads its sequence's length and its key range on the device, so a replayed graph splits a step exactly as
 // an eager one. Scores keep the ref backend's rounding (bf16(bf16(q·k) · scale)); the probabilities enter the P·V
@@ -18,8 +20,8 @@
 // result matches the ref's bf16 emulation within bf16 rounding, not bit for bit.
 #include <cuda_bf16.h>
 
-#include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_mla_decode.h"
+#include "kernels/cuda/cuda_skinny.cuh"
 
 namespace latent::cuda {
 
@@ -203,6 +205,23 @@ constexpr int kAbsRows = 64;  // D: value rows per block (4 warps × 16)
 constexpr int kAbsThreads = 128;
 constexpr size_t kAbsSmemMax = static_cast<size_t>(kAbsRows + 16) * (kMaxD + kPad) * 2;  // absorb_o at dc ≤ 576
 
+// FP8 kv_b: 16 codes (one 16-byte load) as their exact bf16 values into dst (32 bytes, 16-byte aligned).
+__device__ __forceinline__ void fp8x16_to_bf16(const uint4& raw, uint16_t* dst) {
+  uint32_t out[8];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t c = word_of(raw, w);
+    fp8_word(c, (((c & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0u, out[2 * w], out[2 * w + 1]);
+  }
+  reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
+  reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+// The fp32 scale of kv_b's element (row, col) for FP8 kv_b (block or per tensor).
+__device__ __forceinline__ float kvb_scale(const WDesc& w, int64_t row, int64_t col) {
+  const float* s = static_cast<const float*>(w.scale);
+  return w.format == kFmtFp8Tensor ? s[0] : s[(row / w.block_rows) * w.scale_cols + col / w.block_cols];
+}
+
 // q_lat[i, h, c0 .. c0 + 64) = q_nope[i, h, :] · W_UK[h][:, c0 .. c0 + 64): W_UK rows (k = j) staged as [dn][64]
 // and read as the B operand through ldmatrix.trans; q_nope tiles [16][dn] through ldmatrix.
 __global__ void __launch_bounds__(kAbsThreads)
@@ -215,12 +234,35 @@ __global__ void __launch_bounds__(kAbsThreads)
   const int64_t h = blockIdx.x, c0 = static_cast<int64_t>(blockIdx.y) * kAbsCols;
   const int64_t i0 = seqs.q_begin[0], i1 = seqs.q_begin[seqs.n_seqs] < N ? seqs.q_begin[seqs.n_seqs] : N;
   if (i1 <= i0) return;
-  const auto* wb = static_cast<const uint8_t*>(kv_b.data) + h * dkv * kv_b.row_bytes + c0 * 2;
-  for (int e = tid; e < dn * (kAbsCols / 8); e += kAbsThreads) {
-    const int j = e / (kAbsCols / 8), ch = e % (kAbsCols / 8);
-    cp_async16(&ws[j][ch * 8], wb + j * kv_b.row_bytes + ch * 16, true);
+  const bool fp8 = kv_b.format != kFmtBF16;
+  if (!fp8) {
+    const auto* wb = static_cast<const uint8_t*>(kv_b.data) + h * dkv * kv_b.row_bytes + c0 * 2;
+    for (int e = tid; e < dn * (kAbsCols / 8); e += kAbsThreads) {
+      const int j = e / (kAbsCols / 8), ch = e % (kAbsCols / 8);
+      cp_async16(&ws[j][ch * 8], wb + j * kv_b.row_bytes + ch * 16, true);
+    }
+  } else {  // 16 codes per load, four loads in flight per thread, then their bf16 values into ws
+    const auto* wb = static_cast<const uint8_t*>(kv_b.data) + h * dkv * kv_b.row_bytes + c0;
+    constexpr int kCh = kAbsCols / 16;
+    for (int e0 = 0; e0 < dn * kCh; e0 += 4 * kAbsThreads) {
+      uint4 raw[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = e0 + u * kAbsThreads + tid;
+        raw[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (e < dn * kCh)
+          raw[u] = __ldg(reinterpret_cast<const uint4*>(wb + (e / kCh) * kv_b.row_bytes + (e % kCh) * 16));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = e0 + u * kAbsThreads + tid;
+        if (e < dn * kCh) fp8x16_to_bf16(raw[u], &ws[e / kCh][(e % kCh) * 16]);
+      }
+    }
   }
   cp_async_commit();
+  // FP8: W_UK[h] lies in one scale row block and the block's 64 columns in one column block (absorb_tc_ok).
+  const float wsc = fp8 ? kvb_scale(kv_b, h * dkv, c0) : 1.0f;
   const bool pairs = q.bf16 && (q.ld & 1) == 0 && (reinterpret_cast<uintptr_t>(q.p) & 3) == 0;
   for (int64_t m0 = i0; m0 < i1; m0 += 16) {
     __syncthreads();  // (the previous tile's reads of `as` are done)
@@ -253,7 +295,9 @@ __global__ void __launch_bounds__(kAbsThreads)
         const int64_t i = m0 + g + 8 * h2;
         if (i >= i1) continue;
         const int64_t c = c0 + warp * 16 + nt * 8 + 2 * cq;
-        *reinterpret_cast<uint32_t*>(qlat + (i * H + h) * dc + c) = bf16x2_bits(acc[nt][2 * h2], acc[nt][2 * h2 + 1]);
+        const float a0 = fp8 ? acc[nt][2 * h2] * wsc : acc[nt][2 * h2];
+        const float a1 = fp8 ? acc[nt][2 * h2 + 1] * wsc : acc[nt][2 * h2 + 1];
+        *reinterpret_cast<uint32_t*>(qlat + (i * H + h) * dc + c) = bf16x2_bits(a0, a1);
       }
   }
 }
@@ -272,14 +316,44 @@ __global__ void __launch_bounds__(kAbsThreads)
   const int64_t h = blockIdx.x, v0 = static_cast<int64_t>(blockIdx.y) * kAbsRows;
   const int64_t i0 = seqs.q_begin[0], i1 = seqs.q_begin[seqs.n_seqs] < N ? seqs.q_begin[seqs.n_seqs] : N;
   if (i1 <= i0) return;
-  const auto* wb = static_cast<const uint8_t*>(kv_b.data) + (h * dkv + dn + v0) * kv_b.row_bytes;
   const int chunks = dc / 8;
-  for (int e = tid; e < kAbsRows * chunks; e += kAbsThreads) {
-    const int r = e / chunks, ch = e % chunks;
-    const bool valid = v0 + r < dv;
-    cp_async16(ws + r * ld + ch * 8, valid ? wb + r * kv_b.row_bytes + ch * 16 : kv_b.data, valid);
+  const bool fp8 = kv_b.format != kFmtBF16, blocks = kv_b.format == kFmtFp8Block;
+  if (!fp8) {
+    const auto* wb = static_cast<const uint8_t*>(kv_b.data) + (h * dkv + dn + v0) * kv_b.row_bytes;
+    for (int e = tid; e < kAbsRows * chunks; e += kAbsThreads) {
+      const int r = e / chunks, ch = e % chunks;
+      const bool valid = v0 + r < dv;
+      cp_async16(ws + r * ld + ch * 8, valid ? wb + r * kv_b.row_bytes + ch * 16 : kv_b.data, valid);
+    }
+  } else {  // 16 codes per load (rows past dv: zeros), four in flight per thread
+    const auto* wb = static_cast<const uint8_t*>(kv_b.data) + (h * dkv + dn + v0) * kv_b.row_bytes;
+    const int ch16 = dc / 16;
+    for (int e0 = 0; e0 < kAbsRows * ch16; e0 += 4 * kAbsThreads) {
+      uint4 raw[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = e0 + u * kAbsThreads + tid, r = e / ch16;
+        raw[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (e < kAbsRows * ch16 && v0 + r < dv)
+          raw[u] = __ldg(reinterpret_cast<const uint4*>(wb + r * kv_b.row_bytes + (e % ch16) * 16));
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int e = e0 + u * kAbsThreads + tid;
+        if (e < kAbsRows * ch16) fp8x16_to_bf16(raw[u], ws + (e / ch16) * ld + (e % ch16) * 16);
+      }
+    }
   }
   cp_async_commit();
+  // FP8 block scales: the kv_b row of each value column of this lane's accumulators (clamped past dv).
+  int64_t vrow[2][2];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t v = v0 + warp * 16 + nt * 8 + 2 * cq + k;
+      vrow[nt][k] = h * dkv + dn + (v < dv ? v : dv - 1);
+    }
   for (int64_t m0 = i0; m0 < i1; m0 += 16) {
     __syncthreads();
     for (int e = tid; e < 16 * chunks; e += kAbsThreads) {
@@ -290,13 +364,33 @@ __global__ void __launch_bounds__(kAbsThreads)
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    float acc[2][4] = {};
+    float acc[2][4] = {}, part[2][4] = {};
     for (int kk = 0; kk < dc; kk += 16) {
       uint32_t a[4], b[4];
       ldsm_x4(a, as + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + kk + (lane >> 4) * 8);
       ldsm_x4(b, ws + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * ld + kk + ((lane >> 3) & 1) * 8);
-      mma_bf16(acc[0], a, b[0], b[1]);
-      mma_bf16(acc[1], a, b[2], b[3]);
+      if (blocks) {
+        mma_bf16(part[0], a, b[0], b[1]);
+        mma_bf16(part[1], a, b[2], b[3]);
+        if ((kk + 16) % kv_b.block_cols == 0 || kk + 16 == dc) {  // a column block's partial sums, scaled
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              acc[nt][e] = fmaf(part[nt][e], kvb_scale(kv_b, vrow[nt][e & 1], kk), acc[nt][e]);
+              part[nt][e] = 0.0f;
+            }
+        }
+      } else {
+        mma_bf16(acc[0], a, b[0], b[1]);
+        mma_bf16(acc[1], a, b[2], b[3]);
+      }
+    }
+    if (fp8 && !blocks) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] *= static_cast<const float*>(kv_b.scale)[0];
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -648,6 +742,20 @@ __global__ void __launch_bounds__(kCombineCols)
 
 }  // namespace
 
+bool absorb_tc_ok(const MlaDims& d, const WDesc& kv_b) {
+  if (d.nope % 16 != 0) return false;
+  if (kv_b.format == kFmtBF16) return true;
+  const int64_t dkv = d.nope + d.v;
+  if (kv_b.fnuz || kv_b.row_bytes != d.latent || kv_b.scale == nullptr ||
+      (reinterpret_cast<uintptr_t>(kv_b.data) & 15) != 0)
+    return false;
+  if (kv_b.format == kFmtFp8Tensor) return true;
+  // Block scales: W_UK[h] (rows h·dkv .. + dn) in one row block, absorb_q's 64 columns in one column block, and
+  // absorb_o's 16-column steps inside column blocks.
+  return kv_b.format == kFmtFp8Block && kv_b.block_rows > 0 && dkv % kv_b.block_rows == 0 &&
+         d.nope <= kv_b.block_rows && kv_b.block_cols > 0 && kv_b.block_cols % 64 == 0;
+}
+
 bool mla_decode_supported(const MlaDims& d, const KvPool& pool) {
   return pool.dtype == DType::BF16 && d.latent % 64 == 0 && d.latent >= 64 && d.latent <= 512 && d.rope % 16 == 0 &&
          d.latent + d.rope <= kMaxD && d.nope <= 256 && pool.width == d.latent + d.rope && d.n_heads > 0;
@@ -685,7 +793,7 @@ void launch_mla_decode(const MlaDims& d, TView q, int64_t n_tokens, const WDesc&
   if (seqs.n_seqs <= 0 || n_tokens <= 0) return;
   auto* ql = static_cast<uint16_t*>(qlat);
   auto* ol = static_cast<uint16_t*>(olat);
-  const bool tc = kv_b.format == kFmtBF16 && d.nope % 16 == 0;  // A and D on tensor cores (bf16 kv_b)
+  const bool tc = absorb_tc_ok(d, kv_b);  // A and D on tensor cores (bf16 kv_b, FP8 with fitting scales)
   if (tc)
     absorb_q_tc_kernel<<<dim3(static_cast<unsigned>(d.n_heads), static_cast<unsigned>(d.latent / kAbsCols)),
                          kAbsThreads, 0, st>>>(d, q, n_tokens, kv_b, seqs, ql);

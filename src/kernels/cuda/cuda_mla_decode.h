@@ -13,6 +13,10 @@ namespace latent::cuda {
 // Shapes the fast path takes: a bf16 pool of width dc + dr, dc a multiple of 64 up to 512, dr a multiple of 16,
 // dc + dr ≤ 576, dn ≤ 256. Anything else takes the generic paged kernel.
 bool mla_decode_supported(const MlaDims& d, const KvPool& pool);
+// Whether the absorptions (q · W_UK, o_lat · W_UVᵀ) run on tensor cores for this kv_b: bf16, or FP8 e4m3fn per
+// tensor / with block scales in which each head's W_UK rows share a row block (DeepSeek-V3's 128 × 128 with dn 128,
+// dn + dv 256); else CUDA-core kernels.
+bool absorb_tc_ok(const MlaDims& d, const WDesc& kv_b);
 // Key splits per (token, head tile) for a step of n_tokens tokens whose sequences hold at most max_ctx keys (a host
 // bound: the reserved context for a graph step): about two blocks per SM, at least ~128 keys per split.
 int mla_decode_splits(const MlaDims& d, int64_t n_tokens, int64_t max_ctx);
