@@ -130,11 +130,15 @@ void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, 
   be.dealloc(yd.data);
 }
 
-// The BF16 / FP8 tensor-core skinny kernels (cuda_skinny_tc.cu) against the kernels they replace (GEMV / CUDA-core
-// skinny kernels up to 16 rows, cuBLASLt for BF16 and the wmma tensor-core kernel for FP8 above), bf16 x, per M:
-// µs, weight GB/s and % of 4.31 TB/s for each path, and which the default dispatch takes.
+// The BF16 / FP8 tensor-core skinny kernels and the tiled kernel (cuda_skinny_tc.cu), each forced, against the
+// kernels they replace (GEMV / CUDA-core skinny kernels up to 16 rows, cuBLASLt for BF16 and the wmma tensor-core
+// kernel for FP8 above), bf16 x, per M: µs, weight GB/s and % of 4.31 TB/s for each path (TFLOP/s for the tiled
+// kernel), and which the default dispatch takes.
+const char* g_skinny_only = nullptr;  // cuda_bench skinny [substring]: only the matrices whose label has it
+
 void bench_skinny(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols,
                   const std::vector<int64_t>& ms) {
+  if (g_skinny_only && !std::strstr(label, g_skinny_only)) return;
   const HostWeight h = make(f, rows, cols);
   const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
   std::vector<QuantWeight> ws;
@@ -154,23 +158,31 @@ void bench_skinny(Backend& be, const char* label, WeightFormat f, int64_t rows, 
     return seconds_since(t0) / iters;
   };
   for (int64_t M : ms) {
+    cuda_set_tile_rows(be, 1, 0, 1, 0);  // the skinny kernels forced
     cuda_set_stc_rows(be, 1, 1 << 20, 1, 1 << 20, true);
     const int64_t n0 = cuda_stc_matmuls(be);
     const double ts = time(M);
     const bool took = cuda_stc_matmuls(be) > n0;
-    cuda_set_stc_rows(be, 1, 0, 1, 0, true);
+    cuda_set_stc_rows(be, 1, 0, 1, 0, true);  // the tiled kernel forced
+    cuda_set_tile_rows(be, 1, int64_t{1} << 40, 1, int64_t{1} << 40);
+    const int64_t t0 = cuda_tile_matmuls(be);
+    const double tt = time(M);
+    const bool took_tile = cuda_tile_matmuls(be) > t0;
+    cuda_set_tile_rows(be, 1, 0, 1, 0);  // neither: the paths they replace
     const double to = time(M);
     cuda_reset_stc_rows(be);  // the defaults (cuda_backend.h)
-    const int64_t n1 = cuda_stc_matmuls(be);
+    const int64_t n1 = cuda_stc_matmuls(be), t1 = cuda_tile_matmuls(be);
     time(M);
-    const bool dflt = cuda_stc_matmuls(be) > n1;
+    const char* dflt = cuda_stc_matmuls(be) > n1 ? "stc" : cuda_tile_matmuls(be) > t1 ? "tile" : "before";
     auto gbs = [&](double t) { return static_cast<double>(h.bytes()) / t / 1e9; };
+    const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(rows) * static_cast<double>(cols);
     std::printf(
-        "skinny %-22s %-18s %6lld x %-6lld M=%-4lld  stc %8.2f us %6.0f GB/s (%5.1f%%)%s  "
-        "before %8.2f us %6.0f GB/s (%5.1f%%)  %5.2fx  default: %s\n",
+        "skinny %-22s %-18s %6lld x %-6lld M=%-4lld  stc %8.2f us %6.0f GB/s (%5.1f%%)%s  tile %8.2f us %6.0f GB/s "
+        "(%5.1f%%) %6.1f TFLOP/s%s  before %8.2f us %6.0f GB/s (%5.1f%%)  default: %s\n",
         label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows), static_cast<long long>(cols),
-        static_cast<long long>(M), ts * 1e6, gbs(ts), 100.0 * gbs(ts) / 4310.0, took ? "" : " (not taken)", to * 1e6,
-        gbs(to), 100.0 * gbs(to) / 4310.0, to / ts, dflt ? "stc" : "before");
+        static_cast<long long>(M), ts * 1e6, gbs(ts), 100.0 * gbs(ts) / 4310.0, took ? "" : " (not taken)", tt * 1e6,
+        gbs(tt), 100.0 * gbs(tt) / 4310.0, flop / tt / 1e12, took_tile ? "" : " (not taken)", to * 1e6, gbs(to),
+        100.0 * gbs(to) / 4310.0, dflt);
   }
   be.dealloc(xd.data);
   be.dealloc(yd.data);
@@ -237,8 +249,11 @@ void bench_grouped_prefill(Backend& be, WeightFormat f, int64_t E, int64_t token
   for (float& v : x) v = bf16_to_f32(f32_to_bf16(next_normalish()));
   const Tensor xf = upload_act(be, x, n, cols, DType::F32), xb = upload_act(be, x, n, cols, DType::BF16);
   const Tensor yd(be.alloc(static_cast<size_t>(n * rows) * 4, "y"), DType::F32, n, rows);
-  double t[2] = {0.0, 0.0};
-  for (int path = 0; path < 2; ++path) {
+  // Paths: 0 fp32 x (the exact tiled kernel), 1 bf16 x with the grouped tiled tensor-core kernel off (the wmma
+  // kernel), 2 bf16 x as dispatched by default (BF16 / FP8: the tiled kernel).
+  double t[3] = {0.0, 0.0, 0.0};
+  for (int path = 0; path < 3; ++path) {
+    if (path == 1) cuda_set_tile_rows(be, 1, 0, 1, 0, false);
     auto run = [&] { be.grouped_matmul(wp.data(), E, offd, path == 0 ? xf : xb, yd); };
     run();
     be.sync();
@@ -247,14 +262,16 @@ void bench_grouped_prefill(Backend& be, WeightFormat f, int64_t E, int64_t token
     for (int i = 0; i < iters; ++i) run();
     be.sync();
     t[path] = seconds_since(t0) / iters;
+    if (path == 1) cuda_reset_stc_rows(be);
   }
   const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(rows) * static_cast<double>(cols);
   std::printf(
       "grouped prefill %s %lld experts, %lld tokens x top-%lld (%lld rows each), [%lld x %lld]: fp32 tiled "
-      "%.1f us %.1f TFLOP/s | bf16 tensor cores %.1f us %.1f TFLOP/s (%.1fx)\n",
+      "%.1f us %.1f TFLOP/s | bf16 wmma %.1f us %.1f TFLOP/s | bf16 default %.1f us %.1f TFLOP/s (%.1fx wmma)\n",
       std::string(weight_format_name(f)).c_str(), static_cast<long long>(E), static_cast<long long>(tokens),
       static_cast<long long>(top_k), static_cast<long long>(n / E), static_cast<long long>(rows),
-      static_cast<long long>(cols), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6, flop / t[1] / 1e12, t[0] / t[1]);
+      static_cast<long long>(cols), t[0] * 1e6, flop / t[0] / 1e12, t[1] * 1e6, flop / t[1] / 1e12, t[2] * 1e6,
+      flop / t[2] / 1e12, t[1] / t[2]);
   be.dealloc(offd);
   be.dealloc(xf.data);
   be.dealloc(xb.data);
@@ -270,6 +287,8 @@ void run_prefill_benches(Backend& be) {
   bench_prefill(be, "mxfp4 expert down", WeightFormat::MXFP4, 6144, 2048);
   bench_grouped_prefill(be, WeightFormat::MXFP4, 256, 2048, 8, 2048, 6144);           // GLM-5 gate/up, 2048-token chunk
   bench_grouped_prefill(be, WeightFormat::FP8_E4M3_BLOCK, 256, 2048, 8, 2048, 7168);  // DeepSeek-V3 gate/up
+  bench_grouped_prefill(be, WeightFormat::FP8_E4M3_BLOCK, 256, 2048, 8, 7168, 2048);  // DeepSeek-V3 down
+  bench_grouped_prefill(be, WeightFormat::BF16, 64, 2048, 8, 2048, 7168);             // bf16 experts
 }
 
 void bench_copy(Backend& be) {
@@ -921,16 +940,25 @@ int main(int argc, char** argv) {
       for (bool bf16 : {false, true}) bench_model(argv[2], b, bf16);
     return 0;
   }
-  // cuda_bench ctx <dir> [--profile] [--batch 1,8,32,64,128] [--ctx 1024,8192,32768] [--no-stc]: decode at real
-  // contexts in graphs (bf16), with the floors and kernels per layer; --profile adds a timed per-op breakdown at
-  // batch 1 and 64; --no-stc turns the BF16 / FP8 tensor-core skinny kernels off (the paths they replace).
+  // cuda_bench ctx <dir> [--profile] [--batch 1,8,32,64,128] [--ctx 1024,8192,32768] [--no-stc] [--no-tile]: decode
+  // at real contexts in graphs (bf16), with the floors and kernels per layer; --profile adds a timed per-op breakdown
+  // at batch 1 and 64; --no-stc turns the BF16 / FP8 tensor-core skinny and tiled kernels off (the paths they
+  // replace), --no-tile the tiled kernel only (the skinny kernels then take FP8 up to 2,048 rows, as before it).
   if (argc > 2 && std::string(argv[1]) == "ctx") {
     std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
     bool profile = false;
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--profile") profile = true;
-      if (a == "--no-stc") cuda_set_stc_rows(*be, 1, 0, 1, 0, false);  // the BF16 / FP8 skinny tc kernels off (A/B)
+      if (a == "--no-stc") {  // the BF16 / FP8 skinny and tiled tc kernels off (A/B)
+        cuda_set_stc_rows(*be, 1, 0, 1, 0, false);
+        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
+      }
+      // The tiled kernel off, the skinny kernels over their earlier range (FP8 to 2,048 rows, the wmma kernel above).
+      if (a == "--no-tile") {
+        cuda_set_stc_rows(*be, 1, 16, 1, 2048, true);
+        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
+      }
       if (a == "--batch" && i + 1 < argc) batches = int_list(argv[++i]);
       if (a == "--ctx" && i + 1 < argc) ctxs = int_list(argv[++i]);
     }
@@ -958,9 +986,13 @@ int main(int argc, char** argv) {
         ctxs = int_list(argv[++i]);
       else if (a == "--k" && i + 1 < argc)
         ks = int_list(argv[++i]);
-      else if (a == "--no-stc")
+      else if (a == "--no-stc") {
         cuda_set_stc_rows(*be, 1, 0, 1, 0, false);
-      else {
+        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
+      } else if (a == "--no-tile") {
+        cuda_set_stc_rows(*be, 1, 16, 1, 2048, true);
+        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
+      } else {
         std::fprintf(stderr, "cuda_bench verify: unknown argument '%s'\n", a.c_str());
         return 2;
       }
@@ -1027,6 +1059,7 @@ int main(int argc, char** argv) {
   // cuda_bench skinny: the BF16 / FP8 tensor-core skinny kernels against the paths they replace, per M, on the
   // decode matmuls of the GLM-5 and DeepSeek-V3 shapes; then the grouped experts (bf16 and block-FP8).
   if (argc > 1 && std::string(argv[1]) == "skinny") {
+    if (argc > 2) g_skinny_only = argv[2];
     const std::vector<int64_t> ms{1, 2, 4, 8, 16, 32, 64, 128, 256};
     bench_skinny(*be, "o_proj GLM-5", WeightFormat::BF16, 6144, 16384, ms);
     bench_skinny(*be, "q_b GLM-5", WeightFormat::BF16, 16384, 2048, ms);
@@ -1037,7 +1070,10 @@ int main(int argc, char** argv) {
     bench_skinny(*be, "o_proj DeepSeek-V3", WeightFormat::FP8_E4M3_BLOCK, 7168, 16384, ms);
     bench_skinny(*be, "kv_a DeepSeek-V3", WeightFormat::FP8_E4M3_BLOCK, 576, 7168, ms);
     bench_skinny(*be, "dense up DeepSeek-V3", WeightFormat::FP8_E4M3_BLOCK, 18432, 7168, {1, 8, 64, 512});
-    bench_skinny(*be, "7168 x 2048", WeightFormat::FP8_E4M3_BLOCK, 7168, 2048, {16, 64, 512, 1024, 2048});
+    bench_skinny(*be, "7168 x 2048", WeightFormat::FP8_E4M3_BLOCK, 7168, 2048, {16, 64, 512, 1024, 2048, 4096});
+    bench_skinny(*be, "q_b DeepSeek-V3 prefill", WeightFormat::FP8_E4M3_BLOCK, 24576, 1536, {2048, 4096});
+    bench_skinny(*be, "o_proj GLM-5 prefill", WeightFormat::BF16, 6144, 16384, {512, 2048});
+    if (g_skinny_only) return 0;
     bench_grouped(*be, WeightFormat::FP8_E4M3_BLOCK, 256, 8, 4096, 7168, DType::BF16);
     bench_grouped(*be, WeightFormat::FP8_E4M3_BLOCK, 256, 8, 7168, 2048, DType::BF16);
     bench_grouped(*be, WeightFormat::FP8_E4M3_BLOCK, 256, 128, 4096, 7168, DType::BF16, 4);

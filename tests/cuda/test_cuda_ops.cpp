@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_mla_decode.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "quant/float_formats.h"
 
 namespace latent {
@@ -399,10 +400,10 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
 
 // The BF16 / FP8 tensor-core skinny kernels (bf16 x, weights with K % 128 == 0: BF16, FP8 block 128 / tensor /
 // channel; not fnuz, not 32 x 40 blocks): taken exactly where the default dispatch says (cuda_backend.h: BF16 1 ..
-// 16, FP8 1 .. 2048, not one token over long rows, not under 9 tokens below 1,024 rows; the counter), held to the
-// harness tolerances against the ref, each weight row on its own (a misplaced tile or scale cannot hide under the
-// others' magnitude); a token's result is the same bits whatever the number of tokens of the call (NT and the passes do
-// not change its arithmetic); grouped decode calls take them when every weight qualifies.
+// 16, FP8 1 .. 16 and the tiled kernel from 17, not one token over long rows, not under 9 tokens below 1,024 rows; the
+// counter), held to the harness tolerances against the ref, each weight row on its own (a misplaced tile or scale
+// cannot hide under the others' magnitude); a token's result is the same bits whatever the number of tokens of the call
+// (NT and the passes do not change its arithmetic); grouped decode calls take them when every weight qualifies.
 TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
   Rng rng(24);
   const TcOn tc_on;
@@ -416,7 +417,7 @@ TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
   };
   for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8Tensor, Fmt::Fp8Channel, Fmt::Fp8BlockFnuz, Fmt::Fp8BlockOdd}) {
     const bool eligible = f != Fmt::Fp8BlockFnuz && f != Fmt::Fp8BlockOdd;
-    const int64_t hi = f == Fmt::BF16 ? 16 : 2048, long_row = f == Fmt::BF16 ? 4096 : 8192;
+    const int64_t hi = 16, long_row = f == Fmt::BF16 ? 4096 : 8192;
     for (const auto& [rows, cols] :
          {std::pair<int64_t, int64_t>{16, 128}, {37, 1152}, {300, 6144}, {1037, 384}, {1024, 8320}}) {
       const HostWeight w = ops::make_weight(f, rows, cols, rng);
@@ -437,13 +438,15 @@ TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
           Arena A(gpu());
           const QuantWeight wd = A.weight(w);
           const Tensor xd = A.up(xm, DType::BF16, M, cols), y = A.tensor(yt, M, rows);
-          const int64_t n0 = cuda_stc_matmuls(gpu());
+          const int64_t n0 = cuda_stc_matmuls(gpu()), t0 = cuda_tile_matmuls(gpu());
           gpu().matmul(wd, xd, y);
           const std::vector<float> got = A.down(y);
           const std::string what = std::string(ops::fmt_name(f)) + " rows " + std::to_string(rows) + " cols " +
                                    std::to_string(cols) + " M " + std::to_string(M) + " y " + ops::dtype_label(yt);
           const bool want_stc = eligible && M <= hi && (rows >= 1024 || M >= 9) && (M > 1 || cols <= long_row);
           EXPECT_EQ(cuda_stc_matmuls(gpu()), n0 + (want_stc ? 1 : 0)) << what;
+          const bool want_tile = eligible && f != Fmt::BF16 && M >= 17;  // the tiled kernel above (FP8 only)
+          EXPECT_EQ(cuda_tile_matmuls(gpu()), t0 + (want_tile ? 1 : 0)) << what;
           const double tol = ops::tol_for(yt), e = ops::norm_err(got.data(), want.data(), want.size());
           if (want_stc)
             ops::record_summary(std::string("cuda-only/matmul_stc/") + ops::fmt_name(f) + "/" + ops::dtype_label(yt),
@@ -495,6 +498,160 @@ TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
     const double e = ops::norm_err(A.down(y).data(), want.data(), want.size());
     if (stc) ops::record_summary("cuda-only/grouped_stc/bf16", "cuda", e, ops::kTolBf16);
     EXPECT_LE(e, ops::kTolBf16) << ops::fmt_name(other);
+  }
+}
+
+// The tiled tensor-core kernel (128 weight rows x 64 tokens per block, K split over parts with a workspace when the
+// blocks would not fill the GPU), forced on for BF16 and FP8 (block / tensor / channel): every weight row and token
+// against the ref at odd sizes (rows and tokens past a tile, a single 128-column block, splits of 1 to many parts),
+// bf16 and fp32 y, with the bias + residual epilogue and SwiGLU (the gate weight through the same kernel); a call
+// is deterministic (the same bits twice); NaN codes of an FP8 weight reach exactly their rows.
+TEST(CudaDispatch, TiledTensorCoreMatmul) {
+  Rng rng(26);
+  const TcOn tc_on;
+  struct Restore {
+    ~Restore() { cuda_reset_stc_rows(gpu()); }
+  } restore;
+  cuda_set_stc_rows(gpu(), 1, 0, 1, 0, true);
+  cuda_set_tile_rows(gpu(), 1, int64_t{1} << 40, 1, int64_t{1} << 40);
+  for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8Tensor, Fmt::Fp8Channel}) {
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{37, 1152}, {300, 6144}, {1037, 384}, {130, 128}, {2048, 1024}}) {
+      const HostWeight w = ops::make_weight(f, rows, cols, rng), wg = ops::make_weight(f, rows, cols, rng);
+      const std::vector<float> bias = rng.normals(rows);
+      for (int64_t M : {1, 17, 64, 65, 200}) {
+        const std::vector<float> x = rng.normals(M * cols), res = rng.normals(M * rows);
+        for (DType yt : {DType::BF16, DType::F32}) {
+          std::vector<float> want, want_glu;
+          {
+            Arena A(ref());
+            const Tensor r = A.up(res, yt, M, rows), y = A.tensor(yt, M, rows), yg = A.tensor(yt, M, rows);
+            Epilogue e;
+            e.bias = A.up(bias);
+            e.residual = &r;
+            A.be.matmul(w.q, A.up(x, DType::BF16, M, cols), y, e);
+            want = A.down(y);
+            Epilogue glu;
+            const QuantWeight* gq[1] = {&wg.q};
+            glu.glu = gq;
+            A.be.matmul(w.q, A.up(x, DType::BF16, M, cols), yg, glu);
+            want_glu = A.down(yg);
+          }
+          Arena A(gpu());
+          const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
+          const QuantWeight* gq[1] = {&wgd};
+          const std::string what = std::string(ops::fmt_name(f)) + " rows " + std::to_string(rows) + " cols " +
+                                   std::to_string(cols) + " M " + std::to_string(M) + " y " + ops::dtype_label(yt) +
+                                   " K parts " + std::to_string(cuda::tile_splits(cuda::make_wdesc(wd), M));
+          const Tensor xd = A.up(x, DType::BF16, M, cols), r = A.up(res, yt, M, rows), y = A.tensor(yt, M, rows),
+                       y2 = A.tensor(yt, M, rows), yg = A.tensor(yt, M, rows);
+          Epilogue e;
+          e.bias = A.up(bias);
+          e.residual = &r;
+          const int64_t t0 = cuda_tile_matmuls(gpu());
+          gpu().matmul(wd, xd, y, e);
+          EXPECT_EQ(cuda_tile_matmuls(gpu()), t0 + 1) << what;
+          gpu().matmul(wd, xd, y2, e);
+          Epilogue glu;
+          glu.glu = gq;
+          gpu().matmul(wd, xd, yg, glu);
+          const std::vector<float> got = A.down(y), got2 = A.down(y2), got_glu = A.down(yg);
+          EXPECT_TRUE(same(got, got2)) << what << ": two calls differ";
+          const double tol = ops::tol_for(yt), err = ops::norm_err(got.data(), want.data(), want.size());
+          ops::record_summary(std::string("cuda-only/matmul_tile/") + ops::fmt_name(f) + "/" + ops::dtype_label(yt),
+                              "cuda", err, tol);
+          EXPECT_LE(err, tol) << what;
+          EXPECT_LE(ops::norm_err(got_glu.data(), want_glu.data(), want_glu.size()), tol) << what << " SwiGLU";
+          // Row by row from 17 tokens (a row of fewer fp32 values is one cancellation away from its own tolerance).
+          for (int64_t rr = 0; M >= 17 && rr < rows; rr += std::max<int64_t>(1, rows / 40)) {
+            std::vector<float> a, b;
+            for (int64_t m = 0; m < M; ++m) {
+              a.push_back(got[static_cast<size_t>(m * rows + rr)]);
+              b.push_back(want[static_cast<size_t>(m * rows + rr)]);
+            }
+            EXPECT_LE(ops::norm_err(a.data(), b.data(), a.size()), tol) << what << " weight row " << rr;
+          }
+        }
+      }
+    }
+  }
+  // Grouped at prefill sizes (more rows than the decode kernels take): groups of more than 16 tokens on the tiled
+  // kernel, the others on the skinny ones, a table mixing BF16 and FP8, plain and SwiGLU, every group's rows checked.
+  for (bool glu : {false, true}) {
+    const int64_t G = 7, rows = 200, cols = 640;
+    const Fmt fmts[G] = {Fmt::Fp8Block,  Fmt::BF16, Fmt::Fp8Channel, Fmt::Fp8Block,
+                         Fmt::Fp8Tensor, Fmt::BF16, Fmt::Fp8Block};
+    const int64_t counts[G] = {700, 0, 1, 17, 5, 64, 400};
+    std::vector<HostWeight> ws, gs;
+    for (Fmt f : fmts) {
+      ws.push_back(ops::make_weight(f, rows, cols, rng));
+      gs.push_back(ops::make_weight(f, rows, cols, rng));
+    }
+    std::vector<int64_t> off(G + 1, 0);
+    for (int64_t g = 0; g < G; ++g) off[static_cast<size_t>(g + 1)] = off[static_cast<size_t>(g)] + counts[g];
+    const int64_t n = off.back();
+    const std::vector<float> x = rng.normals(n * cols);
+    std::vector<float> want;
+    {
+      Arena A(ref());
+      std::vector<const QuantWeight*> wp, gp;
+      for (int64_t g = 0; g < G; ++g) {
+        wp.push_back(&ws[static_cast<size_t>(g)].q);
+        gp.push_back(&gs[static_cast<size_t>(g)].q);
+      }
+      const Tensor y = A.tensor(DType::BF16, n, rows);
+      Epilogue e;
+      if (glu) e.glu = gp.data();
+      A.be.grouped_matmul(wp.data(), G, off.data(), A.up(x, DType::BF16, n, cols), y, e);
+      want = A.down(y);
+    }
+    Arena A(gpu());
+    std::vector<QuantWeight> wd, gd;
+    for (int64_t g = 0; g < G; ++g) {
+      wd.push_back(A.weight(ws[static_cast<size_t>(g)]));
+      gd.push_back(A.weight(gs[static_cast<size_t>(g)]));
+    }
+    std::vector<const QuantWeight*> wp, gp;
+    for (int64_t g = 0; g < G; ++g) {
+      wp.push_back(&wd[static_cast<size_t>(g)]);
+      gp.push_back(&gd[static_cast<size_t>(g)]);
+    }
+    const Tensor y = A.tensor(DType::BF16, n, rows);
+    Epilogue e;
+    if (glu) e.glu = gp.data();
+    const int64_t t0 = cuda_tile_matmuls(gpu());
+    gpu().grouped_matmul(wp.data(), G, A.up(off), A.up(x, DType::BF16, n, cols), y, e);
+    EXPECT_EQ(cuda_tile_matmuls(gpu()), t0 + 1) << "grouped prefill glu " << glu;
+    const std::vector<float> got = A.down(y);
+    const double err = ops::norm_err(got.data(), want.data(), want.size());
+    ops::record_summary(std::string("cuda-only/grouped_tile/") + (glu ? "swiglu" : "plain"), "cuda", err,
+                        ops::kTolBf16);
+    EXPECT_LE(err, ops::kTolBf16) << "grouped prefill glu " << glu;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t a = off[static_cast<size_t>(g)] * rows, b = off[static_cast<size_t>(g + 1)] * rows;
+      if (b > a) {
+        EXPECT_LE(ops::norm_err(got.data() + a, want.data() + a, static_cast<size_t>(b - a)), ops::kTolBf16)
+            << "grouped prefill glu " << glu << " group " << g;
+      }
+    }
+  }
+  // NaN codes (0x7F / 0xFF) in one FP8 row: that row's outputs are NaN, every other row finite and as the ref.
+  {
+    HostWeight w = ops::make_weight(Fmt::Fp8Block, 256, 1024, rng);
+    w.data[1 + 77 * 1024 + 300] = 0x7F;  // q.data = data + 1
+    w.data[1 + 200 * 1024 + 5] = 0xFF;
+    const int64_t M = 40;
+    const std::vector<float> x = rng.normals(M * 1024);
+    Arena A(gpu());
+    const QuantWeight wd = A.weight(w);
+    const Tensor y = A.tensor(DType::F32, M, 256);
+    gpu().matmul(wd, A.up(x, DType::BF16, M, 1024), y);
+    const std::vector<float> got = A.down(y);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t r = 0; r < 256; ++r) {
+        const float v = got[static_cast<size_t>(m * 256 + r)];
+        EXPECT_EQ(std::isnan(v), r == 77 || r == 200) << "token " << m << " row " << r;
+      }
   }
 }
 

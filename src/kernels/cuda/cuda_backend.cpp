@@ -75,8 +75,10 @@ class CudaBackend final : public Backend {
     for (void* p : owned_) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
     if (group_scratch_) cudaFree(group_scratch_);
-    for (Scratch* s : {&lt_x_, &lt_w_, &tmp_[0], &tmp_[1], &tmp_[2], &tmp_[3], &tmp_[4]})
+    for (Scratch* s : {&lt_x_, &lt_w_})
       if (s->p) cudaFree(s->p);
+    for (Scratch& s : tmp_)
+      if (s.p) cudaFree(s.p);
     for (void* p : lt_retired_) cudaFree(p);
     lt_.reset();
     cudaStreamDestroy(stream_);
@@ -197,20 +199,29 @@ class CudaBackend final : public Backend {
     // Decode sizes: the skinny kernels read x in its dtype and apply the epilogue at the store (SwiGLU: the gate
     // rows first, rounded into a scratch of y's dtype, then the up rows with that gate). BF16 / FP8 weights with
     // bf16 x take the tensor-core skinny kernels over the row counts stc_rows() gives (past 16 rows too).
+    // More tokens: the tiled tensor-core kernel (the same weights; tile_take).
     const cuda::WDesc d = cuda::make_wdesc(w);
-    const bool stc = stc_take(d, x, M) && (!ep.glu || stc_take(cuda::make_wdesc(*ep.glu[0]), x, M));
-    if ((M <= cuda::kSmallMaxRows || stc) && !(ep.glu && ep.gate)) {
+    const cuda::WDesc gd = ep.glu ? cuda::make_wdesc(*ep.glu[0]) : cuda::WDesc{};
+    const bool stc = stc_take(d, x, M) && (!ep.glu || stc_take(gd, x, M));
+    const bool tile = !stc && tile_take(d, x, M) && (!ep.glu || tile_take(gd, x, M));
+    if ((M <= cuda::kSmallMaxRows || stc || tile) && !(ep.glu && ep.gate)) {
       cuda::LinEpi e;
       e.bias = ep.bias;
       if (ep.gate) e.gate = cuda::tview(*ep.gate);
       if (ep.residual) e.residual = cuda::tview(*ep.residual);
+      auto run_tile = [&](const cuda::WDesc& wd, const Tensor& out, const cuda::LinEpi& le) {
+        const size_t wsb = cuda::tile_ws_bytes(wd, M);
+        float* ws = wsb ? static_cast<float*>(tmp_bytes(kTmpTile, wsb, "tiled matmul K-part sums")) : nullptr;
+        cuda::launch_matmul_tile(wd, cuda::tview(x), M, cuda::tview(out), le, ws, stream_);
+      };
       bool gate_mx = true;
       if (ep.glu) {
         const Tensor g(tmp_bytes(kTmpGlu, static_cast<size_t>(M * N) * y.elem_size(), "SwiGLU gate rows"), y.dtype, M,
                        N);
-        const cuda::WDesc gd = cuda::make_wdesc(*ep.glu[0]);
         gate_mx = cuda::mx_tc_ok(gd);
-        if (stc)
+        if (tile)
+          run_tile(gd, g, cuda::LinEpi{});
+        else if (stc)
           cuda::launch_matmul_stc(gd, cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{}, stream_);
         else
           cuda::launch_matmul_small(gd, cuda::tview(x), M, cuda::tview(g), cuda::LinEpi{}, stream_,
@@ -218,7 +229,10 @@ class CudaBackend final : public Backend {
         check_launch("matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
-      if (stc) {
+      if (tile) {
+        ++tile_calls;
+        run_tile(d, y, e);
+      } else if (stc) {
         ++stc_calls;
         cuda::launch_matmul_stc(d, cuda::tview(x), M, cuda::tview(y), e, stream_);
       } else {
@@ -262,7 +276,19 @@ class CudaBackend final : public Backend {
     // few per expert): the warp-per-row grouped kernels, x in its dtype, the epilogue at the store; larger calls
     // (prefill) the tensor-core kernels. Decided here, not in moe_experts, so that every caller of grouped_matmul
     // (and a wrapping backend such as the bench's counter) takes the same kernels.
-    if (R <= kWarpGroupedMaxRows && !(ep.glu && ep.gate)) {
+    // Prefill sizes too when every weight (and the SwiGLU gate's) takes the BF16 / FP8 tensor-core kernels and the
+    // tiled kernel is on for groups: their groups of more than 16 tokens run on it (cuda_set_tile_rows).
+    bool big_stc = false;
+    if (R > kWarpGroupedMaxRows && tile_grouped && !(ep.glu && ep.gate)) {
+      int64_t rows = 0, cols = 0;
+      bool all = true;
+      big_stc = group_table(w, n_groups, rows, cols, nullptr, nullptr, &all) != nullptr && stc_group(x, all);
+      if (big_stc && ep.glu) {
+        bool gall = true;
+        big_stc = group_table(ep.glu, n_groups, rows, cols, nullptr, nullptr, &gall) != nullptr && stc_group(x, gall);
+      }
+    }
+    if ((R <= kWarpGroupedMaxRows || big_stc) && !(ep.glu && ep.gate)) {
       int64_t rows = 0, cols = 0;
       bool mx = true, stc = true;
       const cuda::WDesc* table = group_table(w, n_groups, rows, cols, nullptr, &mx, &stc);
@@ -290,13 +316,14 @@ class CudaBackend final : public Backend {
           return;
         }
         cuda::launch_grouped_small(gtable, n_groups, gr, gc, offsets, cuda::tview(x), cuda::tview(g), cuda::LinEpi{},
-                                   scratch, stream_, mx_tc(x, gmx, false), gstc);
+                                   scratch, stream_, mx_tc(x, gmx, false), gstc, tile_grouped);
         check_launch("grouped_matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
       if (stc) ++stc_calls;
+      if (big_stc) ++tile_calls;
       cuda::launch_grouped_small(table, n_groups, rows, cols, offsets, cuda::tview(x), cuda::tview(y), e, scratch,
-                                 stream_, mx_tc(x, mx), stc);
+                                 stream_, mx_tc(x, mx), stc, tile_grouped);
       check_launch("grouped_matmul");
       return;
     }
@@ -492,11 +519,23 @@ class CudaBackend final : public Backend {
     if (M == 1 && d.cols > (bf16 ? 4096 : 8192)) return false;
     return M >= (bf16 ? stc_bf16_min : stc_fp8_min) && M <= (bf16 ? stc_bf16_max : stc_fp8_max);
   }
+  // The tiled tensor-core kernel (cuda_set_tile_rows): BF16 / FP8 weights passing stc_ok with bf16 x, M in
+  // [tile_min(format), tile_max(format)], where the skinny kernels did not take the call.
+  bool tile_take(const cuda::WDesc& d, const Tensor& x, int64_t M) const {
+    if (!tc_dispatch || x.dtype != DType::BF16 || !cuda::stc_ok(d) || !cuda::stc_x_ok(cuda::tview(x))) return false;
+    const bool bf16 = d.format == static_cast<int32_t>(WeightFormat::BF16);
+    return M >= (bf16 ? tile_bf16_min : tile_fp8_min) && M <= (bf16 ? tile_bf16_max : tile_fp8_max);
+  }
+  int64_t tile_calls = 0;
+  bool tile_grouped = true;
+  static constexpr int64_t kTileDefaults[4] = {1, 0, 17, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
+  int64_t tile_bf16_min = kTileDefaults[0], tile_bf16_max = kTileDefaults[1], tile_fp8_min = kTileDefaults[2],
+          tile_fp8_max = kTileDefaults[3];
   bool stc_group(const Tensor& x, bool all_ok) const {
     return all_ok && stc_grouped && tc_dispatch && x.dtype == DType::BF16 && cuda::stc_x_ok(cuda::tview(x));
   }
   int64_t stc_calls = 0;
-  static constexpr int64_t kStcDefaults[4] = {1, 16, 1, 2048};  // BF16 min, max; FP8 min, max (cuda_backend.h)
+  static constexpr int64_t kStcDefaults[4] = {1, 16, 1, 16};  // BF16 min, max; FP8 min, max (cuda_backend.h)
   int64_t stc_bf16_min = kStcDefaults[0], stc_bf16_max = kStcDefaults[1], stc_fp8_min = kStcDefaults[2],
           stc_fp8_max = kStcDefaults[3];
   bool stc_grouped = true;
@@ -582,7 +621,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- typed-tensor scratch ----
-  enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpSlots };
+  enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpTile, kTmpSlots };
   static constexpr int64_t kWarpGroupedMaxRows = 1024;  // 128 decode tokens x top-8
   static constexpr int64_t kGluFusedMaxRows = 32;       // 4 decode tokens x top-8
   // Device scratch slot of at least n floats (grow-only; a growth during a graph capture is an engine error: the
@@ -795,6 +834,25 @@ void cuda_reset_stc_rows(Backend& be) {
   if (dynamic_cast<CudaBackend*>(&be))
     cuda_set_stc_rows(be, CudaBackend::kStcDefaults[0], CudaBackend::kStcDefaults[1], CudaBackend::kStcDefaults[2],
                       CudaBackend::kStcDefaults[3], true);
+  if (dynamic_cast<CudaBackend*>(&be))
+    cuda_set_tile_rows(be, CudaBackend::kTileDefaults[0], CudaBackend::kTileDefaults[1], CudaBackend::kTileDefaults[2],
+                       CudaBackend::kTileDefaults[3], true);
+}
+
+int64_t cuda_tile_matmuls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->tile_calls : -1;
+}
+
+void cuda_set_tile_rows(Backend& be, int64_t bf16_min, int64_t bf16_max, int64_t fp8_min, int64_t fp8_max,
+                        bool grouped) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) {
+    c->tile_grouped = grouped;
+    c->tile_bf16_min = bf16_min;
+    c->tile_bf16_max = bf16_max;
+    c->tile_fp8_min = fp8_min;
+    c->tile_fp8_max = fp8_max;
+  }
 }
 
 bool cuda_tc_dispatch(const Backend& be) {

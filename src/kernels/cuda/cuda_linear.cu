@@ -1136,14 +1136,15 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
 }
 
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
-                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc, bool stc) {
+                          TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc, bool stc,
+                          bool tile) {
   (void)cols;
   if (n_groups <= 0 || rows <= 0) return;
   int32_t* lists = static_cast<int32_t*>(scratch);
   int32_t* counts = lists + 3 * n_groups;
   classify_groups_kernel<<<1, 256, 0, st>>>(offsets, table, n_groups, lists, counts);
   if (stc && stc_x_ok(x)) {
-    launch_grouped_stc(table, n_groups, rows, offsets, x, y, e, lists, counts, st);
+    launch_grouped_stc(table, n_groups, rows, offsets, x, y, e, lists, counts, st, tile);
     return;
   }
   const SmallOut out = small_out(y, e);

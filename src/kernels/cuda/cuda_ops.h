@@ -67,10 +67,11 @@ void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinE
 void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows,
                               const int64_t* offsets, TView x, TView y, const LinEpi& e, TView gtmp, void* scratch,
                               cudaStream_t st);
-// stc: every listed weight passes stc_ok and x passes stc_x_ok: the BF16 / FP8 tensor-core kernels below.
+// stc: every listed weight passes stc_ok and x passes stc_x_ok: the BF16 / FP8 tensor-core kernels below; with
+// tile, its groups of more than 16 tokens on the tiled kernel (any number of rows: prefill too).
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
                           TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc = false,
-                          bool stc = false);
+                          bool stc = false, bool tile = false);
 // ---- BF16 / FP8 tensor-core skinny kernels (cuda_skinny_tc.cu) ----
 // Weights whose values (BF16) or codes (FP8 e4m3fn) are exact bf16 values, K % 128 == 0, 16-byte aligned rows; FP8
 // block scales in 16-row × 128-column multiples (or per tensor / per channel), applied to fp32 partial sums. x bf16
@@ -79,9 +80,16 @@ void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, in
 bool stc_ok(const WDesc& w);
 bool stc_x_ok(TView x);
 void launch_matmul_stc(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st);
+// The tiled kernel for more tokens (the same weights and x as stc_ok / stc_x_ok; any M): 128 weight rows × 64
+// tokens per block with both operands staged in shared memory, K split into tile_splits(w, M) parts when the blocks
+// would not fill the GPU — ws: device memory of tile_ws_bytes(w, M) (0: none needed). Deterministic for a given M;
+// the K split (and so the rounding) depends on M.
+int tile_splits(const WDesc& w, int64_t M);
+size_t tile_ws_bytes(const WDesc& w, int64_t M);
+void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, float* ws, cudaStream_t st);
 // Grouped, over the device lists of classify_groups_kernel (launch_grouped_small makes them).
 void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x, TView y,
-                        const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st);
+                        const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st, bool tile);
 // Tensor-core matmul for the bf16 activation mode (x values bf16): formats whose values or codes are exact bf16
 // values (tc_format: BF16, MXFP4, FP8 with block scales in 16×32 multiples, per tensor or per channel); FP8 scales
 // are applied to fp32 partial sums, never to the weights.

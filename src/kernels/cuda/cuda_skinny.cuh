@@ -1,10 +1,24 @@
 // Device pieces shared by the skinny (decode-sized) linear kernels of cuda_linear.cu (CUDA-core and MXFP4
 // tensor-core kernels) and cuda_skinny_tc.cu (BF16 / FP8 tensor-core kernels): where they write (SmallOut and its
-// epilogue store), the bf16 tensor-core MMA and the exact bf16x2 multiply.
+// epilogue store), the bf16 tensor-core MMA, the exact bf16x2 multiply, the FP8 code conversion and cp.async.
 #pragma once
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace latent::cuda {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, asynchronous (cp.async.cg: cached in L2 only); !valid: the 16 bytes zero-filled.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0: zero-fill
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;

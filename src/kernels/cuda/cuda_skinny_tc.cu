@@ -20,6 +20,9 @@
 // e4m3 codes are exact bf16 values, FP8 block scales are applied to each 128-column block's fp32 partial sums (a
 // 16-row tile lies in one scale block: block_rows % 16 == 0, block_cols % 128 == 0), per-tensor / per-channel
 // scales to the finished sum.
+#include <algorithm>
+#include <cstdlib>
+
 #include "kernels/cuda/cuda_skinny.cuh"
 
 namespace latent::cuda {
@@ -211,6 +214,268 @@ int stc_sm_count() {
   return n;
 }
 
+// ---- The tiled kernel: 128 weight rows × 64 tokens per block, the activations shared in shared memory ----
+// A stage holds one 128-column block of the 128 rows (FP8 16 KB / BF16 32 KB) and of the 64 tokens (16 KB), filled
+// by cp.async kTileStages - 1 stages ahead. Warp w computes rows 32·(w % 4) .. +31 (two m16 tiles) × tokens
+// 32·(w / 4) .. +31 (four n8 tiles). The k slots are the skinny kernels' permutation of a block's columns (shared by
+// A and B): FP8 lane t holds columns 16t .. 16t+15 of each 64-column half (step s: columns 16t + 4s .. +3), BF16
+// columns 32j + 8t .. +7 of piece j (step (j, st): 32j + 8t + 4st .. +3). Shared-memory rows are XOR-swizzled in
+// 16-byte chunks so that the two rows a quarter warp reads land on different banks. FP8 block scales multiply each
+// 128-column block's fp32 partial sums. K may be split over gridDim.z parts (tile_splits): each part's sums are
+// stored to a fp32 workspace and added in part order by tile_reduce_kernel (deterministic for a given M).
+constexpr int kTileRows = 128, kTileToks = 64, kTileStages = 4;
+template <bool kBf16>
+__host__ __device__ constexpr int tile_w_bytes() {
+  return kTileRows * 128 * (kBf16 ? 2 : 1);
+}
+constexpr int kTileXBytes = kTileToks * 128 * 2;
+template <bool kBf16, int kStages = kTileStages>
+__host__ __device__ constexpr int tile_smem() {
+  return kStages * (tile_w_bytes<kBf16>() + kTileXBytes);
+}
+
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// FMT: kFmtBF16, kFmtFp8Block, or kFmtFp8 (per tensor / per channel: the scale on the finished sum).
+// One block's tile: weight rows rbase .. rbase+127 × tokens mbase .. mbase+63 (tokens ≥ m_end not stored; rows of
+// x read clamped to m_end - 1) over the 128-column blocks [kb_begin, kb_end); ws: the part's fp32 sums ([m][N]
+// from row 0 of x) instead of the epilogue store. Ends with the block synchronized (shared memory free for reuse).
+template <int FMT, int kTileStages = latent::cuda::kTileStages>
+__device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_t mbase, int64_t m_end, int64_t rbase,
+                                           int64_t kb_begin, int64_t kb_end, const uint16_t* x, int64_t ldx,
+                                           const SmallOut& out, float* ws) {
+  constexpr bool kBf16 = FMT == kFmtBF16, kBlock = FMT == kFmtFp8Block;
+  constexpr int kRowBytes = kBf16 ? 256 : 128, kChunks = kRowBytes / 16, kWBytes = tile_w_bytes<kBf16>();
+  constexpr int kStageBytes = kWBytes + kTileXBytes;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int wr = warp & 3, wm = warp >> 2;
+  const int64_t N = w.rows, M = m_end;
+  const int n_kb = static_cast<int>(kb_end - kb_begin);
+
+  // This thread's cp.async chunks: W chunk i = threadIdx.x + 256·q (row i / kChunks), x chunk likewise (16 a row).
+  constexpr int kWPer = kTileRows * kChunks / kStcThreads, kXPer = kTileToks * 16 / kStcThreads;
+  const uint8_t* wsrc[kWPer];
+  int wdst[kWPer];
+#pragma unroll
+  for (int q = 0; q < kWPer; ++q) {
+    const int i = threadIdx.x + kStcThreads * q, row = i / kChunks, c = i % kChunks;
+    const int64_t gr = rbase + row < N ? rbase + row : N - 1;
+    wsrc[q] = static_cast<const uint8_t*>(w.data) + gr * w.row_bytes + 16 * c;
+    wdst[q] = row * kRowBytes + 16 * (c ^ ((row & 1) << 2));
+  }
+  const uint16_t* xsrc[kXPer];
+  int xdst[kXPer];
+#pragma unroll
+  for (int q = 0; q < kXPer; ++q) {
+    const int i = threadIdx.x + kStcThreads * q, row = i >> 4, c = i & 15;
+    const int64_t tok = mbase + row < M ? mbase + row : M - 1;
+    xsrc[q] = x + tok * ldx + 8 * c;
+    xdst[q] = kWBytes + row * 256 + 16 * (c ^ (kBf16 ? (row & 1) << 2 : row & 1));
+  }
+  auto load_stage = [&](int i) {
+    if (i < n_kb) {
+      uint8_t* st = smem + (i % kTileStages) * kStageBytes;
+      const int64_t kb = kb_begin + i;
+#pragma unroll
+      for (int q = 0; q < kWPer; ++q) cp_async16(st + wdst[q], wsrc[q] + kb * kRowBytes, true);
+#pragma unroll
+      for (int q = 0; q < kXPer; ++q) cp_async16(st + xdst[q], xsrc[q] + kb * 128, true);
+    }
+    cp_async_commit();
+  };
+
+  float c[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[i][j][e] = 0.0f;
+  // Lane-constant parts of the fragment addresses: rows 32·wr + 16i + g (+8) and tokens 32·wm + 8j + g have g's
+  // parity, so each swizzle is one XOR per lane.
+  const int wrow = (32 * wr + g) * kRowBytes, wsw = (g & 1) << 2;
+  const int xrow = kWBytes + (32 * wm + g) * 256, xsw = kBf16 ? (g & 1) << 2 : g & 1;
+
+#pragma unroll
+  for (int i = 0; i < kTileStages - 1; ++i) load_stage(i);
+  for (int it = 0; it < n_kb; ++it) {
+    cp_async_wait<kTileStages - 2>();
+    __syncthreads();
+    load_stage(it + kTileStages - 1);
+    const uint8_t* st = smem + (it % kTileStages) * kStageBytes;
+    if constexpr (kBf16) {
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {  // 32-column pieces: lane columns 32jp + 8t .. +7
+        uint4 wa[2][2], xv[4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            wa[i][r] = lds128(st + wrow + (16 * i + 8 * r) * kRowBytes + 16 * ((4 * jp + t) ^ wsw));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) xv[j] = lds128(st + xrow + 8 * j * 256 + 16 * ((4 * jp + t) ^ xsw));
+#pragma unroll
+        for (int s2 = 0; s2 < 2; ++s2)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              mma_bf16_16816(c[i][j], word_of(wa[i][0], 2 * s2), word_of(wa[i][1], 2 * s2),
+                             word_of(wa[i][0], 2 * s2 + 1), word_of(wa[i][1], 2 * s2 + 1), word_of(xv[j], 2 * s2),
+                             word_of(xv[j], 2 * s2 + 1));
+      }
+    } else {
+      float p[2][4][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p[i][j][e] = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // 64-column halves: lane columns 64h + 16t .. +15
+        uint4 wa[2][2], xv[4][2];
+        uint32_t any = 0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            wa[i][r] = lds128(st + wrow + (16 * i + 8 * r) * kRowBytes + 16 * ((4 * h + t) ^ wsw));
+#pragma unroll
+            for (int q = 0; q < 4; ++q) any |= (word_of(wa[i][r], q) & 0x7F7F7F7Fu) + 0x01010101u;
+          }
+        const bool nan = __any_sync(0xFFFFFFFFu, (any & 0x80808080u) != 0u);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) xv[j][e] = lds128(st + xrow + 8 * j * 256 + 16 * ((8 * h + 2 * t + e) ^ xsw));
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            fp8_word(word_of(wa[i][0], s), nan, a[i][0], a[i][2]);
+            fp8_word(word_of(wa[i][1], s), nan, a[i][1], a[i][3]);
+          }
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              mma_bf16_16816(p[i][j], a[i][0], a[i][1], a[i][2], a[i][3], word_of(xv[j][s >> 1], 2 * (s & 1)),
+                             word_of(xv[j][s >> 1], 2 * (s & 1) + 1));
+        }
+      }
+      // The block's partial sums into the accumulators (block scales: times the m16 tile's scale of this block).
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float sc = 1.0f;
+        if constexpr (kBlock) {
+          const int64_t r0 = rbase + 32 * wr + 16 * i < N ? rbase + 32 * wr + 16 * i : N - 1;
+          sc = static_cast<const float*>(
+              w.scale)[(r0 / w.block_rows) * w.scale_cols + ((kb_begin + it) * 128) / w.block_cols];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c[i][j][e] = kBlock ? fmaf(p[i][j][e], sc, c[i][j][e]) : c[i][j][e] + p[i][j][e];
+      }
+    }
+  }
+  cp_async_wait<0>();
+  // Store: (row rbase + 32wr + 16i + g + 8(e / 2), token mbase + 32wm + 8j + 2t + e % 2).
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t r = rbase + 32 * wr + 16 * i + g + 8 * (e >> 1), m = mbase + 32 * wm + 8 * j + 2 * t + (e & 1);
+        if (r >= N || m >= M) continue;
+        float v = c[i][j][e];
+        if (ws) {
+          ws[m * N + r] = v;
+          continue;
+        }
+        if constexpr (FMT == kFmtFp8) {
+          if (w.format == kFmtFp8Tensor) v *= static_cast<const float*>(w.scale)[0];
+          if (w.format == kFmtFp8Channel) v *= static_cast<const float*>(w.scale)[r];
+        }
+        small_store(out, m, r, N, v);
+      }
+  __syncthreads();
+}
+
+extern __shared__ __align__(128) uint8_t tile_smem_buf[];
+
+// Single weight: block (row tile x, token tile y, K part z).
+template <int FMT, int kStages, int kMinBlocks>
+__global__ void __launch_bounds__(kStcThreads, kMinBlocks)
+    tile_kernel(WDesc w, int64_t M, const uint16_t* x, int64_t ldx, SmallOut out, float* ws, int kb_per_part) {
+  const int64_t nkb = w.cols / 128, kb_begin = static_cast<int64_t>(blockIdx.z) * kb_per_part;
+  const int64_t kb_end = kb_begin + kb_per_part < nkb ? kb_begin + kb_per_part : nkb;
+  tile_block<FMT, kStages>(tile_smem_buf, w, static_cast<int64_t>(blockIdx.y) * kTileToks, M,
+                           static_cast<int64_t>(blockIdx.x) * kTileRows, kb_begin, kb_end, x, ldx, out,
+                           ws ? ws + static_cast<int64_t>(blockIdx.z) * M * w.rows : nullptr);
+}
+
+// Grouped (class 2 of classify_groups_kernel: groups of more than 16 tokens): a persistent grid over (listed group,
+// 64-token tile, 128-row tile) items, row tiles innermost (blocks running together share a token tile and the
+// group's weights in L2). The listed groups' token-tile prefix sums are made once per block in shared memory after
+// the stages (n_listed + 1 entries, at most kTileMaxGroups). Each item takes its weight's format (a table may mix
+// BF16 and FP8); the stages are sized for BF16.
+constexpr int kTileMaxGroups = 1024;
+constexpr int kTileGroupedSmem = tile_smem<true>() + (kTileMaxGroups + 1) * 4;
+__global__ void __launch_bounds__(kStcThreads, 1)
+    tile_grouped_kernel(const WDesc* table, const int64_t* offsets, const int32_t* list, const int32_t* count,
+                        int64_t rows, const uint16_t* x, int64_t ldx, SmallOut out) {
+  int32_t* prefix = reinterpret_cast<int32_t*>(tile_smem_buf + tile_smem<true>());
+  const int n_listed = *count;
+  if (threadIdx.x == 0) {
+    int32_t acc = 0;
+    for (int i = 0; i < n_listed; ++i) {
+      prefix[i] = acc;
+      const int64_t g = list[i];
+      acc += static_cast<int32_t>((offsets[g + 1] - offsets[g] + kTileToks - 1) / kTileToks);
+    }
+    prefix[n_listed] = acc;
+  }
+  __syncthreads();
+  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows, items = prefix[n_listed] * row_tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t tt = item / row_tiles, rt = item % row_tiles;
+    int lo = 0, hi = n_listed - 1;  // the listed group holding token tile tt: the last i with prefix[i] <= tt
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (prefix[mid] <= tt)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int64_t g = list[lo], m0 = offsets[g] + (tt - prefix[lo]) * kTileToks, m1 = offsets[g + 1];
+    const WDesc& w = table[g];
+    if (w.format == kFmtBF16)
+      tile_block<kFmtBF16>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+    else if (w.format == kFmtFp8Block)
+      tile_block<kFmtFp8Block>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+    else
+      tile_block<kFmtFp8>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+  }
+}
+
+// The K parts of a split tiled matmul added in part order, then the per-tensor / per-channel scale and the store.
+__global__ void tile_reduce_kernel(const float* ws, int parts, int64_t M, WDesc w, SmallOut out) {
+  const int64_t N = w.rows, total = M * N;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = ws[i];
+    for (int z = 1; z < parts; ++z) v += ws[z * total + i];
+    const int64_t m = i / N, r = i % N;
+    if (w.format == kFmtFp8Tensor) v *= static_cast<const float*>(w.scale)[0];
+    if (w.format == kFmtFp8Channel) v *= static_cast<const float*>(w.scale)[r];
+    small_store(out, m, r, N, v);
+  }
+}
+
 }  // namespace
 
 bool stc_ok(const WDesc& w) {
@@ -248,8 +513,78 @@ void launch_matmul_stc(const WDesc& w, TView x, int64_t M, TView y, const LinEpi
     stc_kernel<8><<<blocks, kStcThreads, 0, st>>>(w, M, xb, x.ld, out);
 }
 
+// The K split of a tiled matmul: the smallest part count minimizing (waves of blocks at one block per SM) × (128-
+// column blocks per part) plus the workspace's write and read (a part's 64 × 128 fp32 sums, twice, in units of a
+// weight stage), parts of at least two column blocks, at most 32.
+int tile_splits(const WDesc& w, int64_t M) {
+  const int64_t sms = stc_sm_count(), nb = ((w.rows + kTileRows - 1) / kTileRows) * ((M + kTileToks - 1) / kTileToks);
+  const int64_t nkb = w.cols / 128;
+  if (nb >= sms || nkb < 4) return 1;
+  const double ws_units =
+      2.0 * kTileToks * kTileRows * 4 / (w.format == kFmtBF16 ? tile_w_bytes<true>() : tile_w_bytes<false>());
+  int best = 1;
+  double best_t = 1e300;
+  for (int s = 1; s <= 32 && nkb / s >= 2; ++s) {
+    const int64_t per = (nkb + s - 1) / s;
+    if ((nkb + per - 1) / per != s) continue;  // s parts of `per` blocks leave one empty
+    const double t = static_cast<double>((nb * s + sms - 1) / sms * per) + (s > 1 ? ws_units * nb * s / sms : 0.0);
+    if (t < best_t - 1e-9) {
+      best_t = t;
+      best = s;
+    }
+  }
+  return best;
+}
+
+size_t tile_ws_bytes(const WDesc& w, int64_t M) {
+  const int s = tile_splits(w, M);
+  return s > 1 ? static_cast<size_t>(s) * static_cast<size_t>(M * w.rows) * sizeof(float) : 0;
+}
+
+void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, float* ws, cudaStream_t st) {
+  if (M <= 0 || w.rows <= 0) return;
+  SmallOut out;
+  out.y = y;
+  out.bias = e.bias;
+  out.gate = e.gate;
+  out.residual = e.residual;
+  const int parts = tile_splits(w, M);
+  const int64_t nkb = w.cols / 128, per = (nkb + parts - 1) / parts;
+  const dim3 grid(static_cast<unsigned>((w.rows + kTileRows - 1) / kTileRows),
+                  static_cast<unsigned>((M + kTileToks - 1) / kTileToks), static_cast<unsigned>(parts));
+  const auto* xb = static_cast<const uint16_t*>(x.p);
+  float* part_ws = parts > 1 ? ws : nullptr;
+  // Tuning knob (benches): LATENT_TILE_VARIANT=1 runs 3 stages at two blocks per SM (≤ 128 registers).
+  static const int variant = [] {
+    const char* v = std::getenv("LATENT_TILE_VARIANT");
+    return v ? std::atoi(v) : 0;
+  }();
+#define LATENT_TILE_LAUNCH(FMT, BF16, ST, MB)                                                                    \
+  {                                                                                                              \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                        \
+        tile_kernel<FMT, ST, MB>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_smem<BF16, ST>());           \
+    (void)attr;                                                                                                  \
+    tile_kernel<FMT, ST, MB>                                                                                     \
+        <<<grid, kStcThreads, tile_smem<BF16, ST>(), st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per)); \
+  }
+  if (w.format == kFmtBF16)
+    LATENT_TILE_LAUNCH(kFmtBF16, true, 4, 1)
+  else if (w.format == kFmtFp8Block && variant == 1)
+    LATENT_TILE_LAUNCH(kFmtFp8Block, false, 3, 2)
+  else if (w.format == kFmtFp8Block)
+    LATENT_TILE_LAUNCH(kFmtFp8Block, false, 4, 1)
+  else
+    LATENT_TILE_LAUNCH(kFmtFp8, false, 4, 1)
+#undef LATENT_TILE_LAUNCH
+  if (parts > 1) {
+    const int64_t total = M * w.rows;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, stc_sm_count() * 8));
+    tile_reduce_kernel<<<blocks, 256, 0, st>>>(ws, parts, M, w, out);
+  }
+}
+
 void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x, TView y,
-                        const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st) {
+                        const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st, bool tile) {
   SmallOut out;
   out.y = y;
   out.bias = e.bias;
@@ -258,11 +593,19 @@ void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, cons
   const unsigned grid = static_cast<unsigned>(stc_sm_count() * 4);
   const auto* xb = static_cast<const uint16_t*>(x.p);
   const int64_t tiles = (rows + 15) / 16;
-  // Classes 0 and 1 (≤ 16 tokens: one pass of 16), class 2 (passes of 32).
+  // Classes 0 and 1 (≤ 16 tokens: one pass of 16), class 2 (the tiled kernel, or passes of 32).
   stc_grouped_kernel<2>
       <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 0, 2, tiles, xb, x.ld, out);
-  stc_grouped_kernel<4>
-      <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
+  if (tile && n_groups <= kTileMaxGroups) {
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(tile_grouped_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTileGroupedSmem);
+    (void)attr;
+    tile_grouped_kernel<<<static_cast<unsigned>(stc_sm_count()), kStcThreads, kTileGroupedSmem, st>>>(
+        table, offsets, lists + 2 * n_groups, counts + 2, rows, xb, x.ld, out);
+  } else {
+    stc_grouped_kernel<4>
+        <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
+  }
 }
 
 }  // namespace latent::cuda
