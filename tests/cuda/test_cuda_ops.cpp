@@ -400,7 +400,7 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
 
 // The BF16 / FP8 tensor-core skinny kernels (bf16 x, weights with K % 128 == 0: BF16, FP8 block 128 / tensor /
 // channel; not fnuz, not 32 x 40 blocks): taken exactly where the default dispatch says (cuda_backend.h: BF16 1 ..
-// 16, FP8 1 .. 16 and the tiled kernel from 17, not one token over long rows, not under 9 tokens below 1,024 rows; the
+// 16, FP8 1 .. 32 and the tiled kernel from 33, not one token over long rows, not under 9 tokens below 1,024 rows; the
 // counter), held to the harness tolerances against the ref, each weight row on its own (a misplaced tile or scale
 // cannot hide under the others' magnitude); a token's result is the same bits whatever the number of tokens of the call
 // (NT and the passes do not change its arithmetic); grouped decode calls take them when every weight qualifies.
@@ -417,7 +417,7 @@ TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
   };
   for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8Tensor, Fmt::Fp8Channel, Fmt::Fp8BlockFnuz, Fmt::Fp8BlockOdd}) {
     const bool eligible = f != Fmt::Fp8BlockFnuz && f != Fmt::Fp8BlockOdd;
-    const int64_t hi = 16, long_row = f == Fmt::BF16 ? 4096 : 8192;
+    const int64_t hi = f == Fmt::BF16 ? 16 : 32, long_row = f == Fmt::BF16 ? 4096 : 8192;
     for (const auto& [rows, cols] :
          {std::pair<int64_t, int64_t>{16, 128}, {37, 1152}, {300, 6144}, {1037, 384}, {1024, 8320}}) {
       const HostWeight w = ops::make_weight(f, rows, cols, rng);
@@ -445,7 +445,7 @@ TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
                                    std::to_string(cols) + " M " + std::to_string(M) + " y " + ops::dtype_label(yt);
           const bool want_stc = eligible && M <= hi && (rows >= 1024 || M >= 9) && (M > 1 || cols <= long_row);
           EXPECT_EQ(cuda_stc_matmuls(gpu()), n0 + (want_stc ? 1 : 0)) << what;
-          const bool want_tile = eligible && f != Fmt::BF16 && M >= 17;  // the tiled kernel above (FP8 only)
+          const bool want_tile = eligible && f != Fmt::BF16 && M >= 33;  // the tiled kernel above (FP8 only)
           EXPECT_EQ(cuda_tile_matmuls(gpu()), t0 + (want_tile ? 1 : 0)) << what;
           const double tol = ops::tol_for(yt), e = ops::norm_err(got.data(), want.data(), want.size());
           if (want_stc)

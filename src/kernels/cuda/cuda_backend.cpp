@@ -316,14 +316,15 @@ class CudaBackend final : public Backend {
           return;
         }
         cuda::launch_grouped_small(gtable, n_groups, gr, gc, offsets, cuda::tview(x), cuda::tview(g), cuda::LinEpi{},
-                                   scratch, stream_, mx_tc(x, gmx, false), gstc, tile_grouped);
+                                   scratch, stream_, mx_tc(x, gmx, false), gstc, tile_grouped,
+                                   tile_format(ep.glu, n_groups));
         check_launch("grouped_matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
       if (stc) ++stc_calls;
       if (big_stc) ++tile_calls;
       cuda::launch_grouped_small(table, n_groups, rows, cols, offsets, cuda::tview(x), cuda::tview(y), e, scratch,
-                                 stream_, mx_tc(x, mx), stc, tile_grouped);
+                                 stream_, mx_tc(x, mx), stc, tile_grouped, tile_format(w, n_groups));
       check_launch("grouped_matmul");
       return;
     }
@@ -528,14 +529,14 @@ class CudaBackend final : public Backend {
   }
   int64_t tile_calls = 0;
   bool tile_grouped = true;
-  static constexpr int64_t kTileDefaults[4] = {1, 0, 17, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
+  static constexpr int64_t kTileDefaults[4] = {1, 0, 33, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
   int64_t tile_bf16_min = kTileDefaults[0], tile_bf16_max = kTileDefaults[1], tile_fp8_min = kTileDefaults[2],
           tile_fp8_max = kTileDefaults[3];
   bool stc_group(const Tensor& x, bool all_ok) const {
     return all_ok && stc_grouped && tc_dispatch && x.dtype == DType::BF16 && cuda::stc_x_ok(cuda::tview(x));
   }
   int64_t stc_calls = 0;
-  static constexpr int64_t kStcDefaults[4] = {1, 16, 1, 16};  // BF16 min, max; FP8 min, max (cuda_backend.h)
+  static constexpr int64_t kStcDefaults[4] = {1, 16, 1, 32};  // BF16 min, max; FP8 min, max (cuda_backend.h)
   int64_t stc_bf16_min = kStcDefaults[0], stc_bf16_max = kStcDefaults[1], stc_fp8_min = kStcDefaults[2],
           stc_fp8_max = kStcDefaults[3];
   bool stc_grouped = true;
@@ -733,6 +734,22 @@ class CudaBackend final : public Backend {
       group_scratch_bytes_ = bytes;
     }
     return group_scratch_;
+  }
+
+  // The one weight format of a grouped matmul's weights for the tiled kernel (FP8 per tensor and per channel as
+  // one), or -2 when they mix formats.
+  static int tile_format(const QuantWeight* const* w, int64_t n_groups) {
+    int f = -1;
+    for (int64_t g = 0; g < n_groups; ++g) {
+      if (!w[g]) continue;
+      int wf = static_cast<int>(w[g]->format);
+      if (w[g]->format == WeightFormat::FP8_E4M3_CHANNEL) wf = static_cast<int>(WeightFormat::FP8_E4M3_TENSOR);
+      if (f == -1)
+        f = wf;
+      else if (f != wf)
+        return -2;
+    }
+    return f == -1 ? -2 : f;
   }
 
   // The device table of a grouped matmul's weights (cached per distinct list of weights).

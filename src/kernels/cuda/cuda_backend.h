@@ -38,7 +38,7 @@ bool cuda_tc_dispatch(const Backend& be);
 // matmul takes them for M in [bf16_min, bf16_max] (BF16 weights) or [fp8_min, fp8_max] (FP8), except one token
 // over rows longer than 4,096 (BF16) / 8,192 (FP8) columns and matrices of fewer than 1,024 rows below 9 tokens
 // (the GEMV kernels read those faster); grouped matmuls at decode sizes when `grouped`. Defaults
-// (cuda_reset_stc_rows): BF16 1 .. 16 (cuBLASLt is faster above), FP8 1 .. 16 (the tiled kernel below above),
+// (cuda_reset_stc_rows): BF16 1 .. 16 (cuBLASLt is faster above), FP8 1 .. 32 (the tiled kernel below above),
 // grouped on — measured with `cuda_bench skinny` (bench/README.md); benches and tests change them (an empty
 // range turns a format off). Counter: the matmul / grouped_matmul calls that took them so far (-1 when `be` is not
 // the CUDA backend).
@@ -47,7 +47,7 @@ int64_t cuda_stc_matmuls(const Backend& be);
 // The tiled tensor-core kernel (cuda_skinny_tc.cu: 128 weight rows × 64 tokens per block, both operands staged in
 // shared memory, K split over parts when the blocks would not fill the GPU) for the same weights with bf16 x, over
 // M in [bf16_min, bf16_max] / [fp8_min, fp8_max] where the skinny kernels did not take the call. Defaults: BF16
-// off (cuBLASLt), FP8 from 17 rows (all prefill sizes too: it replaced the wmma kernel there). `grouped`: grouped
+// off (cuBLASLt), FP8 from 33 rows (all prefill sizes too: it replaced the wmma kernel there). `grouped`: grouped
 // matmuls whose weights all take the skinny kernels run their groups of more than 16 tokens on it, at any total
 // (expert prefill, BF16 and FP8; default on). Counter: the matmul calls that took it, and the grouped calls above
 // the decode sizes that did.

@@ -34,11 +34,6 @@ constexpr int kRowChunk = kAttnThreads;  // key slots per key-table fill (one pe
 constexpr int kMaxD = 576;               // dc + dr at most (GLM-5, DeepSeek-V3: 512 + 64)
 constexpr int kPad = 8;                  // bf16 elements of padding per shared-memory row (conflict-free ldmatrix)
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
 __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

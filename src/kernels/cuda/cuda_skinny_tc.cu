@@ -21,7 +21,6 @@
 // 16-row tile lies in one scale block: block_rows % 16 == 0, block_cols % 128 == 0), per-tensor / per-channel
 // scales to the finished sum.
 #include <algorithm>
-#include <cstdlib>
 
 #include "kernels/cuda/cuda_skinny.cuh"
 
@@ -187,8 +186,8 @@ __global__ void __launch_bounds__(kStcThreads)
 
 // Grouped: a persistent grid of blocks over (listed group, 16-row tile) items of the classes c0 .. c1-1 of
 // classify_groups_kernel (cuda_linear.cu), each over all its group's tokens.
-template <int NT>
-__global__ void __launch_bounds__(kStcThreads)
+template <int NT, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kStcThreads, kMinBlocks)
     stc_grouped_kernel(const WDesc* table, const int64_t* offsets, const int32_t* lists, const int32_t* counts,
                        int64_t n_groups, int c0, int c1, int64_t tiles, const uint16_t* x, int64_t ldx, SmallOut out) {
   __shared__ float red[kStcWarps * NT * 4][32];
@@ -214,45 +213,50 @@ int stc_sm_count() {
   return n;
 }
 
-// ---- The tiled kernel: 128 weight rows × 64 tokens per block, the activations shared in shared memory ----
+// ---- The tiled kernel: 128 weight rows × 64 tokens per block, both operands in shared memory ----
 // A stage holds one 128-column block of the 128 rows (FP8 16 KB / BF16 32 KB) and of the 64 tokens (16 KB), filled
-// by cp.async kTileStages - 1 stages ahead. Warp w computes rows 32·(w % 4) .. +31 (two m16 tiles) × tokens
-// 32·(w / 4) .. +31 (four n8 tiles). The k slots are the skinny kernels' permutation of a block's columns (shared by
-// A and B): FP8 lane t holds columns 16t .. 16t+15 of each 64-column half (step s: columns 16t + 4s .. +3), BF16
-// columns 32j + 8t .. +7 of piece j (step (j, st): 32j + 8t + 4st .. +3). Shared-memory rows are XOR-swizzled in
-// 16-byte chunks so that the two rows a quarter warp reads land on different banks. FP8 block scales multiply each
-// 128-column block's fp32 partial sums. K may be split over gridDim.z parts (tile_splits): each part's sums are
-// stored to a fp32 workspace and added in part order by tile_reduce_kernel (deterministic for a given M).
-constexpr int kTileRows = 128, kTileToks = 64, kTileStages = 4;
+// by cp.async kStages - 1 stages ahead. FP8 codes are converted once per stage by the whole block into a bf16 copy
+// of the W tile (each code's exact bf16 value: fp8_word; NaN codes NaN), BF16 weights are used as loaded. Warp w
+// computes rows 32·(w % 4) .. +31 (two m16 tiles) × tokens 32·(w / 4) .. +31 (four n8 tiles) with mma.sync
+// m16n8k16, A and B fragments by ldmatrix from rows of 256 bytes whose 16-byte chunks are XOR-swizzled by the row's
+// low three bits (eight rows of one chunk land on eight bank groups). FP8 block scales multiply each 128-column
+// block's fp32 partial sums. K may be split over gridDim.z parts (tile_splits): each part's sums are stored to a
+// fp32 workspace and added in part order by tile_reduce_kernel (deterministic for a given M).
+constexpr int kTileRows = 128, kTileToks = 64, kTileStages = 3;
 template <bool kBf16>
 __host__ __device__ constexpr int tile_w_bytes() {
   return kTileRows * 128 * (kBf16 ? 2 : 1);
 }
 constexpr int kTileXBytes = kTileToks * 128 * 2;
+constexpr int kTileWbBytes = kTileRows * 256;  // the FP8 tile's bf16 copy
 template <bool kBf16, int kStages = kTileStages>
 __host__ __device__ constexpr int tile_smem() {
-  return kStages * (tile_w_bytes<kBf16>() + kTileXBytes);
+  return kStages * (tile_w_bytes<kBf16>() + kTileXBytes) + (kBf16 ? 0 : kTileWbBytes);
 }
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ int swz(int chunk, int row) { return chunk ^ (row & 7); }  // 16-byte chunk of a 256-B row
 
 // FMT: kFmtBF16, kFmtFp8Block, or kFmtFp8 (per tensor / per channel: the scale on the finished sum).
 // One block's tile: weight rows rbase .. rbase+127 × tokens mbase .. mbase+63 (tokens ≥ m_end not stored; rows of
 // x read clamped to m_end - 1) over the 128-column blocks [kb_begin, kb_end); ws: the part's fp32 sums ([m][N]
 // from row 0 of x) instead of the epilogue store. Ends with the block synchronized (shared memory free for reuse).
-template <int FMT, int kTileStages = latent::cuda::kTileStages>
+template <int FMT, int kStages = kTileStages>
 __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_t mbase, int64_t m_end, int64_t rbase,
                                            int64_t kb_begin, int64_t kb_end, const uint16_t* x, int64_t ldx,
                                            const SmallOut& out, float* ws) {
-  constexpr bool kBf16 = FMT == kFmtBF16, kBlock = FMT == kFmtFp8Block;
+  constexpr bool kBf16 = FMT == kFmtBF16, kFp8 = !kBf16, kBlock = FMT == kFmtFp8Block;
   constexpr int kRowBytes = kBf16 ? 256 : 128, kChunks = kRowBytes / 16, kWBytes = tile_w_bytes<kBf16>();
   constexpr int kStageBytes = kWBytes + kTileXBytes;
+  uint8_t* const wb = smem + kStages * kStageBytes;  // FP8: the bf16 copy of the stage's W tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int wr = warp & 3, wm = warp >> 2;
   const int64_t N = w.rows, M = m_end;
   const int n_kb = static_cast<int>(kb_end - kb_begin);
 
   // This thread's cp.async chunks: W chunk i = threadIdx.x + 256·q (row i / kChunks), x chunk likewise (16 a row).
+  // BF16 W and x rows are stored swizzled for ldmatrix; FP8 rows of 128 codes with chunk ^ 4 on odd rows (the
+  // conversion's reads of two rows at once spread over the banks).
   constexpr int kWPer = kTileRows * kChunks / kStcThreads, kXPer = kTileToks * 16 / kStcThreads;
   const uint8_t* wsrc[kWPer];
   int wdst[kWPer];
@@ -261,7 +265,7 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
     const int i = threadIdx.x + kStcThreads * q, row = i / kChunks, c = i % kChunks;
     const int64_t gr = rbase + row < N ? rbase + row : N - 1;
     wsrc[q] = static_cast<const uint8_t*>(w.data) + gr * w.row_bytes + 16 * c;
-    wdst[q] = row * kRowBytes + 16 * (c ^ ((row & 1) << 2));
+    wdst[q] = row * kRowBytes + 16 * (kBf16 ? swz(c, row) : c ^ ((row & 1) << 2));
   }
   const uint16_t* xsrc[kXPer];
   int xdst[kXPer];
@@ -270,11 +274,11 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
     const int i = threadIdx.x + kStcThreads * q, row = i >> 4, c = i & 15;
     const int64_t tok = mbase + row < M ? mbase + row : M - 1;
     xsrc[q] = x + tok * ldx + 8 * c;
-    xdst[q] = kWBytes + row * 256 + 16 * (c ^ (kBf16 ? (row & 1) << 2 : row & 1));
+    xdst[q] = kWBytes + row * 256 + 16 * swz(c, row);
   }
   auto load_stage = [&](int i) {
     if (i < n_kb) {
-      uint8_t* st = smem + (i % kTileStages) * kStageBytes;
+      uint8_t* st = smem + (i % kStages) * kStageBytes;
       const int64_t kb = kb_begin + i;
 #pragma unroll
       for (int q = 0; q < kWPer; ++q) cp_async16(st + wdst[q], wsrc[q] + kb * kRowBytes, true);
@@ -291,94 +295,80 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) c[i][j][e] = 0.0f;
-  // Lane-constant parts of the fragment addresses: rows 32·wr + 16i + g (+8) and tokens 32·wm + 8j + g have g's
-  // parity, so each swizzle is one XOR per lane.
-  const int wrow = (32 * wr + g) * kRowBytes, wsw = (g & 1) << 2;
-  const int xrow = kWBytes + (32 * wm + g) * 256, xsw = kBf16 ? (g & 1) << 2 : g & 1;
+  // ldmatrix row addresses of this lane: A rows 32·wr + 16i + (lane & 15), chunk half lane >> 4; B tokens
+  // 32·wm + 16jp + (lane & 7) + 8·(lane >> 4), chunk half (lane >> 3) & 1.
+  const int arow = 32 * wr + (lane & 15), ahalf = lane >> 4;
+  const int btok = 32 * wm + (lane & 7) + 8 * (lane >> 4), bhalf = (lane >> 3) & 1;
 
 #pragma unroll
-  for (int i = 0; i < kTileStages - 1; ++i) load_stage(i);
+  for (int i = 0; i < kStages - 1; ++i) load_stage(i);
   for (int it = 0; it < n_kb; ++it) {
-    cp_async_wait<kTileStages - 2>();
+    cp_async_wait<kStages - 2>();
     __syncthreads();
-    load_stage(it + kTileStages - 1);
-    const uint8_t* st = smem + (it % kTileStages) * kStageBytes;
-    if constexpr (kBf16) {
+    load_stage(it + kStages - 1);
+    const uint8_t* st = smem + (it % kStages) * kStageBytes;
+    if constexpr (kFp8) {
+      // The W tile's codes into bf16 (natural column order, swizzled rows): thread chunk q → row, 16 codes; a
+      // quarter warp takes 4 chunks of 2 rows.
 #pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {  // 32-column pieces: lane columns 32jp + 8t .. +7
-        uint4 wa[2][2], xv[4];
+      for (int j = 0; j < kTileRows * 8 / kStcThreads; ++j) {
+        const int q = threadIdx.x + kStcThreads * j, pr = q >> 3, k = q & 7;
+        const int row = 2 * (pr >> 1) + (k >> 2), cc = (k & 3) + 4 * (pr & 1);
+        const uint4 v = lds128(st + row * 128 + 16 * (cc ^ ((row & 1) << 2)));
+        uint32_t any = 0;
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int u = 0; u < 4; ++u) any |= (word_of(v, u) & 0x7F7F7F7Fu) + 0x01010101u;
+        const bool nan = (any & 0x80808080u) != 0u;
+        uint32_t o[8];
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-            wa[i][r] = lds128(st + wrow + (16 * i + 8 * r) * kRowBytes + 16 * ((4 * jp + t) ^ wsw));
-#pragma unroll
-        for (int j = 0; j < 4; ++j) xv[j] = lds128(st + xrow + 8 * j * 256 + 16 * ((4 * jp + t) ^ xsw));
-#pragma unroll
-        for (int s2 = 0; s2 < 2; ++s2)
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              mma_bf16_16816(c[i][j], word_of(wa[i][0], 2 * s2), word_of(wa[i][1], 2 * s2),
-                             word_of(wa[i][0], 2 * s2 + 1), word_of(wa[i][1], 2 * s2 + 1), word_of(xv[j], 2 * s2),
-                             word_of(xv[j], 2 * s2 + 1));
+        for (int u = 0; u < 4; ++u) fp8_word(word_of(v, u), nan, o[2 * u], o[2 * u + 1]);
+        *reinterpret_cast<uint4*>(wb + row * 256 + 16 * swz(2 * cc, row)) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(wb + row * 256 + 16 * swz(2 * cc + 1, row)) = make_uint4(o[4], o[5], o[6], o[7]);
       }
-    } else {
-      float p[2][4][4];
+      __syncthreads();
+    }
+    const uint8_t* wt = kBf16 ? st : wb;
+    const uint8_t* xt = st + kWBytes;
+    float p[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[i][j][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {  // k16 steps: chunks 2s, 2s + 1
+      uint32_t a[2][4], b[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = arow + 16 * i;
+        ldsm_x4(a[i], wt + r * 256 + 16 * swz(2 * s + ahalf, r));
+      }
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {
+        const int tk = btok + 16 * jp;
+        ldsm_x4(b[jp], xt + tk * 256 + 16 * swz(2 * s + bhalf, tk));
+      }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
+          mma_bf16_16816(p[i][j], a[i][0], a[i][1], a[i][2], a[i][3], b[j >> 1][2 * (j & 1)],
+                         b[j >> 1][2 * (j & 1) + 1]);
+    }
+    // The block's partial sums into the accumulators (block scales: times the m16 tile's scale of this block).
 #pragma unroll
-          for (int e = 0; e < 4; ++e) p[i][j][e] = 0.0f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // 64-column halves: lane columns 64h + 16t .. +15
-        uint4 wa[2][2], xv[4][2];
-        uint32_t any = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            wa[i][r] = lds128(st + wrow + (16 * i + 8 * r) * kRowBytes + 16 * ((4 * h + t) ^ wsw));
-#pragma unroll
-            for (int q = 0; q < 4; ++q) any |= (word_of(wa[i][r], q) & 0x7F7F7F7Fu) + 0x01010101u;
-          }
-        const bool nan = __any_sync(0xFFFFFFFFu, (any & 0x80808080u) != 0u);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) xv[j][e] = lds128(st + xrow + 8 * j * 256 + 16 * ((8 * h + 2 * t + e) ^ xsw));
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t a[2][4];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            fp8_word(word_of(wa[i][0], s), nan, a[i][0], a[i][2]);
-            fp8_word(word_of(wa[i][1], s), nan, a[i][1], a[i][3]);
-          }
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              mma_bf16_16816(p[i][j], a[i][0], a[i][1], a[i][2], a[i][3], word_of(xv[j][s >> 1], 2 * (s & 1)),
-                             word_of(xv[j][s >> 1], 2 * (s & 1) + 1));
-        }
+    for (int i = 0; i < 2; ++i) {
+      float sc = 1.0f;
+      if constexpr (kBlock) {
+        const int64_t r0 = rbase + 32 * wr + 16 * i < N ? rbase + 32 * wr + 16 * i : N - 1;
+        sc = static_cast<const float*>(
+            w.scale)[(r0 / w.block_rows) * w.scale_cols + ((kb_begin + it) * 128) / w.block_cols];
       }
-      // The block's partial sums into the accumulators (block scales: times the m16 tile's scale of this block).
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float sc = 1.0f;
-        if constexpr (kBlock) {
-          const int64_t r0 = rbase + 32 * wr + 16 * i < N ? rbase + 32 * wr + 16 * i : N - 1;
-          sc = static_cast<const float*>(
-              w.scale)[(r0 / w.block_rows) * w.scale_cols + ((kb_begin + it) * 128) / w.block_cols];
-        }
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) c[i][j][e] = kBlock ? fmaf(p[i][j][e], sc, c[i][j][e]) : c[i][j][e] + p[i][j][e];
-      }
+        for (int e = 0; e < 4; ++e) c[i][j][e] = kBlock ? fmaf(p[i][j][e], sc, c[i][j][e]) : c[i][j][e] + p[i][j][e];
     }
   }
   cp_async_wait<0>();
@@ -421,14 +411,27 @@ __global__ void __launch_bounds__(kStcThreads, kMinBlocks)
 // Grouped (class 2 of classify_groups_kernel: groups of more than 16 tokens): a persistent grid over (listed group,
 // 64-token tile, 128-row tile) items, row tiles innermost (blocks running together share a token tile and the
 // group's weights in L2). The listed groups' token-tile prefix sums are made once per block in shared memory after
-// the stages (n_listed + 1 entries, at most kTileMaxGroups). Each item takes its weight's format (a table may mix
-// BF16 and FP8); the stages are sized for BF16.
-constexpr int kTileMaxGroups = 1024;
-constexpr int kTileGroupedSmem = tile_smem<true>() + (kTileMaxGroups + 1) * 4;
-__global__ void __launch_bounds__(kStcThreads, 1)
+// the stages (n_listed + 1 entries, at most kTileMaxGroups). FMT: the table's one format (two stages, two blocks
+// per SM, as the single kernel), or kTileMixed: each item takes its weight's format (three stages, one block).
+constexpr int kTileMaxGroups = 1024, kTileMixed = -2;
+template <int FMT>
+__host__ __device__ constexpr int tile_grouped_stages() {
+  return FMT == kTileMixed ? 3 : 2;
+}
+template <int FMT>
+__host__ __device__ constexpr int tile_grouped_smem() {
+  constexpr int st = tile_grouped_stages<FMT>();
+  constexpr int stages = FMT == kTileMixed ? (tile_smem<true, st>() > tile_smem<false, st>() ? tile_smem<true, st>()
+                                                                                             : tile_smem<false, st>())
+                                           : tile_smem<FMT == kFmtBF16, st>();
+  return stages + (kTileMaxGroups + 1) * 4;
+}
+template <int FMT>
+__global__ void __launch_bounds__(kStcThreads, FMT == kTileMixed ? 1 : 2)
     tile_grouped_kernel(const WDesc* table, const int64_t* offsets, const int32_t* list, const int32_t* count,
                         int64_t rows, const uint16_t* x, int64_t ldx, SmallOut out) {
-  int32_t* prefix = reinterpret_cast<int32_t*>(tile_smem_buf + tile_smem<true>());
+  constexpr int kSt = tile_grouped_stages<FMT>();
+  int32_t* prefix = reinterpret_cast<int32_t*>(tile_smem_buf + tile_grouped_smem<FMT>() - (kTileMaxGroups + 1) * 4);
   const int n_listed = *count;
   if (threadIdx.x == 0) {
     int32_t acc = 0;
@@ -453,12 +456,16 @@ __global__ void __launch_bounds__(kStcThreads, 1)
     }
     const int64_t g = list[lo], m0 = offsets[g] + (tt - prefix[lo]) * kTileToks, m1 = offsets[g + 1];
     const WDesc& w = table[g];
-    if (w.format == kFmtBF16)
-      tile_block<kFmtBF16>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
-    else if (w.format == kFmtFp8Block)
-      tile_block<kFmtFp8Block>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
-    else
-      tile_block<kFmtFp8>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+    if constexpr (FMT != kTileMixed) {
+      tile_block<FMT, kSt>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+    } else {
+      if (w.format == kFmtBF16)
+        tile_block<kFmtBF16, kSt>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+      else if (w.format == kFmtFp8Block)
+        tile_block<kFmtFp8Block, kSt>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+      else
+        tile_block<kFmtFp8, kSt>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+    }
   }
 }
 
@@ -554,27 +561,22 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
                   static_cast<unsigned>((M + kTileToks - 1) / kTileToks), static_cast<unsigned>(parts));
   const auto* xb = static_cast<const uint16_t*>(x.p);
   float* part_ws = parts > 1 ? ws : nullptr;
-  // Tuning knob (benches): LATENT_TILE_VARIANT=1 runs 3 stages at two blocks per SM (≤ 128 registers).
-  static const int variant = [] {
-    const char* v = std::getenv("LATENT_TILE_VARIANT");
-    return v ? std::atoi(v) : 0;
-  }();
-#define LATENT_TILE_LAUNCH(FMT, BF16, ST, MB)                                                                    \
-  {                                                                                                              \
-    static const cudaError_t attr = cudaFuncSetAttribute(                                                        \
-        tile_kernel<FMT, ST, MB>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_smem<BF16, ST>());           \
-    (void)attr;                                                                                                  \
-    tile_kernel<FMT, ST, MB>                                                                                     \
-        <<<grid, kStcThreads, tile_smem<BF16, ST>(), st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per)); \
+  // Two stages at two blocks per SM (≤ 128 registers): faster than three or four stages at one block per SM at
+  // every size measured (cuda_bench skinny, H100, 2026-12-06).
+#define LATENT_TILE_LAUNCH(FMT, BF16)                                                                           \
+  {                                                                                                             \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                       \
+        tile_kernel<FMT, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_smem<BF16, 2>());             \
+    (void)attr;                                                                                                 \
+    tile_kernel<FMT, 2, 2>                                                                                      \
+        <<<grid, kStcThreads, tile_smem<BF16, 2>(), st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per)); \
   }
   if (w.format == kFmtBF16)
-    LATENT_TILE_LAUNCH(kFmtBF16, true, 4, 1)
-  else if (w.format == kFmtFp8Block && variant == 1)
-    LATENT_TILE_LAUNCH(kFmtFp8Block, false, 3, 2)
+    LATENT_TILE_LAUNCH(kFmtBF16, true)
   else if (w.format == kFmtFp8Block)
-    LATENT_TILE_LAUNCH(kFmtFp8Block, false, 4, 1)
+    LATENT_TILE_LAUNCH(kFmtFp8Block, false)
   else
-    LATENT_TILE_LAUNCH(kFmtFp8, false, 4, 1)
+    LATENT_TILE_LAUNCH(kFmtFp8, false)
 #undef LATENT_TILE_LAUNCH
   if (parts > 1) {
     const int64_t total = M * w.rows;
@@ -584,7 +586,8 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
 }
 
 void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x, TView y,
-                        const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st, bool tile) {
+                        const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st, bool tile,
+                        int tile_fmt) {
   SmallOut out;
   out.y = y;
   out.bias = e.bias;
@@ -593,15 +596,38 @@ void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, cons
   const unsigned grid = static_cast<unsigned>(stc_sm_count() * 4);
   const auto* xb = static_cast<const uint16_t*>(x.p);
   const int64_t tiles = (rows + 15) / 16;
-  // Classes 0 and 1 (≤ 16 tokens: one pass of 16), class 2 (the tiled kernel, or passes of 32).
-  stc_grouped_kernel<2>
-      <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 0, 2, tiles, xb, x.ld, out);
+  // Class 1 (2 .. 16 tokens: one pass of 16; class 0 is the caller's), class 2 (the tiled kernel, or passes of 32).
+  // FP8 tables at three blocks per SM (some registers spilled; 2,900 -> 2,490 us for 128 experts x 4 tokens
+  // [4096 x 7168] on the H100), BF16 at one (729 -> 909 us at three).
+  const bool fp8 = tile_fmt == kFmtFp8Block || tile_fmt == kFmtFp8Tensor || tile_fmt == kFmtFp8Channel;
+  if (fp8)
+    stc_grouped_kernel<2, 3>
+        <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 1, 2, tiles, xb, x.ld, out);
+  else
+    stc_grouped_kernel<2>
+        <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 1, 2, tiles, xb, x.ld, out);
   if (tile && n_groups <= kTileMaxGroups) {
-    static const cudaError_t attr =
-        cudaFuncSetAttribute(tile_grouped_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTileGroupedSmem);
-    (void)attr;
-    tile_grouped_kernel<<<static_cast<unsigned>(stc_sm_count()), kStcThreads, kTileGroupedSmem, st>>>(
-        table, offsets, lists + 2 * n_groups, counts + 2, rows, xb, x.ld, out);
+    const unsigned sms = static_cast<unsigned>(stc_sm_count());
+    const int32_t* l2 = lists + 2 * n_groups;
+    const int32_t* c2 = counts + 2;
+#define LATENT_TILE_GROUPED(FMT, BLOCKS)                                                                            \
+  {                                                                                                                 \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                           \
+        tile_grouped_kernel<FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_grouped_smem<FMT>());           \
+    (void)attr;                                                                                                     \
+    tile_grouped_kernel<FMT>                                                                                        \
+        <<<sms*(BLOCKS), kStcThreads, tile_grouped_smem<FMT>(), st>>>(table, offsets, l2, c2, rows, xb, x.ld, out); \
+  }
+    // tile_fmt: the table's one format; the per-tensor / per-channel FP8 kernel also takes mixed FP8 kinds.
+    if (tile_fmt == kFmtBF16)
+      LATENT_TILE_GROUPED(kFmtBF16, 2)
+    else if (tile_fmt == kFmtFp8Block)
+      LATENT_TILE_GROUPED(kFmtFp8Block, 2)
+    else if (tile_fmt == kFmtFp8Tensor || tile_fmt == kFmtFp8Channel)
+      LATENT_TILE_GROUPED(kFmtFp8, 2)
+    else
+      LATENT_TILE_GROUPED(kTileMixed, 1)
+#undef LATENT_TILE_GROUPED
   } else {
     stc_grouped_kernel<4>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
