@@ -674,6 +674,68 @@ void bench_decode_matrix(const std::string& dir, Model& m, bench::CountingBacken
     }
 }
 
+// End-to-end prefill of one prompt through Model::step (bf16 activations, eager): `tokens` random ids in chunks of
+// `chunk` (each chunk attends to the cached earlier ones), timed from the first chunk to the last's logits. FLOPs
+// counted from the config's shapes: 2 x the weights one token multiplies (MLA, dense MLP or shared + top-k routed
+// experts, router) per token, plus the naive-form attention (qk and pv over the causal prefix, every head).
+void bench_prefill_model(Model& m, Backend& be, const std::vector<int64_t>& sizes, int64_t chunk) {
+  const ModelConfig& c = m.config();
+  const double w_tok = static_cast<double>(decode_weight_bytes(m, 1));  // bytes a decode token reads, ~ its weights
+  for (int64_t n : sizes) {
+    const int64_t bt = 64, blocks = (n + bt - 1) / bt + 1, ch = std::min(chunk, n);
+    m.reserve(ch, 1, blocks * bt, blocks);
+    PagedKvCache cache(c, be, blocks, bt, m.cache_dtype(), m.mtp_layers());
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    for (int64_t j = 0; j < blocks; ++j) table[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+    std::vector<int32_t> tokens;
+    auto run = [&] {
+      for (int64_t p = 0; p < n; p += ch) {
+        const int64_t len = std::min(ch, n - p);
+        tokens.resize(static_cast<size_t>(len));
+        for (int64_t j = 0; j < len; ++j)
+          tokens[static_cast<size_t>(j)] = static_cast<int32_t>(((p + j) * 7919 + 13) % c.vocab_size);
+        std::vector<StepSequence> seqs(1);
+        seqs[0].start = p;
+        seqs[0].n_tokens = len;
+        seqs[0].blocks = table;
+        seqs[0].logits = LogitRows::Last;
+        m.step(Step{tokens, seqs}, cache, p + len == n ? logits.data() : nullptr);
+      }
+      be.sync();
+    };
+    run();  // warm-up (scratch growth, cuBLASLt heuristics)
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    const double s = seconds_since(t0);
+    const double H = static_cast<double>(c.num_attention_heads),
+                 dqk = static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim),
+                 dv = static_cast<double>(c.v_head_dim), N = static_cast<double>(n);
+    const double attn = 2.0 * H * (dqk + dv) * N * (N + 1) / 2.0 * static_cast<double>(c.num_hidden_layers);
+    // Weights one prompt token multiplies (the naive form: kv_b expands every key once): MLA, the dense MLP or the
+    // shared + top-k experts and the router per layer; the lm_head once per chunk, not counted.
+    double params = 0;
+    const double D = static_cast<double>(c.hidden_size), dq = static_cast<double>(c.q_lora_rank),
+                 dc = static_cast<double>(c.kv_lora_rank), dr = static_cast<double>(c.qk_rope_head_dim),
+                 dn = static_cast<double>(c.qk_nope_head_dim);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      params += D * dq + dq * H * dqk + D * (dc + dr) + dc * H * (dn + dv) + H * dv * D;
+      const bool moe = l < static_cast<int64_t>(c.layer_is_moe.size()) && c.layer_is_moe[static_cast<size_t>(l)];
+      params += moe ? 3.0 * D * static_cast<double>(c.moe_intermediate_size) *
+                              static_cast<double>(c.num_experts_per_tok + c.n_shared_experts) +
+                          D * static_cast<double>(c.n_routed_experts)
+                    : 3.0 * D * static_cast<double>(c.intermediate_size);
+    }
+    const double flop = 2.0 * params * N + attn;
+    std::printf(
+        "prefill-model %6lld tokens (chunks of %lld): %9.1f ms  %9.1f tok/s  %7.1f TFLOP/s (%.1f%% of 790; "
+        "%.2f GFLOP/token of weights, attention %.1f%% of the FLOPs; %.2f GB read per decode token)\n",
+        static_cast<long long>(n), static_cast<long long>(ch), s * 1e3, N / s, flop / s / 1e12,
+        100.0 * flop / s / 790e12, 2.0 * params / 1e9, 100.0 * attn / flop, w_tok / 1e9);
+    std::fflush(stdout);
+  }
+}
+
 // Speculative decoding: the cost of a verify step (every sequence's last token and k drafts, k + 1 rows of logits
 // sampled on the device, in a CUDA graph) against a plain decode step (one token per sequence) at the same
 // context, and of the draft step after it (the MTP layer: one slot per sequence from the verify's last row, k greedy
@@ -972,6 +1034,41 @@ int main(int argc, char** argv) {
     std::printf("ctx %s: loaded in %.1f s (%.2f GB of weights on the GPU)\n", argv[2], seconds_since(t0),
                 decode_weight_bytes(m, m.config().n_routed_experts > 0 ? 1 << 20 : 1) / 1e9);
     bench_decode_matrix(argv[2], m, cb, batches, ctxs, profile);
+    return 0;
+  }
+  // cuda_bench prefill-model <dir> [--tokens 512,2048,4096] [--chunk 2048] [--no-tile] [--no-flash]: end-to-end
+  // prefill of one prompt through Model::step (bf16), tok/s and TFLOP/s; --no-tile as for ctx (the tiled kernel
+  // off), --no-flash the tensor-core prefill attention off (the CUDA-core kernel).
+  if (argc > 2 && std::string(argv[1]) == "prefill-model") {
+    std::vector<int64_t> sizes{512, 2048, 4096};
+    int64_t chunk = 2048;
+    for (int i = 3; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--tokens" && i + 1 < argc)
+        sizes = int_list(argv[++i]);
+      else if (a == "--chunk" && i + 1 < argc)
+        chunk = int_list(argv[++i]).at(0);
+      else if (a == "--no-tile") {
+        cuda_set_stc_rows(*be, 1, 16, 1, 2048, true);
+        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
+      } else if (a == "--no-flash") {
+        cuda_set_flash_prefill(*be, false);
+      } else {
+        std::fprintf(stderr, "cuda_bench prefill-model: unknown argument '%s'\n", a.c_str());
+        return 2;
+      }
+    }
+    if (chunk < 1) {
+      std::fprintf(stderr, "cuda_bench prefill-model: --chunk must be >= 1\n");
+      return 2;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    ModelFiles files = open_model_files(argv[2]);
+    ModelOptions o;
+    o.bf16_activations = true;
+    Model m(*files.cfg, *files.plan, *be, o);
+    std::printf("prefill-model %s: loaded in %.1f s\n", argv[2], seconds_since(t0));
+    bench_prefill_model(m, *be, sizes, chunk);
     return 0;
   }
   // cuda_bench verify <dir> [--batch 1,64] [--ctx 1024] [--k 1] [--no-stc]: speculative decoding's verify step (k + 1

@@ -272,13 +272,17 @@ TEST(CudaDispatch, GroupedMatmulBf16TensorCores) {
         for (const QuantWeight& w : wd) wp.push_back(&w);
         const Tensor xd = A.up(x, DType::BF16, n, cols), y = A.tensor(yt, n, rows);
         const int64_t* od = A.up(off);
-        const int64_t tc0 = cuda_tc_matmuls(gpu());
+        const int64_t tc0 = cuda_tc_matmuls(gpu()), ti0 = cuda_tile_matmuls(gpu());
         gpu().grouped_matmul(wp.data(), G, od, xd, y);
         got = A.down(y);
         const std::string what = std::string(ops::fmt_name(c.fmts[0])) + " rows " + std::to_string(rows) + " cols " +
                                  std::to_string(cols) + " y " + ops::dtype_label(yt);
+        // An all-MXFP4 table with K % 128 == 0 takes the tiled kernel (decoded in shared memory) instead.
+        bool all_mx = cols % 128 == 0;
+        for (Fmt f : c.fmts) all_mx = all_mx && f == Fmt::Mxfp4;
         if (yt == DType::BF16) {
-          EXPECT_EQ(cuda_tc_matmuls(gpu()) > tc0, c.tc) << what;
+          EXPECT_EQ(cuda_tc_matmuls(gpu()) > tc0, c.tc && !all_mx) << what;
+          EXPECT_EQ(cuda_tile_matmuls(gpu()) > ti0, all_mx) << what;
         }
         const double tol = ops::tol_for(yt), e = ops::norm_err(got.data(), want.data(), want.size());
         ops::record_summary(
@@ -576,11 +580,15 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
     }
   }
   // Grouped at prefill sizes (more rows than the decode kernels take): groups of more than 16 tokens on the tiled
-  // kernel, the others on the skinny ones, a table mixing BF16 and FP8, plain and SwiGLU, every group's rows checked.
-  for (bool glu : {false, true}) {
+  // kernel, the others on the skinny ones, a table mixing BF16 and FP8 and one of MXFP4 weights (decoded in shared
+  // memory), plain and SwiGLU, every group's rows checked.
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool glu = variant & 1, mx = variant >= 2;
     const int64_t G = 7, rows = 200, cols = 640;
-    const Fmt fmts[G] = {Fmt::Fp8Block,  Fmt::BF16, Fmt::Fp8Channel, Fmt::Fp8Block,
-                         Fmt::Fp8Tensor, Fmt::BF16, Fmt::Fp8Block};
+    const Fmt mixed[G] = {Fmt::Fp8Block,  Fmt::BF16, Fmt::Fp8Channel, Fmt::Fp8Block,
+                          Fmt::Fp8Tensor, Fmt::BF16, Fmt::Fp8Block};
+    Fmt fmts[G];
+    for (int64_t g = 0; g < G; ++g) fmts[g] = mx ? Fmt::Mxfp4 : mixed[g];
     const int64_t counts[G] = {700, 0, 1, 17, 5, 64, 400};
     std::vector<HostWeight> ws, gs;
     for (Fmt f : fmts) {
@@ -621,17 +629,18 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
     if (glu) e.glu = gp.data();
     const int64_t t0 = cuda_tile_matmuls(gpu());
     gpu().grouped_matmul(wp.data(), G, A.up(off), A.up(x, DType::BF16, n, cols), y, e);
-    EXPECT_EQ(cuda_tile_matmuls(gpu()), t0 + 1) << "grouped prefill glu " << glu;
+    EXPECT_EQ(cuda_tile_matmuls(gpu()), t0 + 1) << "grouped prefill glu " << glu << " mxfp4 " << mx;
     const std::vector<float> got = A.down(y);
     const double err = ops::norm_err(got.data(), want.data(), want.size());
-    ops::record_summary(std::string("cuda-only/grouped_tile/") + (glu ? "swiglu" : "plain"), "cuda", err,
-                        ops::kTolBf16);
-    EXPECT_LE(err, ops::kTolBf16) << "grouped prefill glu " << glu;
+    ops::record_summary(
+        std::string("cuda-only/grouped_tile/") + (mx ? "mxfp4/" : "bf16+fp8/") + (glu ? "swiglu" : "plain"), "cuda",
+        err, ops::kTolBf16);
+    EXPECT_LE(err, ops::kTolBf16) << "grouped prefill glu " << glu << " mxfp4 " << mx;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t a = off[static_cast<size_t>(g)] * rows, b = off[static_cast<size_t>(g + 1)] * rows;
       if (b > a) {
         EXPECT_LE(ops::norm_err(got.data() + a, want.data() + a, static_cast<size_t>(b - a)), ops::kTolBf16)
-            << "grouped prefill glu " << glu << " group " << g;
+            << "grouped prefill glu " << glu << " mxfp4 " << mx << " group " << g;
       }
     }
   }
@@ -652,6 +661,57 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
         const float v = got[static_cast<size_t>(m * 256 + r)];
         EXPECT_EQ(std::isnan(v), r == 77 || r == 200) << "token " << m << " row " << r;
       }
+  }
+}
+
+// The prefill (naive-form) MLA attention on tensor cores: taken for bf16 calls without a DSA selection at DeepSeek-V3's
+// and GLM-5's head sizes (the counter), equal to the ref's bf16 attention within the bf16 tolerance over every output
+// row (a query that sees no key gives 0; a cached prefix before the chunk; queries past a 64-row block), and to the
+// CUDA-core kernel it replaces; calls with a selection keep the CUDA-core kernel.
+TEST(CudaDispatch, FlashPrefillAttention) {
+  Rng rng(27);
+  const TcOn tc_on;
+  struct Dims {
+    int64_t H, dn, dr, dv, S, past;
+  };
+  for (const Dims& k : {Dims{4, 128, 64, 128, 130, 70}, Dims{2, 192, 64, 256, 100, 200}, Dims{3, 64, 64, 64, 65, 0}}) {
+    const int64_t T = k.past + k.S, dqk = k.dn + k.dr;
+    const MlaDims d{k.H, k.dn, k.dr, k.dv, 512};
+    const std::vector<float> q = rng.normals(k.S * k.H * dqk), kvb = rng.normals(T * k.H * (k.dn + k.dv)),
+                             kpe = rng.normals(T * k.dr);
+    std::vector<int64_t> pos(static_cast<size_t>(k.S));
+    for (int64_t s = 0; s < k.S; ++s) pos[static_cast<size_t>(s)] = k.past + s;
+    pos[3] = -1;
+    const float scale = 1.5f / std::sqrt(static_cast<float>(dqk));
+    auto run = [&](Backend& be, bool flash) {
+      Arena A(be);
+      if (&be == &gpu()) cuda_set_flash_prefill(gpu(), flash);
+      const Tensor qt = A.up(q, DType::BF16, k.S, k.H * dqk), kt = A.up(kvb, DType::BF16, T, k.H * (k.dn + k.dv)),
+                   pt = A.up(kpe, DType::BF16, T, k.dr), o = A.tensor(DType::BF16, k.S, k.H * k.dv);
+      A.be.mla_attention_naive(d, qt, kt, pt, T, A.up(pos), KeySelection{}, scale, o);
+      std::vector<float> r = A.down(o);
+      cuda_set_flash_prefill(gpu(), true);
+      return r;
+    };
+    const std::string what = "dqk " + std::to_string(dqk) + " dv " + std::to_string(k.dv);
+    const std::vector<float> want = run(ref(), true);
+    const int64_t n0 = cuda_flash_prefill_calls(gpu());
+    const std::vector<float> got = run(gpu(), true);
+    EXPECT_EQ(cuda_flash_prefill_calls(gpu()), n0 + 1) << what;
+    const std::vector<float> old = run(gpu(), false);
+    EXPECT_EQ(cuda_flash_prefill_calls(gpu()), n0 + 1) << what << ": counted with the kernel off";
+    const double e = ops::norm_err(got.data(), want.data(), want.size());
+    ops::record_summary("cuda-only/mla_attention_naive_flash/" + what, "cuda", e, ops::kTolBf16);
+    EXPECT_LE(e, ops::kTolBf16) << what;
+    EXPECT_LE(ops::norm_err(got.data(), old.data(), old.size()), ops::kTolBf16) << what << " vs the CUDA-core kernel";
+    for (int64_t s = 0; s < k.S; ++s) {
+      const size_t a = static_cast<size_t>(s * k.H * k.dv), n = static_cast<size_t>(k.H * k.dv);
+      if (s == 3) {
+        for (size_t i = 0; i < n; ++i) EXPECT_EQ(got[a + i], 0.0f) << what << ": a query without keys";
+        continue;
+      }
+      EXPECT_LE(ops::norm_err(got.data() + a, want.data() + a, n), ops::kTolBf16) << what << " query " << s;
+    }
   }
 }
 

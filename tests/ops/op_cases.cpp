@@ -687,8 +687,10 @@ void naive_tiles_case(CaseCtx& c, DType t) {
   struct Case {
     int64_t H, dn, dr, dv, S, past, stride;
   };
-  const Case cases[] = {{3, 24, 8, 20, 70, 45, 0}, {2, 64, 64, 64, 100, 0, 0},  {4, 16, 16, 33, 40, 90, 48},
-                        {1, 8, 8, 7, 33, 1, 0},    {2, 40, 24, 64, 65, 31, 48}, {16, 64, 64, 64, 37, 200, 0}};
+  // The last two: DeepSeek-V3's and GLM-5's head sizes (the CUDA backend's tensor-core kernel in bf16).
+  const Case cases[] = {{3, 24, 8, 20, 70, 45, 0},     {2, 64, 64, 64, 100, 0, 0},    {4, 16, 16, 33, 40, 90, 48},
+                        {1, 8, 8, 7, 33, 1, 0},        {2, 40, 24, 64, 65, 31, 48},   {16, 64, 64, 64, 37, 200, 0},
+                        {4, 128, 64, 128, 130, 70, 0}, {2, 192, 64, 256, 100, 200, 0}};
   for (const Case& k : cases) {
     const AttnCase a{k.H, k.dn, k.dr, k.dv, 64, k.S, k.past, k.stride > 0};
     std::vector<int64_t> pos(static_cast<size_t>(a.S));

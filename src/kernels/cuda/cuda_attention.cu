@@ -5,7 +5,7 @@
 // probabilities and outputs (and, absorbed, q_lat and o_lat) exactly where the ref backend does.
 #include <cooperative_groups.h>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_skinny.cuh"
 
 namespace latent::cuda {
 
@@ -126,6 +126,161 @@ __global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, TView q, TVie
   for (int i = 0; i < kMaxPerThread; ++i) {
     const int64_t x = threadIdx.x + i * blockDim.x;
     if (x < dv) tset(o, s, h * dv + x, acc[i]);
+  }
+}
+
+// ---- naive form on tensor cores (bf16, no DSA selection): block per (64 queries, head), 4 warps ----
+// FlashAttention-2 style: Q (64 × DQK) staged once in shared memory, keys in tiles of 64 (K = k_nope ‖ k_pe rows
+// and V rows by cp.async, zero past T), S = Q·Kᵀ and O += P·V on mma.sync m16n8k16 (ldmatrix; V transposed), the
+// softmax online in fp32 per query row (running max and sum; rows g and g + 8 of each warp's 16 per lane). The
+// scores are rounded as the ref rounds them (bf16 dot, bf16 scaled score); P enters the PV product as bf16 without
+// the 1/sum (applied to O at the end), so a result differs from the ref's rounding of each probability by bf16
+// rounding only. A query with no allowed key (position < 0) gets o = 0. Rows padded by 8 elements (conflict-free
+// ldmatrix).
+constexpr int kFaQ = 64, kFaK = 64, kFaThreads = 128;
+template <int DQK, int DV>
+constexpr size_t fa_smem() {
+  return static_cast<size_t>(2 * kFaQ * (DQK + 8) + kFaK * (DV + 8)) * 2;
+}
+template <int DQK, int DV>
+__global__ void __launch_bounds__(kFaThreads) mla_flash_kernel(MlaDims d, TView q, TView kvb, TView k_pe, int64_t S,
+                                                               int64_t T, const int64_t* q_pos, float scale, TView o) {
+  constexpr int QS = DQK + 8, VS = DV + 8;
+  extern __shared__ __align__(16) uint16_t fa_buf[];
+  uint16_t* qs = fa_buf;          // [64][QS]
+  uint16_t* ks = qs + kFaQ * QS;  // [64][QS]
+  uint16_t* vs = ks + kFaK * QS;  // [64][VS]
+  __shared__ int64_t lim_sh[kFaQ];
+  __shared__ int64_t kmax_sh;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t h = blockIdx.y, s0 = static_cast<int64_t>(blockIdx.x) * kFaQ;
+  const int64_t dn = d.nope, dkv = dn + DV;
+  const auto* qp = static_cast<const uint16_t*>(q.p);
+  const auto* kvp = static_cast<const uint16_t*>(kvb.p);
+  const auto* kpp = static_cast<const uint16_t*>(k_pe.p);
+  if (threadIdx.x < kFaQ) {
+    const int64_t s = s0 + threadIdx.x;
+    int64_t lim = -1;
+    if (s < S) lim = q_pos[s] < T - 1 ? q_pos[s] : T - 1;
+    lim_sh[threadIdx.x] = lim;
+  }
+  for (int i = threadIdx.x; i < kFaQ * (DQK / 8); i += kFaThreads) {
+    const int r = i / (DQK / 8), c = i % (DQK / 8);
+    const int64_t s = s0 + r;
+    cp_async16(qs + r * QS + 8 * c, qp + (s < S ? s : 0) * q.ld + h * DQK + 8 * c, s < S);
+  }
+  cp_async_commit();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t mx = -1;
+    for (int i = 0; i < kFaQ; ++i) mx = lim_sh[i] > mx ? lim_sh[i] : mx;
+    kmax_sh = mx;
+  }
+  __syncthreads();
+  const int64_t kmax = kmax_sh, lim[2] = {lim_sh[warp * 16 + g], lim_sh[warp * 16 + g + 8]};
+  const float ninf = __uint_as_float(0xFF800000u);
+  float oacc[DV / 8][4];
+#pragma unroll
+  for (int j = 0; j < DV / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) oacc[j][e] = 0.0f;
+  float mrow[2] = {ninf, ninf}, lrow[2] = {0.0f, 0.0f};
+  for (int64_t k0 = 0; k0 <= kmax; k0 += kFaK) {
+    for (int i = threadIdx.x; i < kFaK * (DQK / 8); i += kFaThreads) {
+      const int r = i / (DQK / 8), c = i % (DQK / 8);
+      const int64_t tk = k0 + r, tt = tk < T ? tk : 0;
+      const uint16_t* src = 8 * c < dn ? kvp + tt * kvb.ld + h * dkv + 8 * c : kpp + tt * k_pe.ld + (8 * c - dn);
+      cp_async16(ks + r * QS + 8 * c, src, tk < T);
+    }
+    for (int i = threadIdx.x; i < kFaK * (DV / 8); i += kFaThreads) {
+      const int r = i / (DV / 8), c = i % (DV / 8);
+      const int64_t tk = k0 + r;
+      cp_async16(vs + r * VS + 8 * c, kvp + (tk < T ? tk : 0) * kvb.ld + h * dkv + dn + 8 * c, tk < T);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    float sc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[j][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(a, qs + (warp * 16 + (lane & 15)) * QS + kk * 16 + 8 * (lane >> 4));
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        uint32_t b[4];
+        ldsm_x4(b, ks + (jp * 16 + (lane & 7) + 8 * (lane >> 4)) * QS + kk * 16 + 8 * ((lane >> 3) & 1));
+        mma_bf16_16816(sc[2 * jp], a[0], a[1], a[2], a[3], b[0], b[1]);
+        mma_bf16_16816(sc[2 * jp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+      }
+    }
+    // Scores as the ref rounds them, masked; the running max and sum.
+    float tmax[2] = {ninf, ninf};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = k0 + 8 * j + 2 * t + (e & 1);
+        float v = bf16r(__fmul_rn(bf16r(sc[j][e]), scale));
+        if (key > lim[e >> 1]) v = ninf;
+        sc[j][e] = v;
+        tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xFFFFFFFFu, tmax[r], 1));
+      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xFFFFFFFFu, tmax[r], 2));
+      const float mnew = fmaxf(mrow[r], tmax[r]);
+      const float corr = mnew == ninf ? 1.0f : expf(mrow[r] - mnew);
+      mrow[r] = mnew;
+      lrow[r] *= corr;
+#pragma unroll
+      for (int j = 0; j < DV / 8; ++j) {
+        oacc[j][2 * r] *= corr;
+        oacc[j][2 * r + 1] *= corr;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float m = mrow[e >> 1];
+        const float p = m == ninf ? 0.0f : expf(sc[j][e] - m);
+        sc[j][e] = p;
+        lrow[e >> 1] += p;
+      }
+      // O += P·V (P as bf16 A fragments straight from the score accumulators).
+#pragma unroll
+    for (int kk = 0; kk < kFaK / 16; ++kk) {
+      const uint32_t a0 = bf16x2_bits(sc[2 * kk][0], sc[2 * kk][1]), a1 = bf16x2_bits(sc[2 * kk][2], sc[2 * kk][3]),
+                     a2 = bf16x2_bits(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                     a3 = bf16x2_bits(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+      for (int np = 0; np < DV / 16; ++np) {
+        uint32_t b[4];
+        ldsm_x4_t(b, vs + (16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) * VS + 16 * np + 8 * (lane >> 4));
+        mma_bf16_16816(oacc[2 * np], a0, a1, a2, a3, b[0], b[1]);
+        mma_bf16_16816(oacc[2 * np + 1], a0, a1, a2, a3, b[2], b[3]);
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xFFFFFFFFu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xFFFFFFFFu, lrow[r], 2);
+    const int64_t s = s0 + warp * 16 + g + 8 * r;
+    if (s >= S) continue;
+    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < DV / 8; ++j) {
+      tset(o, s, h * DV + 8 * j + 2 * t, oacc[j][2 * r] * inv);
+      tset(o, s, h * DV + 8 * j + 2 * t + 1, oacc[j][2 * r + 1] * inv);
+    }
   }
 }
 
@@ -531,8 +686,25 @@ struct ClusterLaunch {
 }  // namespace
 
 void launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t S, int64_t T, const int64_t* q_pos,
-                      const KeySelection& sel, float scale, TView o, cudaStream_t st) {
+                      const KeySelection& sel, float scale, TView o, cudaStream_t st, bool flash) {
   if (S <= 0 || d.n_heads <= 0) return;
+  // bf16, causal only, the head sizes of the published checkpoints (and 128 / 64), 16-byte aligned rows: tensor cores.
+  auto al = [](const TView& v) { return v.bf16 && (reinterpret_cast<uintptr_t>(v.p) & 15) == 0 && v.ld % 8 == 0; };
+  if (flash && !sel.sel && al(q) && al(kvb) && al(k_pe) && o.bf16 && d.nope % 8 == 0 && d.rope % 8 == 0 && T > 0) {
+    const dim3 grid(static_cast<unsigned>((S + kFaQ - 1) / kFaQ), static_cast<unsigned>(d.n_heads));
+#define LATENT_FA(DQK, DV)                                                                                             \
+  if (d.qk() == (DQK) && d.v == (DV)) {                                                                                \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                              \
+        mla_flash_kernel<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(fa_smem<DQK, DV>())); \
+    (void)attr;                                                                                                        \
+    mla_flash_kernel<DQK, DV><<<grid, kFaThreads, fa_smem<DQK, DV>(), st>>>(d, q, kvb, k_pe, S, T, q_pos, scale, o);   \
+    return;                                                                                                            \
+  }
+    LATENT_FA(192, 128)  // DeepSeek-V3 / V3.2
+    LATENT_FA(256, 256)  // GLM-5
+    LATENT_FA(128, 64)
+#undef LATENT_FA
+  }
   const size_t smem = static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk()) * 4;
   mla_naive_kernel<<<static_cast<unsigned>(S * d.n_heads), 128, smem, st>>>(d, q, kvb, k_pe, T, q_pos, sel, scale, o);
 }

@@ -278,15 +278,17 @@ class CudaBackend final : public Backend {
     // (and a wrapping backend such as the bench's counter) takes the same kernels.
     // Prefill sizes too when every weight (and the SwiGLU gate's) takes the BF16 / FP8 tensor-core kernels and the
     // tiled kernel is on for groups: their groups of more than 16 tokens run on it (cuda_set_tile_rows).
+    // MXFP4 tables too (every weight passing mx_tc_ok: the tiled kernel decodes them in shared memory).
     bool big_stc = false;
     if (R > kWarpGroupedMaxRows && tile_grouped && !(ep.glu && ep.gate)) {
-      int64_t rows = 0, cols = 0;
-      bool all = true;
-      big_stc = group_table(w, n_groups, rows, cols, nullptr, nullptr, &all) != nullptr && stc_group(x, all);
-      if (big_stc && ep.glu) {
-        bool gall = true;
-        big_stc = group_table(ep.glu, n_groups, rows, cols, nullptr, nullptr, &gall) != nullptr && stc_group(x, gall);
-      }
+      auto takes = [&](const QuantWeight* const* ws) {
+        int64_t rows = 0, cols = 0;
+        bool all_stc = true, all_mx = true;
+        if (!group_table(ws, n_groups, rows, cols, nullptr, &all_mx, &all_stc)) return false;
+        return stc_group(x, all_stc) ||
+               (all_mx && stc_group(x, true) && tile_format(ws, n_groups) == static_cast<int>(WeightFormat::MXFP4));
+      };
+      big_stc = takes(w) && (!ep.glu || takes(ep.glu));
     }
     if ((R <= kWarpGroupedMaxRows || big_stc) && !(ep.glu && ep.gate)) {
       int64_t rows = 0, cols = 0;
@@ -379,8 +381,9 @@ class CudaBackend final : public Backend {
   // ---------------- attention ----------------
   void mla_attention_naive(const MlaDims& d, const Tensor& q, const Tensor& kvb, const Tensor& k_pe, int64_t T,
                            const int64_t* q_pos, const KeySelection& sel, float scale, const Tensor& o) override {
+    if (flash_prefill && tc_dispatch && o.dtype == DType::BF16 && !sel.sel) ++flash_calls;
     cuda::launch_mla_naive(d, cuda::tview(q), cuda::tview(kvb), cuda::tview(k_pe), q.rows, T, q_pos, sel, scale,
-                           cuda::tview(o), stream_);
+                           cuda::tview(o), stream_, flash_prefill && tc_dispatch);
     check_launch("mla_attention_naive");
   }
   void mla_attention_absorbed(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b, const Tensor& c,
@@ -529,6 +532,8 @@ class CudaBackend final : public Backend {
   }
   int64_t tile_calls = 0;
   bool tile_grouped = true;
+  bool flash_prefill = true;  // cuda_set_flash_prefill (cuda_backend.h)
+  int64_t flash_calls = 0;
   static constexpr int64_t kTileDefaults[4] = {1, 0, 33, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
   int64_t tile_bf16_min = kTileDefaults[0], tile_bf16_max = kTileDefaults[1], tile_fp8_min = kTileDefaults[2],
           tile_fp8_max = kTileDefaults[3];
@@ -870,6 +875,15 @@ void cuda_set_tile_rows(Backend& be, int64_t bf16_min, int64_t bf16_max, int64_t
     c->tile_fp8_min = fp8_min;
     c->tile_fp8_max = fp8_max;
   }
+}
+
+void cuda_set_flash_prefill(Backend& be, bool on) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->flash_prefill = on;
+}
+
+int64_t cuda_flash_prefill_calls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->flash_calls : -1;
 }
 
 bool cuda_tc_dispatch(const Backend& be) {

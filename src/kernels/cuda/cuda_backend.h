@@ -56,5 +56,11 @@ void cuda_set_tile_rows(Backend& be, int64_t bf16_min, int64_t bf16_max, int64_t
 int64_t cuda_tile_matmuls(const Backend& be);
 // Both kernels' defaults.
 void cuda_reset_stc_rows(Backend& be);
+// The naive-form (prefill) MLA attention on tensor cores (cuda_attention.cu, FlashAttention-2 style) for bf16 calls
+// without a DSA selection at the head sizes it is built for (qk / v 192 / 128, 256 / 256, 128 / 64); on by default
+// (with the tensor-core dispatch), off: the CUDA-core kernel. Counter: the bf16 calls without a selection made while
+// it was on (those the kernel takes when the head sizes and alignment fit).
+void cuda_set_flash_prefill(Backend& be, bool on);
+int64_t cuda_flash_prefill_calls(const Backend& be);
 
 }  // namespace latent

@@ -408,32 +408,6 @@ __global__ void __launch_bounds__(256)
 // 2^126, then by the scale; 0xFF: NaN), products and sums in the tensor cores' fp32.
 constexpr int kMxChunks = 4;  // 128-column chunks of weights in flight per lane
 
-template <int I>
-__device__ __forceinline__ uint32_t mx_pair_bits(uint32_t w) {
-  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
-  const uint32_t mag = I == 0 ? (w << 6) : I == 1 ? (w << 2) : I == 2 ? (w >> 2) : (w >> 6);
-  const uint32_t sgn = I == 0 ? (w << 12) : I == 1 ? (w << 8) : I == 2 ? (w << 4) : w;
-  return (mag & kMag) | (sgn & kSign);
-}
-// The multiplier of a block's codes (both halves), and the second one for scale bytes above 128 (0: none).
-__device__ __forceinline__ uint32_t mx_mult(uint32_t e, uint32_t& post) {
-  e &= 0xFFu;
-  post = 0;
-  if (e == 0xFFu) return 0x7FC07FC0u;
-  uint32_t m = 0x7E80u;  // 2^126
-  if (e <= 128u)
-    m = (e + 126u) << 7;  // 2^(e-1)
-  else
-    post = (e << 7) | (e << 23);  // 2^(e-127)
-  return m | (m << 16);
-}
-template <int I>
-__device__ __forceinline__ uint32_t mx_a(uint32_t w, uint32_t m, uint32_t post) {
-  uint32_t v = bf16x2_mul(mx_pair_bits<I>(w), m);
-  if (post) v = bf16x2_mul(v, post);
-  return v;
-}
-
 // The A fragments of one 16-column step s of a chunk (rows g and g + 8 of a 16-row tile) and its mma with every
 // n-tile's activations.
 template <int NT>
@@ -1154,12 +1128,15 @@ void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, in
   }
   const SmallOut out = small_out(y, e);
   if (mx_tc && mx_tc_x(x)) {
-    // Classes 0 and 1 (≤ 16 tokens: passes of 8), class 2 (passes of 16).
+    // Classes 0 and 1 (≤ 16 tokens: passes of 8), class 2 (the tiled kernel with `tile`, else passes of 16).
     const unsigned grid = static_cast<unsigned>(sm_count() * 8);
     const auto* xb = static_cast<const uint16_t*>(x.p);
     const int64_t tiles = (rows + 15) / 16;
     mx_tc_grouped_kernel<1><<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 0, 2, tiles, xb, x.ld, out);
-    mx_tc_grouped_kernel<2><<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
+    if (!tile || tile_fmt != kFmtMxfp4 || !stc_x_ok(x) ||
+        !launch_grouped_tile(table, n_groups, rows, offsets, x, out, lists, counts, st, kFmtMxfp4))
+      mx_tc_grouped_kernel<2>
+          <<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
     return;
   }
   if (x.bf16)

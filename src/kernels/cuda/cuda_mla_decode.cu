@@ -34,11 +34,6 @@ constexpr int kRowChunk = kAttnThreads;  // key slots per key-table fill (one pe
 constexpr int kMaxD = 576;               // dc + dr at most (GLM-5, DeepSeek-V3: 512 + 64)
 constexpr int kPad = 8;                  // bf16 elements of padding per shared-memory row (conflict-free ldmatrix)
 
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
 // d += a · b (m16n8k16, bf16 operands, fp32 accumulators).
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

@@ -27,6 +27,13 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
+// The same, transposed (lane (g, t) gets rows 2t, 2t + 1 of column g of each matrix).
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -39,6 +46,12 @@ struct SmallOut {
   const float* bias = nullptr;
   TView gate{}, residual{};
 };
+// Class 2 of classify_groups_kernel's lists (cuda_linear.cu) (groups of more than 16 tokens) on the tiled kernel for a
+// table of one format (tile_fmt: BF16, FP8 — per tensor and per channel as one —, MXFP4 passing mx_tc_ok) or of BF16 /
+// FP8 mixed (-2); false (nothing launched) above its group limit.
+bool launch_grouped_tile(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x,
+                         const SmallOut& out, const int32_t* lists, const int32_t* counts, cudaStream_t st,
+                         int tile_fmt);
 __device__ __forceinline__ void small_store(const SmallOut& o, int64_t m, int64_t r, int64_t N, float v) {
   if (o.yf) {
     o.yf[m * N + r] = v;
@@ -81,6 +94,40 @@ __device__ __forceinline__ void fp8_word(uint32_t w, bool nan, uint32_t& lo, uin
   }
   lo = bf16x2_mul(rl, k2p120);
   hi = bf16x2_mul(rh, k2p120);
+}
+
+// MXFP4: the nibble pair (I, I + 4) of a word of e2m1 codes as bf16 bit patterns (e2m1 · 2^-126, a subnormal for
+// exponent 0), and the bf16x2 multiplier(s) of a block's scale byte: mx_a gives the exact e2m1 · 2^(e-127) of each
+// code (scale bytes above 128: by 2^126, then by the scale; 0xFF: NaN).
+template <int I>
+__device__ __forceinline__ uint32_t mx_pair_bits(uint32_t w) {
+  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
+  const uint32_t mag = I == 0 ? (w << 6) : I == 1 ? (w << 2) : I == 2 ? (w >> 2) : (w >> 6);
+  const uint32_t sgn = I == 0 ? (w << 12) : I == 1 ? (w << 8) : I == 2 ? (w << 4) : w;
+  return (mag & kMag) | (sgn & kSign);
+}
+// The multiplier of a block's codes (both halves), and the second one for scale bytes above 128 (0: none).
+__device__ __forceinline__ uint32_t mx_mult(uint32_t e, uint32_t& post) {
+  e &= 0xFFu;
+  post = 0;
+  if (e == 0xFFu) return 0x7FC07FC0u;
+  uint32_t m = 0x7E80u;  // 2^126
+  if (e <= 128u)
+    m = (e + 126u) << 7;  // 2^(e-1)
+  else
+    post = (e << 7) | (e << 23);  // 2^(e-127)
+  return m | (m << 16);
+}
+template <int I>
+__device__ __forceinline__ uint32_t mx_a(uint32_t w, uint32_t m, uint32_t post) {
+  uint32_t v = bf16x2_mul(mx_pair_bits<I>(w), m);
+  if (post) v = bf16x2_mul(v, post);
+  return v;
+}
+
+// 4 bytes global -> shared, asynchronous (cp.async.ca).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 
 }  // namespace latent::cuda

@@ -223,15 +223,17 @@ int stc_sm_count() {
 // block's fp32 partial sums. K may be split over gridDim.z parts (tile_splits): each part's sums are stored to a
 // fp32 workspace and added in part order by tile_reduce_kernel (deterministic for a given M).
 constexpr int kTileRows = 128, kTileToks = 64, kTileStages = 3;
-template <bool kBf16>
+// A stage's W bytes: BF16 rows of 256 bytes, FP8 of 128, MXFP4 64 bytes of codes (+ 4 scale bytes per row after
+// the codes).
+template <int FMT>
 __host__ __device__ constexpr int tile_w_bytes() {
-  return kTileRows * 128 * (kBf16 ? 2 : 1);
+  return FMT == kFmtBF16 ? kTileRows * 256 : FMT == kFmtMxfp4 ? kTileRows * (64 + 4) : kTileRows * 128;
 }
 constexpr int kTileXBytes = kTileToks * 128 * 2;
-constexpr int kTileWbBytes = kTileRows * 256;  // the FP8 tile's bf16 copy
-template <bool kBf16, int kStages = kTileStages>
+constexpr int kTileWbBytes = kTileRows * 256;  // the bf16 copy of an FP8 / MXFP4 W tile
+template <int FMT, int kStages = kTileStages>
 __host__ __device__ constexpr int tile_smem() {
-  return kStages * (tile_w_bytes<kBf16>() + kTileXBytes) + (kBf16 ? 0 : kTileWbBytes);
+  return kStages * (tile_w_bytes<FMT>() + kTileXBytes) + (FMT == kFmtBF16 ? 0 : kTileWbBytes);
 }
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -245,8 +247,8 @@ template <int FMT, int kStages = kTileStages>
 __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_t mbase, int64_t m_end, int64_t rbase,
                                            int64_t kb_begin, int64_t kb_end, const uint16_t* x, int64_t ldx,
                                            const SmallOut& out, float* ws) {
-  constexpr bool kBf16 = FMT == kFmtBF16, kFp8 = !kBf16, kBlock = FMT == kFmtFp8Block;
-  constexpr int kRowBytes = kBf16 ? 256 : 128, kChunks = kRowBytes / 16, kWBytes = tile_w_bytes<kBf16>();
+  constexpr bool kBf16 = FMT == kFmtBF16, kMx = FMT == kFmtMxfp4, kFp8 = !kBf16 && !kMx, kBlock = FMT == kFmtFp8Block;
+  constexpr int kRowBytes = kBf16 ? 256 : kMx ? 64 : 128, kChunks = kRowBytes / 16, kWBytes = tile_w_bytes<FMT>();
   constexpr int kStageBytes = kWBytes + kTileXBytes;
   uint8_t* const wb = smem + kStages * kStageBytes;  // FP8: the bf16 copy of the stage's W tile
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -265,7 +267,7 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
     const int i = threadIdx.x + kStcThreads * q, row = i / kChunks, c = i % kChunks;
     const int64_t gr = rbase + row < N ? rbase + row : N - 1;
     wsrc[q] = static_cast<const uint8_t*>(w.data) + gr * w.row_bytes + 16 * c;
-    wdst[q] = row * kRowBytes + 16 * (kBf16 ? swz(c, row) : c ^ ((row & 1) << 2));
+    wdst[q] = row * kRowBytes + 16 * (kBf16 ? swz(c, row) : kMx ? c : c ^ ((row & 1) << 2));
   }
   const uint16_t* xsrc[kXPer];
   int xdst[kXPer];
@@ -284,6 +286,13 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
       for (int q = 0; q < kWPer; ++q) cp_async16(st + wdst[q], wsrc[q] + kb * kRowBytes, true);
 #pragma unroll
       for (int q = 0; q < kXPer; ++q) cp_async16(st + xdst[q], xsrc[q] + kb * 128, true);
+      if constexpr (kMx) {  // the rows' 4 scale bytes of this block, after the codes
+        if (threadIdx.x < kTileRows) {
+          const int64_t gr = rbase + threadIdx.x < N ? rbase + threadIdx.x : N - 1;
+          cp_async4(st + kTileRows * 64 + 4 * threadIdx.x,
+                    static_cast<const uint8_t*>(w.scale) + gr * w.scale_cols + 4 * kb);
+        }
+      }
     }
     cp_async_commit();
   };
@@ -324,6 +333,27 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
         for (int u = 0; u < 4; ++u) fp8_word(word_of(v, u), nan, o[2 * u], o[2 * u + 1]);
         *reinterpret_cast<uint4*>(wb + row * 256 + 16 * swz(2 * cc, row)) = make_uint4(o[0], o[1], o[2], o[3]);
         *reinterpret_cast<uint4*>(wb + row * 256 + 16 * swz(2 * cc + 1, row)) = make_uint4(o[4], o[5], o[6], o[7]);
+      }
+      __syncthreads();
+    }
+    if constexpr (kMx) {
+      // The W tile's e2m1 codes times their blocks' scales into bf16 (exact; scale 0xFF: NaN): thread chunk q → row
+      // q / 4, its 32 codes (one scale block) → 4 bf16 chunks.
+#pragma unroll
+      for (int j = 0; j < kTileRows * 4 / kStcThreads; ++j) {
+        const int q = threadIdx.x + kStcThreads * j, row = q >> 2, cc = q & 3;
+        const uint4 v = lds128(st + row * 64 + 16 * cc);
+        uint32_t post;
+        const uint32_t m = mx_mult(st[kTileRows * 64 + 4 * row + cc], post);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {  // word u: columns 8u .. 8u+7 of the chunk
+          const uint32_t w = word_of(v, u);
+          const uint32_t p0 = mx_a<0>(w, m, post), p1 = mx_a<1>(w, m, post), p2 = mx_a<2>(w, m, post),
+                         p3 = mx_a<3>(w, m, post);  // (c0, c4), (c1, c5), (c2, c6), (c3, c7)
+          *reinterpret_cast<uint4*>(wb + row * 256 + 16 * swz(4 * cc + u, row)) =
+              make_uint4(__byte_perm(p0, p1, 0x5410), __byte_perm(p2, p3, 0x5410), __byte_perm(p0, p1, 0x7632),
+                         __byte_perm(p2, p3, 0x7632));
+        }
       }
       __syncthreads();
     }
@@ -421,9 +451,10 @@ __host__ __device__ constexpr int tile_grouped_stages() {
 template <int FMT>
 __host__ __device__ constexpr int tile_grouped_smem() {
   constexpr int st = tile_grouped_stages<FMT>();
-  constexpr int stages = FMT == kTileMixed ? (tile_smem<true, st>() > tile_smem<false, st>() ? tile_smem<true, st>()
-                                                                                             : tile_smem<false, st>())
-                                           : tile_smem<FMT == kFmtBF16, st>();
+  constexpr int stages =
+      FMT == kTileMixed ? (tile_smem<kFmtBF16, st>() > tile_smem<kFmtFp8Block, st>() ? tile_smem<kFmtBF16, st>()
+                                                                                     : tile_smem<kFmtFp8Block, st>())
+                        : tile_smem<FMT, st>();
   return stages + (kTileMaxGroups + 1) * 4;
 }
 template <int FMT>
@@ -527,8 +558,8 @@ int tile_splits(const WDesc& w, int64_t M) {
   const int64_t sms = stc_sm_count(), nb = ((w.rows + kTileRows - 1) / kTileRows) * ((M + kTileToks - 1) / kTileToks);
   const int64_t nkb = w.cols / 128;
   if (nb >= sms || nkb < 4) return 1;
-  const double ws_units =
-      2.0 * kTileToks * kTileRows * 4 / (w.format == kFmtBF16 ? tile_w_bytes<true>() : tile_w_bytes<false>());
+  const double ws_units = 2.0 * kTileToks * kTileRows * 4 /
+                          (w.format == kFmtBF16 ? tile_w_bytes<kFmtBF16>() : tile_w_bytes<kFmtFp8Block>());
   int best = 1;
   double best_t = 1e300;
   for (int s = 1; s <= 32 && nkb / s >= 2; ++s) {
@@ -563,13 +594,13 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
   float* part_ws = parts > 1 ? ws : nullptr;
   // Two stages at two blocks per SM (≤ 128 registers): faster than three or four stages at one block per SM at
   // every size measured (cuda_bench skinny, H100, 2026-12-06).
-#define LATENT_TILE_LAUNCH(FMT, BF16)                                                                           \
-  {                                                                                                             \
-    static const cudaError_t attr = cudaFuncSetAttribute(                                                       \
-        tile_kernel<FMT, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_smem<BF16, 2>());             \
-    (void)attr;                                                                                                 \
-    tile_kernel<FMT, 2, 2>                                                                                      \
-        <<<grid, kStcThreads, tile_smem<BF16, 2>(), st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per)); \
+#define LATENT_TILE_LAUNCH(FMT, BF16)                                                                          \
+  {                                                                                                            \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                      \
+        tile_kernel<FMT, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_smem<FMT, 2>());             \
+    (void)attr;                                                                                                \
+    tile_kernel<FMT, 2, 2>                                                                                     \
+        <<<grid, kStcThreads, tile_smem<FMT, 2>(), st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per)); \
   }
   if (w.format == kFmtBF16)
     LATENT_TILE_LAUNCH(kFmtBF16, true)
@@ -583,6 +614,37 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, stc_sm_count() * 8));
     tile_reduce_kernel<<<blocks, 256, 0, st>>>(ws, parts, M, w, out);
   }
+}
+
+bool launch_grouped_tile(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x,
+                         const SmallOut& out, const int32_t* lists, const int32_t* counts, cudaStream_t st,
+                         int tile_fmt) {
+  if (n_groups > kTileMaxGroups) return false;
+  const unsigned sms = static_cast<unsigned>(stc_sm_count());
+  const auto* xb = static_cast<const uint16_t*>(x.p);
+  const int32_t* l2 = lists + 2 * n_groups;
+  const int32_t* c2 = counts + 2;
+#define LATENT_TILE_GROUPED(FMT, BLOCKS)                                                                            \
+  {                                                                                                                 \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                           \
+        tile_grouped_kernel<FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_grouped_smem<FMT>());           \
+    (void)attr;                                                                                                     \
+    tile_grouped_kernel<FMT>                                                                                        \
+        <<<sms*(BLOCKS), kStcThreads, tile_grouped_smem<FMT>(), st>>>(table, offsets, l2, c2, rows, xb, x.ld, out); \
+  }
+  // tile_fmt: the table's one format; the per-tensor / per-channel FP8 kernel also takes mixed FP8 kinds.
+  if (tile_fmt == kFmtBF16)
+    LATENT_TILE_GROUPED(kFmtBF16, 2)
+  else if (tile_fmt == kFmtFp8Block)
+    LATENT_TILE_GROUPED(kFmtFp8Block, 2)
+  else if (tile_fmt == kFmtFp8Tensor || tile_fmt == kFmtFp8Channel)
+    LATENT_TILE_GROUPED(kFmtFp8, 2)
+  else if (tile_fmt == kFmtMxfp4)
+    LATENT_TILE_GROUPED(kFmtMxfp4, 2)
+  else
+    LATENT_TILE_GROUPED(kTileMixed, 1)
+#undef LATENT_TILE_GROUPED
+  return true;
 }
 
 void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x, TView y,
@@ -606,32 +668,9 @@ void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, cons
   else
     stc_grouped_kernel<2>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 1, 2, tiles, xb, x.ld, out);
-  if (tile && n_groups <= kTileMaxGroups) {
-    const unsigned sms = static_cast<unsigned>(stc_sm_count());
-    const int32_t* l2 = lists + 2 * n_groups;
-    const int32_t* c2 = counts + 2;
-#define LATENT_TILE_GROUPED(FMT, BLOCKS)                                                                            \
-  {                                                                                                                 \
-    static const cudaError_t attr = cudaFuncSetAttribute(                                                           \
-        tile_grouped_kernel<FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_grouped_smem<FMT>());           \
-    (void)attr;                                                                                                     \
-    tile_grouped_kernel<FMT>                                                                                        \
-        <<<sms*(BLOCKS), kStcThreads, tile_grouped_smem<FMT>(), st>>>(table, offsets, l2, c2, rows, xb, x.ld, out); \
-  }
-    // tile_fmt: the table's one format; the per-tensor / per-channel FP8 kernel also takes mixed FP8 kinds.
-    if (tile_fmt == kFmtBF16)
-      LATENT_TILE_GROUPED(kFmtBF16, 2)
-    else if (tile_fmt == kFmtFp8Block)
-      LATENT_TILE_GROUPED(kFmtFp8Block, 2)
-    else if (tile_fmt == kFmtFp8Tensor || tile_fmt == kFmtFp8Channel)
-      LATENT_TILE_GROUPED(kFmtFp8, 2)
-    else
-      LATENT_TILE_GROUPED(kTileMixed, 1)
-#undef LATENT_TILE_GROUPED
-  } else {
+  if (!tile || !launch_grouped_tile(table, n_groups, rows, offsets, x, out, lists, counts, st, tile_fmt))
     stc_grouped_kernel<4>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
-  }
 }
 
 }  // namespace latent::cuda
