@@ -1058,9 +1058,12 @@ void grouped_small_t(const WDesc* table, int64_t n_groups, int64_t rows, const i
 }
 }  // namespace
 
+// (The scale rows 4-byte aligned too: the tiled kernel copies each row's 4 scale bytes of a 128-column block with one
+// 4-byte cp.async.)
 bool mx_tc_ok(const WDesc& w) {
   return w.format == kFmtMxfp4 && w.cols > 0 && w.cols % 128 == 0 && w.row_bytes == w.cols / 2 &&
-         w.scale_cols == w.cols / 32 && w.scale != nullptr && (reinterpret_cast<uintptr_t>(w.data) & 15) == 0;
+         w.scale_cols == w.cols / 32 && w.scale != nullptr && (reinterpret_cast<uintptr_t>(w.data) & 15) == 0 &&
+         (reinterpret_cast<uintptr_t>(w.scale) & 3) == 0;
 }
 
 void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st, bool mx_tc) {
