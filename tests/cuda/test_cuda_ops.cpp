@@ -619,11 +619,7 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
       wd.push_back(A.weight(ws[static_cast<size_t>(g)]));
       gd.push_back(A.weight(gs[static_cast<size_t>(g)]));
     }
-    std::vector<const QuantWeight*> wp, gp;
-    for (int64_t g = 0; g < G; ++g) {
-      wp.push_back(&wd[static_cast<size_t>(g)]);
-      gp.push_back(&gd[static_cast<size_t>(g)]);
-    }
+    const std::vector<const QuantWeight*> wp = ops::ptrs(wd), gp = ops::ptrs(gd);
     const Tensor y = A.tensor(DType::BF16, n, rows);
     Epilogue e;
     if (glu) e.glu = gp.data();

@@ -106,11 +106,7 @@ void expect_fused_equals_unfused(Backend& be, const std::string& label) {
           wd.push_back(A.weight(ws[static_cast<size_t>(g)]));
           gd.push_back(A.weight(gs[static_cast<size_t>(g)]));
         }
-        std::vector<const QuantWeight*> wp, gp;
-        for (int64_t g = 0; g < G; ++g) {
-          wp.push_back(&wd[static_cast<size_t>(g)]);
-          gp.push_back(&gd[static_cast<size_t>(g)]);
-        }
+        const std::vector<const QuantWeight*> wp = ptrs(wd), gp = ptrs(gd);
         const int64_t* od = A.up(off);
         const Tensor xt = A.up(x, t, R, K), rt = A.up(res, t, R, N), y = A.tensor(t, R, N), u = A.tensor(t, R, N);
         Epilogue e;

@@ -81,6 +81,12 @@ struct HostWeight {
   HostWeight& operator=(HostWeight&&) = default;
 };
 HostWeight make_weight(Fmt f, int64_t rows, int64_t cols, Rng& r, bool nan = false);
+// A grouped matmul's table: a pointer to each weight of ws.
+inline std::vector<const QuantWeight*> ptrs(const std::vector<QuantWeight>& ws) {
+  std::vector<const QuantWeight*> p;
+  for (const QuantWeight& w : ws) p.push_back(&w);
+  return p;
+}
 // Column counts a format is tested at: odd sizes (the element-wise paths) and aligned ones (vector paths).
 std::vector<int64_t> cols_for(Fmt f);
 

@@ -179,11 +179,7 @@ __global__ void __launch_bounds__(kFaThreads) mla_flash_kernel(MlaDims d, TView 
   __syncthreads();
   const int64_t kmax = kmax_sh, lim[2] = {lim_sh[warp * 16 + g], lim_sh[warp * 16 + g + 8]};
   const float ninf = __uint_as_float(0xFF800000u);
-  float oacc[DV / 8][4];
-#pragma unroll
-  for (int j = 0; j < DV / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) oacc[j][e] = 0.0f;
+  float oacc[DV / 8][4] = {};
   float mrow[2] = {ninf, ninf}, lrow[2] = {0.0f, 0.0f};
   for (int64_t k0 = 0; k0 <= kmax; k0 += kFaK) {
     for (int i = threadIdx.x; i < kFaK * (DQK / 8); i += kFaThreads) {
@@ -200,11 +196,7 @@ __global__ void __launch_bounds__(kFaThreads) mla_flash_kernel(MlaDims d, TView 
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    float sc[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[j][e] = 0.0f;
+    float sc[8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < DQK / 16; ++kk) {
       uint32_t a[4];

@@ -853,12 +853,11 @@ void cuda_set_stc_rows(Backend& be, int64_t bf16_min, int64_t bf16_max, int64_t 
 }
 
 void cuda_reset_stc_rows(Backend& be) {
-  if (dynamic_cast<CudaBackend*>(&be))
-    cuda_set_stc_rows(be, CudaBackend::kStcDefaults[0], CudaBackend::kStcDefaults[1], CudaBackend::kStcDefaults[2],
-                      CudaBackend::kStcDefaults[3], true);
-  if (dynamic_cast<CudaBackend*>(&be))
-    cuda_set_tile_rows(be, CudaBackend::kTileDefaults[0], CudaBackend::kTileDefaults[1], CudaBackend::kTileDefaults[2],
-                       CudaBackend::kTileDefaults[3], true);
+  if (!dynamic_cast<CudaBackend*>(&be)) return;
+  cuda_set_stc_rows(be, CudaBackend::kStcDefaults[0], CudaBackend::kStcDefaults[1], CudaBackend::kStcDefaults[2],
+                    CudaBackend::kStcDefaults[3], true);
+  cuda_set_tile_rows(be, CudaBackend::kTileDefaults[0], CudaBackend::kTileDefaults[1], CudaBackend::kTileDefaults[2],
+                     CudaBackend::kTileDefaults[3], true);
 }
 
 int64_t cuda_tile_matmuls(const Backend& be) {

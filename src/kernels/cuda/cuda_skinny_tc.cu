@@ -297,13 +297,7 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
     cp_async_commit();
   };
 
-  float c[2][4][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[i][j][e] = 0.0f;
+  float c[2][4][4] = {};
   // ldmatrix row addresses of this lane: A rows 32·wr + 16i + (lane & 15), chunk half lane >> 4; B tokens
   // 32·wm + 16jp + (lane & 7) + 8·(lane >> 4), chunk half (lane >> 3) & 1.
   const int arow = 32 * wr + (lane & 15), ahalf = lane >> 4;
@@ -359,13 +353,7 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
     }
     const uint8_t* wt = kBf16 ? st : wb;
     const uint8_t* xt = st + kWBytes;
-    float p[2][4][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[i][j][e] = 0.0f;
+    float p[2][4][4] = {};
 #pragma unroll
     for (int s = 0; s < 8; ++s) {  // k16 steps: chunks 2s, 2s + 1
       uint32_t a[2][4], b[2][4];
