@@ -674,6 +674,18 @@ void bench_decode_matrix(const std::string& dir, Model& m, bench::CountingBacken
     }
 }
 
+// The A/B switches of the model benches: --no-stc turns the BF16 / FP8 skinny and tiled tensor-core kernels off
+// (the paths they replace); --no-tile the tiled kernel only (the skinny kernels then take FP8 up to 2,048 rows and
+// grouped prefill the wmma kernel, as before it).
+void bench_no_stc(Backend& be) {
+  cuda_set_stc_rows(be, 1, 0, 1, 0, false);
+  cuda_set_tile_rows(be, 1, 0, 1, 0, false);
+}
+void bench_no_tile(Backend& be) {
+  cuda_set_stc_rows(be, 1, 16, 1, 2048, true);
+  cuda_set_tile_rows(be, 1, 0, 1, 0, false);
+}
+
 // End-to-end prefill of one prompt through Model::step (bf16 activations, eager): `tokens` random ids in chunks of
 // `chunk` (each chunk attends to the cached earlier ones), timed from the first chunk to the last's logits. FLOPs
 // counted from the config's shapes: 2 x the weights one token multiplies (MLA, dense MLP or shared + top-k routed
@@ -1012,15 +1024,8 @@ int main(int argc, char** argv) {
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--profile") profile = true;
-      if (a == "--no-stc") {  // the BF16 / FP8 skinny and tiled tc kernels off (A/B)
-        cuda_set_stc_rows(*be, 1, 0, 1, 0, false);
-        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
-      }
-      // The tiled kernel off, the skinny kernels over their earlier range (FP8 to 2,048 rows, the wmma kernel above).
-      if (a == "--no-tile") {
-        cuda_set_stc_rows(*be, 1, 16, 1, 2048, true);
-        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
-      }
+      if (a == "--no-stc") bench_no_stc(*be);
+      if (a == "--no-tile") bench_no_tile(*be);
       if (a == "--batch" && i + 1 < argc) batches = int_list(argv[++i]);
       if (a == "--ctx" && i + 1 < argc) ctxs = int_list(argv[++i]);
     }
@@ -1048,12 +1053,11 @@ int main(int argc, char** argv) {
         sizes = int_list(argv[++i]);
       else if (a == "--chunk" && i + 1 < argc)
         chunk = int_list(argv[++i]).at(0);
-      else if (a == "--no-tile") {
-        cuda_set_stc_rows(*be, 1, 16, 1, 2048, true);
-        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
-      } else if (a == "--no-flash") {
+      else if (a == "--no-tile")
+        bench_no_tile(*be);
+      else if (a == "--no-flash")
         cuda_set_flash_prefill(*be, false);
-      } else {
+      else {
         std::fprintf(stderr, "cuda_bench prefill-model: unknown argument '%s'\n", a.c_str());
         return 2;
       }
@@ -1083,13 +1087,11 @@ int main(int argc, char** argv) {
         ctxs = int_list(argv[++i]);
       else if (a == "--k" && i + 1 < argc)
         ks = int_list(argv[++i]);
-      else if (a == "--no-stc") {
-        cuda_set_stc_rows(*be, 1, 0, 1, 0, false);
-        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
-      } else if (a == "--no-tile") {
-        cuda_set_stc_rows(*be, 1, 16, 1, 2048, true);
-        cuda_set_tile_rows(*be, 1, 0, 1, 0, false);
-      } else {
+      else if (a == "--no-stc")
+        bench_no_stc(*be);
+      else if (a == "--no-tile")
+        bench_no_tile(*be);
+      else {
         std::fprintf(stderr, "cuda_bench verify: unknown argument '%s'\n", a.c_str());
         return 2;
       }
