@@ -690,7 +690,8 @@ void bench_no_tile(Backend& be) {
 // `chunk` (each chunk attends to the cached earlier ones), timed from the first chunk to the last's logits. FLOPs
 // counted from the config's shapes: 2 x the weights one token multiplies (MLA, dense MLP or shared + top-k routed
 // experts, router) per token, plus the naive-form attention (qk and pv over the causal prefix, every head).
-void bench_prefill_model(Model& m, Backend& be, const std::vector<int64_t>& sizes, int64_t chunk) {
+void bench_prefill_model(Model& m, bench::CountingBackend& be, const std::vector<int64_t>& sizes, int64_t chunk,
+                         bool profile) {
   const ModelConfig& c = m.config();
   const double w_tok = static_cast<double>(decode_weight_bytes(m, 1));  // bytes a decode token reads, ~ its weights
   for (int64_t n : sizes) {
@@ -745,6 +746,29 @@ void bench_prefill_model(Model& m, Backend& be, const std::vector<int64_t>& size
         static_cast<long long>(n), static_cast<long long>(ch), s * 1e3, N / s, flop / s / 1e12,
         100.0 * flop / s / 790e12, 2.0 * params / 1e9, 100.0 * attn / flop, w_tok / 1e9);
     std::fflush(stdout);
+    if (profile) {  // a third run, every op timed by CUDA events (the device synchronized around each)
+      CudaEventTimer timer(be.inner());
+      be.set_profile(true);
+      be.reset();
+      be.detail = true;
+      be.timer = &timer;
+      const auto tp = std::chrono::steady_clock::now();
+      run();
+      be.finish_profile();
+      be.timer = nullptr;
+      const double t_prof = seconds_since(tp);
+      std::printf("  profile prefill %lld tokens (%.1f ms wall with a sync around every op):\n",
+                  static_cast<long long>(n), t_prof * 1e3);
+      bench::print_profile(be, 1.0, t_prof, "    by op class");
+      std::vector<std::pair<std::string, bench::CountingBackend::Detail>> d(be.details.begin(), be.details.end());
+      std::sort(d.begin(), d.end(), [](const auto& a, const auto& b) { return a.second.time > b.second.time; });
+      for (size_t i = 0; i < d.size() && i < 16; ++i)
+        std::printf("    %-58s %5llu calls %10.1f us %8.2f TFLOP/s\n", d[i].first.c_str(),
+                    static_cast<unsigned long long>(d[i].second.calls), d[i].second.time * 1e6,
+                    d[i].second.flops / std::max(d[i].second.time, 1e-12) / 1e12);
+      be.set_profile(false);
+      be.detail = false;
+    }
   }
 }
 
@@ -1041,15 +1065,19 @@ int main(int argc, char** argv) {
     bench_decode_matrix(argv[2], m, cb, batches, ctxs, profile);
     return 0;
   }
-  // cuda_bench prefill-model <dir> [--tokens 512,2048,4096] [--chunk 2048] [--no-tile] [--no-flash]: end-to-end
-  // prefill of one prompt through Model::step (bf16), tok/s and TFLOP/s; --no-tile as for ctx (the tiled kernel
-  // off), --no-flash the tensor-core prefill attention off (the CUDA-core kernel).
+  // cuda_bench prefill-model <dir> [--tokens 512,2048,4096] [--chunk 2048] [--no-tile] [--no-flash] [--profile]:
+  // end-to-end prefill of one prompt through Model::step (bf16), tok/s and TFLOP/s; --no-tile as for ctx (the tiled
+  // kernel off), --no-flash the tensor-core prefill attention off (the CUDA-core kernel); --profile adds one more
+  // run per size with every op timed (by op class: GEMMs, attention, indexer + top-k, ...; the slowest ops).
   if (argc > 2 && std::string(argv[1]) == "prefill-model") {
     std::vector<int64_t> sizes{512, 2048, 4096};
     int64_t chunk = 2048;
+    bool profile = false;
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a == "--tokens" && i + 1 < argc)
+      if (a == "--profile")
+        profile = true;
+      else if (a == "--tokens" && i + 1 < argc)
         sizes = int_list(argv[++i]);
       else if (a == "--chunk" && i + 1 < argc)
         chunk = int_list(argv[++i]).at(0);
@@ -1068,11 +1096,15 @@ int main(int argc, char** argv) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     ModelFiles files = open_model_files(argv[2]);
+    int64_t longest = 0;
+    for (int64_t n : sizes) longest = std::max(longest, n);
+    files.cfg->max_position_embeddings = std::max<int64_t>(files.cfg->max_position_embeddings, longest + 64);
+    bench::CountingBackend cb(*be, false);
     ModelOptions o;
     o.bf16_activations = true;
-    Model m(*files.cfg, *files.plan, *be, o);
+    Model m(*files.cfg, *files.plan, cb, o);
     std::printf("prefill-model %s: loaded in %.1f s\n", argv[2], seconds_since(t0));
-    bench_prefill_model(m, *be, sizes, chunk);
+    bench_prefill_model(m, cb, sizes, chunk, profile);
     return 0;
   }
   // cuda_bench verify <dir> [--batch 1,64] [--ctx 1024] [--k 1] [--no-stc]: speculative decoding's verify step (k + 1

@@ -660,10 +660,12 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
   }
 }
 
-// The prefill (naive-form) MLA attention on tensor cores: taken for bf16 calls without a DSA selection at DeepSeek-V3's
-// and GLM-5's head sizes (the counter), equal to the ref's bf16 attention within the bf16 tolerance over every output
-// row (a query that sees no key gives 0; a cached prefix before the chunk; queries past a 64-row block), and to the
-// CUDA-core kernel it replaces; calls with a selection keep the CUDA-core kernel.
+// The prefill (naive-form) MLA attention on tensor cores: taken for bf16 calls at DeepSeek-V3's and GLM-5's head
+// sizes (the counter), equal to the ref's bf16 attention within the bf16 tolerance over every output row (a query
+// that sees no key gives 0; a cached prefix before the chunk; queries past a 64-row block), and to the CUDA-core
+// kernel it replaces — without and with a DSA selection (random per-row key sets of varying counts, some entries
+// out of range or past the row's causal limit, duplicates, one row with an empty selection, whole 64-key tiles
+// no query of a block selects).
 TEST(CudaDispatch, FlashPrefillAttention) {
   Rng rng(27);
   const TcOn tc_on;
@@ -679,34 +681,49 @@ TEST(CudaDispatch, FlashPrefillAttention) {
     for (int64_t s = 0; s < k.S; ++s) pos[static_cast<size_t>(s)] = k.past + s;
     pos[3] = -1;
     const float scale = 1.5f / std::sqrt(static_cast<float>(dqk));
-    auto run = [&](Backend& be, bool flash) {
-      Arena A(be);
-      if (&be == &gpu()) cuda_set_flash_prefill(gpu(), flash);
-      const Tensor qt = A.up(q, DType::BF16, k.S, k.H * dqk), kt = A.up(kvb, DType::BF16, T, k.H * (k.dn + k.dv)),
-                   pt = A.up(kpe, DType::BF16, T, k.dr), o = A.tensor(DType::BF16, k.S, k.H * k.dv);
-      A.be.mla_attention_naive(d, qt, kt, pt, T, A.up(pos), KeySelection{}, scale, o);
-      std::vector<float> r = A.down(o);
-      cuda_set_flash_prefill(gpu(), true);
-      return r;
-    };
-    const std::string what = "dqk " + std::to_string(dqk) + " dv " + std::to_string(k.dv);
-    const std::vector<float> want = run(ref(), true);
-    const int64_t n0 = cuda_flash_prefill_calls(gpu());
-    const std::vector<float> got = run(gpu(), true);
-    EXPECT_EQ(cuda_flash_prefill_calls(gpu()), n0 + 1) << what;
-    const std::vector<float> old = run(gpu(), false);
-    EXPECT_EQ(cuda_flash_prefill_calls(gpu()), n0 + 1) << what << ": counted with the kernel off";
-    const double e = ops::norm_err(got.data(), want.data(), want.size());
-    ops::record_summary("cuda-only/mla_attention_naive_flash/" + what, "cuda", e, ops::kTolBf16);
-    EXPECT_LE(e, ops::kTolBf16) << what;
-    EXPECT_LE(ops::norm_err(got.data(), old.data(), old.size()), ops::kTolBf16) << what << " vs the CUDA-core kernel";
+    // A DSA selection: row s picks cnt[s] of `stride` entries among keys [-2, T + 5) minus keys 64..127 (a tile
+    // no query selects); row 5 none.
+    const int64_t stride = 48;
+    std::vector<int32_t> sel(static_cast<size_t>(k.S * stride), -7), cnt(static_cast<size_t>(k.S));
     for (int64_t s = 0; s < k.S; ++s) {
-      const size_t a = static_cast<size_t>(s * k.H * k.dv), n = static_cast<size_t>(k.H * k.dv);
-      if (s == 3) {
-        for (size_t i = 0; i < n; ++i) EXPECT_EQ(got[a + i], 0.0f) << what << ": a query without keys";
-        continue;
+      cnt[static_cast<size_t>(s)] = s == 5 ? 0 : static_cast<int32_t>(rng.integer(1, stride));
+      for (int64_t j = 0; j < cnt[static_cast<size_t>(s)]; ++j) {
+        int64_t t = rng.integer(-2, T + 4);
+        if (t >= 64 && t < 128) t -= 64;
+        sel[static_cast<size_t>(s * stride + j)] = static_cast<int32_t>(t);
       }
-      EXPECT_LE(ops::norm_err(got.data() + a, want.data() + a, n), ops::kTolBf16) << what << " query " << s;
+    }
+    for (const bool dsa : {false, true}) {
+      auto run = [&](Backend& be, bool flash) {
+        Arena A(be);
+        if (&be == &gpu()) cuda_set_flash_prefill(gpu(), flash);
+        const Tensor qt = A.up(q, DType::BF16, k.S, k.H * dqk), kt = A.up(kvb, DType::BF16, T, k.H * (k.dn + k.dv)),
+                     pt = A.up(kpe, DType::BF16, T, k.dr), o = A.tensor(DType::BF16, k.S, k.H * k.dv);
+        const KeySelection ks = dsa ? KeySelection{A.up(sel), A.up(cnt), stride} : KeySelection{};
+        A.be.mla_attention_naive(d, qt, kt, pt, T, A.up(pos), ks, scale, o);
+        std::vector<float> r = A.down(o);
+        cuda_set_flash_prefill(gpu(), true);
+        return r;
+      };
+      const std::string what = "dqk " + std::to_string(dqk) + " dv " + std::to_string(k.dv) + (dsa ? " dsa" : "");
+      const std::vector<float> want = run(ref(), true);
+      const int64_t n0 = cuda_flash_prefill_calls(gpu());
+      const std::vector<float> got = run(gpu(), true);
+      EXPECT_EQ(cuda_flash_prefill_calls(gpu()), n0 + 1) << what;
+      const std::vector<float> old = run(gpu(), false);
+      EXPECT_EQ(cuda_flash_prefill_calls(gpu()), n0 + 1) << what << ": counted with the kernel off";
+      const double e = ops::norm_err(got.data(), want.data(), want.size());
+      ops::record_summary("cuda-only/mla_attention_naive_flash/" + what, "cuda", e, ops::kTolBf16);
+      EXPECT_LE(e, ops::kTolBf16) << what;
+      EXPECT_LE(ops::norm_err(got.data(), old.data(), old.size()), ops::kTolBf16) << what << " vs the CUDA-core kernel";
+      for (int64_t s = 0; s < k.S; ++s) {
+        const size_t a = static_cast<size_t>(s * k.H * k.dv), n = static_cast<size_t>(k.H * k.dv);
+        if (s == 3 || (dsa && s == 5)) {
+          for (size_t i = 0; i < n; ++i) EXPECT_EQ(got[a + i], 0.0f) << what << ": a query without keys";
+          continue;
+        }
+        EXPECT_LE(ops::norm_err(got.data() + a, want.data() + a, n), ops::kTolBf16) << what << " query " << s;
+      }
     }
   }
 }

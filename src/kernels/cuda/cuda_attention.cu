@@ -129,22 +129,41 @@ __global__ void __launch_bounds__(128) mla_naive_kernel(MlaDims d, TView q, TVie
   }
 }
 
-// ---- naive form on tensor cores (bf16, no DSA selection): block per (64 queries, head), 4 warps ----
+// ---- DSA selection as a bitmap per query row: mask[s · words + t / 32] bit t % 32 set when key t is in row s's
+// selection (0 <= t <= the row's causal limit); words = ceil(T / 32). Block per row.
+__global__ void sel_mask_kernel(KeySelection sel, const int64_t* q_pos, int64_t T, int64_t words, uint32_t* mask) {
+  const int64_t s = blockIdx.x;
+  uint32_t* row = mask + s * words;
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) row[i] = 0u;
+  __syncthreads();
+  const int64_t last = q_pos[s] < T - 1 ? q_pos[s] : T - 1;
+  const int32_t* sr = sel.sel + s * sel.stride;
+  const int32_t cnt = sel.count[s];
+  for (int32_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+    const int32_t t = sr[j];
+    if (t >= 0 && t <= last) atomicOr(&row[t >> 5], 1u << (t & 31));
+  }
+}
+
+// ---- naive form on tensor cores (bf16): block per (64 queries, head), 4 warps ----
 // FlashAttention-2 style: Q (64 × DQK) staged once in shared memory, keys in tiles of 64 (K = k_nope ‖ k_pe rows
 // and V rows by cp.async, zero past T), S = Q·Kᵀ and O += P·V on mma.sync m16n8k16 (ldmatrix; V transposed), the
 // softmax online in fp32 per query row (running max and sum; rows g and g + 8 of each warp's 16 per lane). The
 // scores are rounded as the ref rounds them (bf16 dot, bf16 scaled score); P enters the PV product as bf16 without
 // the 1/sum (applied to O at the end), so a result differs from the ref's rounding of each probability by bf16
-// rounding only. A query with no allowed key (position < 0) gets o = 0. Rows padded by 8 elements (conflict-free
-// ldmatrix).
+// rounding only. A query with no allowed key (position < 0, an empty selection) gets o = 0. Rows padded by 8
+// elements (conflict-free ldmatrix). A DSA selection comes as the bitmap of sel_mask_kernel (mask, mwords; null: all
+// causal keys): a key outside its row's selection scores -inf, and a 64-key tile no query of the block selects is
+// not loaded.
 constexpr int kFaQ = 64, kFaK = 64, kFaThreads = 128;
 template <int DQK, int DV>
 constexpr size_t fa_smem() {
   return static_cast<size_t>(2 * kFaQ * (DQK + 8) + kFaK * (DV + 8)) * 2;
 }
 template <int DQK, int DV>
-__global__ void __launch_bounds__(kFaThreads) mla_flash_kernel(MlaDims d, TView q, TView kvb, TView k_pe, int64_t S,
-                                                               int64_t T, const int64_t* q_pos, float scale, TView o) {
+__global__ void __launch_bounds__(kFaThreads)
+    mla_flash_kernel(MlaDims d, TView q, TView kvb, TView k_pe, int64_t S, int64_t T, const int64_t* q_pos, float scale,
+                     TView o, const uint32_t* mask, int64_t mwords) {
   constexpr int QS = DQK + 8, VS = DV + 8;
   extern __shared__ __align__(16) uint16_t fa_buf[];
   uint16_t* qs = fa_buf;          // [64][QS]
@@ -181,7 +200,26 @@ __global__ void __launch_bounds__(kFaThreads) mla_flash_kernel(MlaDims d, TView 
   const float ninf = __uint_as_float(0xFF800000u);
   float oacc[DV / 8][4] = {};
   float mrow[2] = {ninf, ninf}, lrow[2] = {0.0f, 0.0f};
+  const int64_t mrow0 = s0 + warp * 16 + g;
   for (int64_t k0 = 0; k0 <= kmax; k0 += kFaK) {
+    // The selection's 64 bits of this tile for this lane's two rows (rows g, g + 8 of the warp's 16).
+    uint32_t mw[2][2] = {{~0u, ~0u}, {~0u, ~0u}};
+    if (mask) {
+      const int64_t w0 = k0 >> 5;
+      bool mine = false;
+      if (threadIdx.x < kFaQ && s0 + threadIdx.x < S && lim_sh[threadIdx.x] >= k0) {
+        const uint32_t* mr = mask + (s0 + threadIdx.x) * mwords + w0;
+        mine = (mr[0] | (w0 + 1 < mwords ? mr[1] : 0u)) != 0u;
+      }
+      if (!__syncthreads_or(mine)) continue;  // uniform: no query of the block selects a key of this tile
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t s = mrow0 + 8 * r;
+        const uint32_t* mr = mask + (s < S ? s : 0) * mwords + w0;
+        mw[r][0] = s < S ? mr[0] : 0u;
+        mw[r][1] = s < S && w0 + 1 < mwords ? mr[1] : 0u;
+      }
+    }
     for (int i = threadIdx.x; i < kFaK * (DQK / 8); i += kFaThreads) {
       const int r = i / (DQK / 8), c = i % (DQK / 8);
       const int64_t tk = k0 + r, tt = tk < T ? tk : 0;
@@ -215,9 +253,10 @@ __global__ void __launch_bounds__(kFaThreads) mla_flash_kernel(MlaDims d, TView 
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t key = k0 + 8 * j + 2 * t + (e & 1);
+        const int off = 8 * j + 2 * t + (e & 1);
+        const int64_t key = k0 + off;
         float v = bf16r(__fmul_rn(bf16r(sc[j][e]), scale));
-        if (key > lim[e >> 1]) v = ninf;
+        if (key > lim[e >> 1] || !((mw[e >> 1][j >> 2] >> (off & 31)) & 1u)) v = ninf;
         sc[j][e] = v;
         tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
       }
@@ -677,20 +716,29 @@ struct ClusterLaunch {
 };
 }  // namespace
 
-void launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t S, int64_t T, const int64_t* q_pos,
-                      const KeySelection& sel, float scale, TView o, cudaStream_t st, bool flash) {
-  if (S <= 0 || d.n_heads <= 0) return;
-  // bf16, causal only, the head sizes of the published checkpoints (and 128 / 64), 16-byte aligned rows: tensor cores.
+bool launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t S, int64_t T, const int64_t* q_pos,
+                      const KeySelection& sel, float scale, TView o, cudaStream_t st, bool flash, uint32_t* mask_ws) {
+  if (S <= 0 || d.n_heads <= 0) return false;
+  // bf16, the head sizes of the published checkpoints (and 128 / 64), 16-byte aligned rows, a DSA selection only
+  // with the bitmap scratch: tensor cores.
   auto al = [](const TView& v) { return v.bf16 && (reinterpret_cast<uintptr_t>(v.p) & 15) == 0 && v.ld % 8 == 0; };
-  if (flash && !sel.sel && al(q) && al(kvb) && al(k_pe) && o.bf16 && d.nope % 8 == 0 && d.rope % 8 == 0 && T > 0) {
+  if (flash && (!sel.sel || mask_ws) && al(q) && al(kvb) && al(k_pe) && o.bf16 && d.nope % 8 == 0 && d.rope % 8 == 0 &&
+      T > 0) {
     const dim3 grid(static_cast<unsigned>((S + kFaQ - 1) / kFaQ), static_cast<unsigned>(d.n_heads));
+    const int64_t mwords = (T + 31) / 32;
+    const uint32_t* mask = nullptr;
+    if (sel.sel) {
+      sel_mask_kernel<<<static_cast<unsigned>(S), 256, 0, st>>>(sel, q_pos, T, mwords, mask_ws);
+      mask = mask_ws;
+    }
 #define LATENT_FA(DQK, DV)                                                                                             \
   if (d.qk() == (DQK) && d.v == (DV)) {                                                                                \
     static const cudaError_t attr = cudaFuncSetAttribute(                                                              \
         mla_flash_kernel<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(fa_smem<DQK, DV>())); \
     (void)attr;                                                                                                        \
-    mla_flash_kernel<DQK, DV><<<grid, kFaThreads, fa_smem<DQK, DV>(), st>>>(d, q, kvb, k_pe, S, T, q_pos, scale, o);   \
-    return;                                                                                                            \
+    mla_flash_kernel<DQK, DV>                                                                                          \
+        <<<grid, kFaThreads, fa_smem<DQK, DV>(), st>>>(d, q, kvb, k_pe, S, T, q_pos, scale, o, mask, mwords);          \
+    return true;                                                                                                       \
   }
     LATENT_FA(192, 128)  // DeepSeek-V3 / V3.2
     LATENT_FA(256, 256)  // GLM-5
@@ -699,6 +747,7 @@ void launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t 
   }
   const size_t smem = static_cast<size_t>((T + 31) / 32) * 4 + static_cast<size_t>(d.qk()) * 4;
   mla_naive_kernel<<<static_cast<unsigned>(S * d.n_heads), 128, smem, st>>>(d, q, kvb, k_pe, T, q_pos, sel, scale, o);
+  return false;
 }
 
 void launch_mla_absorbed(const MlaDims& d, TView q, const WDesc& kv_b, const float* c, const float* k_pe, int64_t S,

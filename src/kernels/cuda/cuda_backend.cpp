@@ -381,9 +381,14 @@ class CudaBackend final : public Backend {
   // ---------------- attention ----------------
   void mla_attention_naive(const MlaDims& d, const Tensor& q, const Tensor& kvb, const Tensor& k_pe, int64_t T,
                            const int64_t* q_pos, const KeySelection& sel, float scale, const Tensor& o) override {
-    if (flash_prefill && tc_dispatch && o.dtype == DType::BF16 && !sel.sel) ++flash_calls;
-    cuda::launch_mla_naive(d, cuda::tview(q), cuda::tview(kvb), cuda::tview(k_pe), q.rows, T, q_pos, sel, scale,
-                           cuda::tview(o), stream_, flash_prefill && tc_dispatch);
+    const bool flash = flash_prefill && tc_dispatch;
+    uint32_t* mask = nullptr;  // a DSA selection's bitmap for the tensor-core kernel: rows x ceil(T / 32) words
+    if (flash && sel.sel && o.dtype == DType::BF16)
+      mask = static_cast<uint32_t*>(tmp_bytes(kTmpMask, static_cast<size_t>(q.rows * ((T + 31) / 32)) * 4,
+                                              "prefill attention DSA selection bitmap"));
+    if (cuda::launch_mla_naive(d, cuda::tview(q), cuda::tview(kvb), cuda::tview(k_pe), q.rows, T, q_pos, sel, scale,
+                               cuda::tview(o), stream_, flash, mask))
+      ++flash_calls;
     check_launch("mla_attention_naive");
   }
   void mla_attention_absorbed(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b, const Tensor& c,
@@ -627,7 +632,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- typed-tensor scratch ----
-  enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpTile, kTmpSlots };
+  enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpTile, kTmpMask, kTmpSlots };
   static constexpr int64_t kWarpGroupedMaxRows = 1024;  // 128 decode tokens x top-8
   static constexpr int64_t kGluFusedMaxRows = 32;       // 4 decode tokens x top-8
   // Device scratch slot of at least n floats (grow-only; a growth during a graph capture is an engine error: the

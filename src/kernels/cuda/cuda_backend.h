@@ -57,9 +57,9 @@ int64_t cuda_tile_matmuls(const Backend& be);
 // Both kernels' defaults.
 void cuda_reset_stc_rows(Backend& be);
 // The naive-form (prefill) MLA attention on tensor cores (cuda_attention.cu, FlashAttention-2 style) for bf16 calls
-// without a DSA selection at the head sizes it is built for (qk / v 192 / 128, 256 / 256, 128 / 64); on by default
-// (with the tensor-core dispatch), off: the CUDA-core kernel. Counter: the bf16 calls without a selection made while
-// it was on (those the kernel takes when the head sizes and alignment fit).
+// at the head sizes it is built for (qk / v 192 / 128, 256 / 256, 128 / 64), with or without a DSA selection (then
+// as a per-row key bitmap); on by default (with the tensor-core dispatch), off: the CUDA-core kernel. Counter: the
+// calls the tensor-core kernel took.
 void cuda_set_flash_prefill(Backend& be, bool on);
 int64_t cuda_flash_prefill_calls(const Backend& be);
 

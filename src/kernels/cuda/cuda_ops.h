@@ -148,8 +148,11 @@ void launch_kv_gather(const KvPool& pool, const int32_t* blocks, int64_t n_token
                       TView dst, cudaStream_t st);
 
 // ---- MLA attention (cuda_attention.cu) ----
-void launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t S, int64_t T, const int64_t* q_pos,
-                      const KeySelection& sel, float scale, TView o, cudaStream_t st, bool flash = true);
+// Returns whether the tensor-core kernel took the call (flash, bf16, supported head sizes, aligned rows; with a DSA
+// selection only when mask_ws holds S · ceil(T / 32) words of scratch for its bitmap).
+bool launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t S, int64_t T, const int64_t* q_pos,
+                      const KeySelection& sel, float scale, TView o, cudaStream_t st, bool flash = true,
+                      uint32_t* mask_ws = nullptr);
 // c and k_pe contiguous fp32 [T, dc] / [T, dr].
 void launch_mla_absorbed(const MlaDims& d, TView q, const WDesc& kv_b, const float* c, const float* k_pe, int64_t S,
                          int64_t T, const int64_t* q_pos, const KeySelection& sel, float scale, TView o,
