@@ -193,8 +193,11 @@ class CountingBackend final : public Backend {
       const int64_t causal = std::clamp<int64_t>(pos[s] + 1, 0, T_);
       keys += static_cast<double>(sel.sel ? std::min<int64_t>(causal, cnt[s]) : causal);
     }
+    const uint64_t b0 = weight_bytes_read + kv_bytes_read;
+    const double f0 = flops;
     add_flops(kAttn, 2.0 * keys * static_cast<double>(d.n_heads * (d.qk() + d.v)));
-    T t(this, kAttn);
+    T t(this, kAttn,
+        detail ? std::string(sel.sel ? "mla_attention_naive (DSA)" : "mla_attention_naive") : std::string(), b0, f0);
     b_.mla_attention_naive(d, q, kvb, k_pe, T_, q_pos, sel, scale, o);
   }
   void mla_attention_absorbed(const MlaDims& d, const Tensor& q, const QuantWeight& kv_b, const Tensor& c,
@@ -232,14 +235,16 @@ class CountingBackend final : public Backend {
   }
   void indexer_scores_paged(const Tensor& q, const Tensor& w, const KvPool& pool, const StepSeqs& seqs, int64_t r0,
                             int64_t n_heads, float scale, const int64_t* q_pos, int64_t T, float* scores) override {
+    const uint64_t b0 = weight_bytes_read + kv_bytes_read;
+    const double f0 = flops;
     add_flops(kIndexer, 2.0 * static_cast<double>(q.rows) * static_cast<double>(T) * static_cast<double>(q.cols));
     kv_bytes_read += static_cast<uint64_t>(T * pool.width * dtype_size(pool.dtype));
-    Timer t(this, kIndexer);
+    Timer t(this, kIndexer, detail ? "indexer_scores_paged (every key up to T)" : std::string(), b0, f0);
     b_.indexer_scores_paged(q, w, pool, seqs, r0, n_heads, scale, q_pos, T, scores);
   }
   void topk_select(const float* scores, int64_t S, int64_t T_, int64_t k, const int64_t* q_pos, int32_t* sel,
                    int32_t* count) override {
-    T t(this, kIndexer);
+    T t(this, kIndexer, detail ? "topk_select" : std::string(), weight_bytes_read + kv_bytes_read, flops);
     b_.topk_select(scores, S, T_, k, q_pos, sel, count);
   }
 
@@ -252,6 +257,11 @@ class CountingBackend final : public Backend {
   void scatter_add_weighted(const Tensor& x, const int32_t* token, const float* weight, const Tensor& y) override {
     T t(this, kScatter);
     b_.scatter_add_weighted(x, token, weight, y);
+  }
+  void moe_combine(const Tensor& x, const int32_t* ids, int64_t K, const int64_t* offsets, const int32_t* token,
+                   const float* weight, const Tensor& y) override {
+    T t(this, kScatter);
+    b_.moe_combine(x, ids, K, offsets, token, weight, y);
   }
   void moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
                  int32_t* token, float* weight) override {

@@ -1065,10 +1065,11 @@ int main(int argc, char** argv) {
     bench_decode_matrix(argv[2], m, cb, batches, ctxs, profile);
     return 0;
   }
-  // cuda_bench prefill-model <dir> [--tokens 512,2048,4096] [--chunk 2048] [--no-tile] [--no-flash] [--profile]:
-  // end-to-end prefill of one prompt through Model::step (bf16), tok/s and TFLOP/s; --no-tile as for ctx (the tiled
-  // kernel off), --no-flash the tensor-core prefill attention off (the CUDA-core kernel); --profile adds one more
-  // run per size with every op timed (by op class: GEMMs, attention, indexer + top-k, ...; the slowest ops).
+  // cuda_bench prefill-model <dir> [--tokens 512,2048,4096] [--chunk 2048] [--no-tile] [--no-flash]
+  // [--no-tc-indexer] [--profile]: end-to-end prefill of one prompt through Model::step (bf16), tok/s and TFLOP/s;
+  // --no-tile as for ctx (the tiled kernel off), --no-flash the tensor-core prefill attention off (the CUDA-core
+  // kernel), --no-tc-indexer the DSA indexer's scores on CUDA cores; --profile adds one more run per size with every
+  // op timed (by op class: GEMMs, attention, indexer + top-k, ...; the slowest ops).
   if (argc > 2 && std::string(argv[1]) == "prefill-model") {
     std::vector<int64_t> sizes{512, 2048, 4096};
     int64_t chunk = 2048;
@@ -1085,6 +1086,8 @@ int main(int argc, char** argv) {
         bench_no_tile(*be);
       else if (a == "--no-flash")
         cuda_set_flash_prefill(*be, false);
+      else if (a == "--no-tc-indexer")
+        cuda_set_tc_indexer(*be, false);
       else {
         std::fprintf(stderr, "cuda_bench prefill-model: unknown argument '%s'\n", a.c_str());
         return 2;

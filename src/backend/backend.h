@@ -311,6 +311,12 @@ class Backend {
   // weight [M*K] = weights[token, slot]. Ids must be in [0, E). All arrays in backend memory.
   virtual void moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
                          int32_t* token, float* weight);
+  // The routed experts' weighted combine: y [M, D] = 0, then scatter_add_weighted(x, token, weight, y) over the
+  // M·K pairs moe_group made from ids [M, K] (offsets, token, weight; x [M·K, D] in that grouped order) — each
+  // token's pairs added in ascending expert order. Default: exactly fill + scatter_add_weighted; a backend may use
+  // the grouping to work per token (the result must be the same bits).
+  virtual void moe_combine(const Tensor& x, const int32_t* ids, int64_t K, const int64_t* offsets, const int32_t* token,
+                           const float* weight, const Tensor& y);
 
   // ---------------- data movement / small elementwise ----------------
   // dst[i, :] = R(src[rows[i], :]) for i < dst.rows.

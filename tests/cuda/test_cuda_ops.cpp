@@ -728,6 +728,81 @@ TEST(CudaDispatch, FlashPrefillAttention) {
   }
 }
 
+// The DSA indexer's scores on tensor cores (bf16 queries and key pool, head_dim 128, 32 / 64 index heads): taken
+// (the counter), and equal to the CUDA-core kernel and to the ref backend up to the order of fp32 sums — every row
+// of a step with a 40-row prompt chunk past several 512-key slices, a decode row of another sequence and a 3-key
+// sequence (one block walks rows of several sequences), −inf exactly at the keys a row cannot see.
+TEST(CudaDispatch, TensorCoreIndexer) {
+  Rng rng(28);
+  const TcOn tc_on;
+  for (const int64_t nI : {32, 64}) {
+    const int64_t dI = 128, bt = 64;
+    const std::vector<std::pair<int64_t, int64_t>> seqs{{40, 1300}, {1, 700}, {3, 3}};  // (rows, context after)
+    int64_t max_blocks = 0, N = 0, T = 0;
+    for (const auto& [n, c] : seqs) {
+      max_blocks = std::max(max_blocks, (c + bt - 1) / bt);
+      N += n;
+      T = std::max(T, c);
+    }
+    T += 70;  // a graph step scores the reserved context
+    const int64_t n_seqs = static_cast<int64_t>(seqs.size()), blocks = n_seqs * max_blocks;
+    std::vector<int32_t> perm(static_cast<size_t>(blocks)), q_begin{0}, ctx, table;
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng.g);
+    std::vector<int64_t> pos;
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      const auto [n, c] = seqs[static_cast<size_t>(s)];
+      for (int64_t j = 0; j < max_blocks; ++j) table.push_back(perm[static_cast<size_t>(s * max_blocks + j)]);
+      for (int64_t i = 0; i < n; ++i) pos.push_back(c - n + i);
+      q_begin.push_back(static_cast<int32_t>(q_begin.back() + n));
+      ctx.push_back(static_cast<int32_t>(c));
+    }
+    const std::vector<float> pool = rng.normals(blocks * bt * dI), q = rng.normals(N * nI * dI),
+                             w = rng.normals(N * nI);
+    auto run = [&](Backend& be, bool tc) {
+      Arena A(be);
+      if (&be == &gpu()) cuda_set_tc_indexer(gpu(), tc);
+      const KvPool kp = A.pool(pool, DType::BF16, blocks, bt, dI);
+      const StepSeqs ss{n_seqs, A.up(q_begin), A.up(ctx), A.up(table), max_blocks, T - 70};
+      float* sc = A.out<float>(static_cast<size_t>(N * T));
+      A.be.indexer_scores_paged(A.up(q, DType::BF16, N, nI * dI), A.up(w, DType::F32, N, nI), kp, ss, 0, nI,
+                                1.0f / std::sqrt(static_cast<float>(dI)), A.up(pos), T, sc);
+      std::vector<float> r(static_cast<size_t>(N * T));
+      be.download(r.data(), sc, r.size() * sizeof(float));
+      cuda_set_tc_indexer(gpu(), true);
+      return r;
+    };
+    const int64_t n0 = cuda_tc_indexer_calls(gpu());
+    const std::vector<float> got = run(gpu(), true);
+    EXPECT_EQ(cuda_tc_indexer_calls(gpu()), n0 + 1) << "nI " << nI;
+    const std::vector<float> old = run(gpu(), false), want = run(ref(), true);
+    EXPECT_EQ(cuda_tc_indexer_calls(gpu()), n0 + 1) << "nI " << nI << ": counted with the kernel off";
+    double worst = 0.0;
+    for (const auto* other : {&old, &want})
+      for (int64_t r = 0; r < N; ++r) {
+        double mx = 0.0;
+        for (int64_t t = 0; t < T; ++t) {
+          const float b = (*other)[static_cast<size_t>(r * T + t)];
+          if (std::isfinite(b)) mx = std::max(mx, static_cast<double>(std::fabs(b)));
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          const float a = got[static_cast<size_t>(r * T + t)], b = (*other)[static_cast<size_t>(r * T + t)];
+          const bool visible = t <= pos[static_cast<size_t>(r)];
+          ASSERT_EQ(std::isinf(b) && b < 0, !visible) << "nI " << nI << " row " << r << " key " << t;
+          if (!visible) {
+            ASSERT_TRUE(std::isinf(a) && a < 0) << "nI " << nI << " row " << r << " key " << t << ": " << a;
+            continue;
+          }
+          const double e = std::fabs(static_cast<double>(a) - b) / std::max(mx, 1e-30);
+          worst = std::max(worst, e);
+          ASSERT_LE(e, 1e-5) << "nI " << nI << " row " << r << " key " << t << ": " << a << " vs " << b;
+        }
+      }
+    std::printf("[cuda dispatch] tensor-core indexer nI %lld: max |d| / row max %.2e (vs CUDA-core kernel and ref)\n",
+                static_cast<long long>(nI), worst);
+  }
+}
+
 // The MLA decode block's absorptions take the tensor cores for FP8 kv_b whose 128 x 128 scale blocks fit the heads
 // (DeepSeek-V3's dims, per-tensor FP8) as for bf16, and the CUDA-core kernels otherwise; the harness cases
 // mla_decode_attention/deepseek/* and head_block/* hold both paths to the ref.

@@ -840,7 +840,8 @@ void indexer_case(CaseCtx& c, DType t) {
 // Head dims: 64 (16-byte staging, float4 dots), 20 (element staging, float4 dots), 13 (scalar); contexts over
 // several 128-key blocks.
 void indexer_paged_case(CaseCtx& c, DType t) {
-  for (const auto& [nI, dI] : std::vector<std::pair<int64_t, int64_t>>{{8, 64}, {3, 20}, {2, 13}})
+  // (32, 128) and (64, 128): GLM-5's and DeepSeek-V3.2's indexer, the CUDA tensor-core kernel's shapes.
+  for (const auto& [nI, dI] : std::vector<std::pair<int64_t, int64_t>>{{8, 64}, {3, 20}, {2, 13}, {32, 128}, {64, 128}})
     for (int64_t bt : {5, 16}) {
       const MlaDims d{1, 0, dI, 0, 0};  // (paged_step only uses latent + rope as the pool width)
       const PagedStep p = paged_step(c.rng, d, 0, bt, {{1, 37}, {3, 100}, {1, 1}, {2, 9}, {1, 300}}, 0);
@@ -969,6 +970,34 @@ void moe_group_case(CaseCtx& c) {
         return Outs{A.ints("offsets", off, static_cast<size_t>(E + 1)),
                     A.ints("token", tok, static_cast<size_t>(M * K)),
                     A.floats("weight", pw, static_cast<size_t>(M * K), kExact)};
+      });
+    }
+}
+
+// The experts' combine from a grouping: y = 0 + each token's pairs in ascending expert order (moe_group first, on
+// the backend under test), exact; one token chose an expert twice.
+void moe_combine_case(CaseCtx& c, DType t) {
+  for (int64_t M : {1, 7, 300})
+    for (int64_t D : {5, 1030}) {
+      const int64_t E = 64, K = 8;
+      std::vector<int32_t> ids(static_cast<size_t>(M * K));
+      for (int64_t m = 0; m < M; ++m) {
+        std::vector<int32_t> e(static_cast<size_t>(E));
+        std::iota(e.begin(), e.end(), 0);
+        std::shuffle(e.begin(), e.end(), c.rng.g);
+        for (int64_t k = 0; k < K; ++k) ids[static_cast<size_t>(m * K + k)] = e[static_cast<size_t>(k)];
+      }
+      ids[static_cast<size_t>((M - 1) * K + 5)] = ids[static_cast<size_t>((M - 1) * K + 2)];
+      const std::vector<float> w = c.rng.normals(M * K), x = c.rng.normals(M * K * D), y0 = c.rng.normals(M * D);
+      c.check("M " + S(M) + " D " + S(D), [&](Arena& A) {
+        int64_t* off = A.out<int64_t>(static_cast<size_t>(E + 1));
+        int32_t* tok = A.out<int32_t>(static_cast<size_t>(M * K));
+        float* pw = A.out<float>(static_cast<size_t>(M * K));
+        const int32_t* id = A.up(ids);
+        A.be.moe_group(id, A.up(w), M, K, E, off, tok, pw);
+        const Tensor yt = A.up(y0, t, M, D);  // overwritten
+        A.be.moe_combine(A.up(x, t, M * K, D), id, K, off, tok, pw, yt);
+        return Outs{A.exact("y", yt)};
       });
     }
 }
@@ -1356,6 +1385,7 @@ std::vector<OpCase> build() {
   add("router/grouped_bias", [](CaseCtx& c) { router_case(c, true, true); });
   for (DType t : kDtypes) add("scatter_add_weighted/" + dn(t), [t](CaseCtx& c) { scatter_case(c, t); });
   add("moe_group", [](CaseCtx& c) { moe_group_case(c); });
+  for (DType t : kDtypes) add("moe_combine/" + dn(t), [t](CaseCtx& c) { moe_combine_case(c, t); });
 
   for (DType t : kDtypes) add("kv_store_gather_copy/" + dn(t), [t](CaseCtx& c) { kv_case(c, t); });
 

@@ -410,8 +410,14 @@ class CudaBackend final : public Backend {
   }
   void indexer_scores_paged(const Tensor& q, const Tensor& w, const KvPool& pool, const StepSeqs& seqs, int64_t r0,
                             int64_t n_heads, float scale, const int64_t* q_pos, int64_t T, float* scores) override {
-    cuda::launch_indexer_scores_paged(cuda::tview(q), cuda::tview(w), pool, seqs, r0, q.rows, n_heads, pool.width,
-                                      scale, q_pos, T, scores, stream_);
+    if (tc_indexer && tc_dispatch &&
+        cuda::launch_indexer_tc(cuda::tview(q), cuda::tview(w), pool, seqs, r0, q.rows, n_heads,
+                                q.cols / std::max<int64_t>(n_heads, 1), scale, q_pos, T, scores, stream_)) {
+      ++tc_indexer_calls;
+    } else {
+      cuda::launch_indexer_scores_paged(cuda::tview(q), cuda::tview(w), pool, seqs, r0, q.rows, n_heads, pool.width,
+                                        scale, q_pos, T, scores, stream_);
+    }
     check_launch("indexer_scores_paged");
   }
   void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
@@ -432,6 +438,13 @@ class CudaBackend final : public Backend {
     check_launch("scatter_add_weighted");
   }
 
+  void moe_combine(const Tensor& x, const int32_t* ids, int64_t K, const int64_t* offsets, const int32_t* token,
+                   const float* weight, const Tensor& y) override {
+    if (!cuda::launch_moe_combine(cuda::tview(x), ids, y.rows, K, offsets, token, weight, y.cols, cuda::tview(y),
+                                  stream_))
+      return Backend::moe_combine(x, ids, K, offsets, token, weight, y);
+    check_launch("moe_combine");
+  }
   void moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
                  int32_t* token, float* weight) override {
     cuda::launch_moe_group(ids, weights, M, K, E, offsets, token, weight, stream_);
@@ -539,6 +552,8 @@ class CudaBackend final : public Backend {
   bool tile_grouped = true;
   bool flash_prefill = true;  // cuda_set_flash_prefill (cuda_backend.h)
   int64_t flash_calls = 0;
+  bool tc_indexer = true;  // cuda_set_tc_indexer (cuda_backend.h)
+  int64_t tc_indexer_calls = 0;
   static constexpr int64_t kTileDefaults[4] = {1, 0, 33, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
   int64_t tile_bf16_min = kTileDefaults[0], tile_bf16_max = kTileDefaults[1], tile_fp8_min = kTileDefaults[2],
           tile_fp8_max = kTileDefaults[3];
@@ -888,6 +903,15 @@ void cuda_set_flash_prefill(Backend& be, bool on) {
 int64_t cuda_flash_prefill_calls(const Backend& be) {
   const auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->flash_calls : -1;
+}
+
+void cuda_set_tc_indexer(Backend& be, bool on) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->tc_indexer = on;
+}
+
+int64_t cuda_tc_indexer_calls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->tc_indexer_calls : -1;
 }
 
 bool cuda_tc_dispatch(const Backend& be) {

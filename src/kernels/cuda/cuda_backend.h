@@ -62,5 +62,10 @@ void cuda_reset_stc_rows(Backend& be);
 // calls the tensor-core kernel took.
 void cuda_set_flash_prefill(Backend& be, bool on);
 int64_t cuda_flash_prefill_calls(const Backend& be);
+// The DSA indexer's scores on tensor cores (cuda_indexer.cu) for bf16 queries over a bf16 key pool at head_dim 128
+// with 32 or 64 index heads (GLM-5, DeepSeek-V3.2); on by default (with the tensor-core dispatch), off: the CUDA-core
+// kernel. Counter: the calls the tensor-core kernel took.
+void cuda_set_tc_indexer(Backend& be, bool on);
+int64_t cuda_tc_indexer_calls(const Backend& be);
 
 }  // namespace latent

@@ -64,6 +64,52 @@ __global__ void __launch_bounds__(kGroupThreads)
   }
 }
 
+// moe_combine per token: block per (token m, column range). Pair (m, k) of expert e sits in e's group
+// [offsets[e], offsets[e+1]), whose tokens ascend: at the lower bound of m there, plus the slots k' < k of m that
+// chose e too. m's K positions, sorted ascending (= ascending expert, the grouped order), are added into a zero row
+// exactly as scatter_add_weighted adds them (y = R(y + R(w · x)) per pair).
+constexpr int kCombineMaxK = 64;
+__global__ void __launch_bounds__(256)
+    moe_combine_kernel(TView x, const int32_t* ids, int64_t K, const int64_t* offsets, const int32_t* token,
+                       const float* weight, int64_t D, TView y) {
+  __shared__ int64_t raw[kCombineMaxK], sorted[kCombineMaxK];
+  const int64_t m = blockIdx.x;
+  if (threadIdx.x < K) {
+    const int64_t k = threadIdx.x;
+    const int32_t e = ids[m * K + k];
+    int64_t lo = offsets[e], hi = offsets[e + 1];
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (token[mid] < m)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    for (int64_t k2 = 0; k2 < k; ++k2) lo += ids[m * K + k2] == e;
+    raw[k] = lo;
+  }
+  __syncthreads();
+  if (threadIdx.x < K) {
+    const int64_t v = raw[threadIdx.x];
+    int rank = 0;
+    for (int64_t u = 0; u < K; ++u) rank += raw[u] < v;
+    sorted[rank] = v;
+  }
+  __syncthreads();
+  const bool bf16 = y.bf16 != 0;
+  for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < D;
+       j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t i = sorted[k];
+      const float p = __fmul_rn(weight[i], tget(x, i, j));
+      acc = __fadd_rn(acc, bf16 ? bf16r(p) : p);
+      if (bf16) acc = bf16r(acc);
+    }
+    tset(y, m, j, acc);
+  }
+}
+
 __global__ void gather_rows_kernel(TView src, const int32_t* rows, int64_t n, int64_t D, TView dst) {
   LATENT_GRID_STRIDE(i, n * D) tset(dst, i / D, i % D, tget(src, rows[i / D], i % D));
 }
@@ -107,6 +153,15 @@ void launch_moe_group(const int32_t* ids, const float* weights, int64_t M, int64
   moe_count_kernel<<<1, kGroupThreads, static_cast<size_t>(E) * sizeof(unsigned int), st>>>(ids, n, E, offsets);
   if (n > 0)
     moe_place_kernel<<<static_cast<unsigned>(E), kGroupThreads, 0, st>>>(ids, weights, n, K, offsets, token, weight);
+}
+
+bool launch_moe_combine(TView x, const int32_t* ids, int64_t M, int64_t K, const int64_t* offsets, const int32_t* token,
+                        const float* weight, int64_t D, TView y, cudaStream_t st) {
+  if (K > kCombineMaxK || K < 1) return false;
+  if (M <= 0 || D <= 0) return true;
+  const dim3 grid(static_cast<unsigned>(M), static_cast<unsigned>(std::min<int64_t>((D + 255) / 256, 32)));
+  moe_combine_kernel<<<grid, 256, 0, st>>>(x, ids, K, offsets, token, weight, D, y);
+  return true;
 }
 
 void launch_gather_rows(TView src, const int32_t* rows, int64_t n, int64_t D, TView dst, cudaStream_t st) {

@@ -121,6 +121,11 @@ void launch_router(const float* logits, const float* bias, int64_t M, const Rout
                    float* weights, cudaStream_t st);
 void launch_scatter_add_weighted(TView x, const int32_t* token, const float* weight, int64_t n, int64_t D, TView y,
                                  cudaStream_t st);
+// indexer_scores_paged on tensor cores (cuda_indexer.cu): bf16 q and pool, head_dim 128, 32 or 64 heads, 16-byte
+// aligned rows; false (nothing launched) otherwise.
+bool launch_indexer_tc(TView q, TView w, const KvPool& pool, const StepSeqs& seqs, int64_t r0, int64_t n,
+                       int64_t n_heads, int64_t head_dim, float scale, const int64_t* q_pos, int64_t T, float* scores,
+                       cudaStream_t st);
 // scratch: at least topk_scratch_bytes(S, k) bytes of device memory (used when k does not fit shared memory).
 size_t topk_scratch_bytes(int64_t S, int64_t k);
 void launch_topk_select(const float* scores, int64_t S, int64_t T, int64_t k, const int64_t* q_pos, int32_t* sel,
@@ -139,6 +144,9 @@ void launch_sample_rows(float* logits, int64_t rows, int64_t V, const SampleRowP
 // ---- data movement / paged cache (cuda_data.cu) ----
 void launch_moe_group(const int32_t* ids, const float* weights, int64_t M, int64_t K, int64_t E, int64_t* offsets,
                       int32_t* token, float* weight, cudaStream_t st);
+// Backend::moe_combine from the grouping (false, nothing launched: K > 64, the caller falls back).
+bool launch_moe_combine(TView x, const int32_t* ids, int64_t M, int64_t K, const int64_t* offsets, const int32_t* token,
+                        const float* weight, int64_t D, TView y, cudaStream_t st);
 void launch_gather_rows(TView src, const int32_t* rows, int64_t n, int64_t D, TView dst, cudaStream_t st);
 void launch_scale(TView x, int64_t rows, int64_t cols, float s, cudaStream_t st);
 void launch_fill(TView x, int64_t rows, int64_t cols, float v, cudaStream_t st);

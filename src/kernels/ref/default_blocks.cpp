@@ -55,8 +55,7 @@ void Backend::moe_experts(const MoeLayer& L, const Tensor& x, const MoeScratch& 
   glu.glu = L.w_gate + e0;
   grouped_matmul(L.w_up + e0, e1 - e0, s.offsets + e0, xs, eg, glu);  // SiLU(x·Wgᵀ) ⊙ (x·Wuᵀ)
   grouped_matmul(L.w_down + e0, e1 - e0, s.offsets + e0, eg, ed);
-  fill(y, 0.0f);
-  scatter_add_weighted(ed, s.token, s.pair_w, y);
+  moe_combine(ed, s.ids, K, s.offsets, s.token, s.pair_w, y);
   if (include_shared && L.shared_up) {
     const Tensor sh = s.sh.with_rows(M);
     Epilogue sg;
@@ -66,6 +65,12 @@ void Backend::moe_experts(const MoeLayer& L, const Tensor& x, const MoeScratch& 
     res.residual = &y;
     matmul(*L.shared_down, sh, y, res);  // y = R(routed + R(shared))
   }
+}
+
+void Backend::moe_combine(const Tensor& x, const int32_t*, int64_t, const int64_t*, const int32_t* token,
+                          const float* weight, const Tensor& y) {
+  fill(y, 0.0f);
+  scatter_add_weighted(x, token, weight, y);
 }
 
 void Backend::moe_ffn(const MoeLayer& L, const Tensor& x, const MoeScratch& s, const Tensor& y, bool include_shared) {
