@@ -425,7 +425,8 @@ void embedding_codes_case(CaseCtx& c) {
 // Norms and elementwise
 // ---------------------------------------------------------------------------------------------------------------
 void rms_norm_case(CaseCtx& c, DType t) {
-  for (int64_t D : {1, 7, 64, 1023, 4099})
+  // (Row lengths of each of the CUDA kernel's register forms, 4 / 8 / 32 values per thread, and one past them.)
+  for (int64_t D : {1, 7, 64, 1023, 1536, 4099, 9000})
     for (int64_t M : {1, 2, 5, 17}) {
       const std::vector<float> x = c.rng.normals(M * D, 3.0f), w = c.rng.normals(D);
       c.check("in place D " + S(D) + " M " + S(M), [&](Arena& A) {
@@ -450,7 +451,7 @@ void rms_norm_case(CaseCtx& c, DType t) {
 }
 
 void add_rms_norm_case(CaseCtx& c, DType t) {
-  for (int64_t D : {1, 64, 1023})
+  for (int64_t D : {1, 64, 1023, 6144, 9000})
     for (int64_t M : {1, 5, 17}) {
       const std::vector<float> h = c.rng.normals(M * D, 3.0f), d = c.rng.normals(M * D), w = c.rng.normals(D);
       c.check("D " + S(D) + " M " + S(M), [&](Arena& A) {

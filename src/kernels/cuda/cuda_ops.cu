@@ -27,10 +27,60 @@ __device__ __forceinline__ void rms_norm_row(TView x, const float* w, int64_t m,
   }
 }
 
+// The same row with its elements held in registers (PER per thread: D <= PER · kNormThreads): every load of the row
+// is issued before the first use, where the loop above waits for each in turn (a one-row norm is all latency). The
+// same per-thread order of the sums and the same products: the same bits. ADD: h = R(h + delta) first (stored, and
+// normalized from the rounded registers, as the loop form reads h back).
+template <int PER, bool ADD>
+__device__ __forceinline__ void rms_norm_row_reg(TView x, TView delta, const float* w, int64_t m, int64_t D, float eps,
+                                                 TView y, double* sh) {
+  float v[PER];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+    v[j] = i < D ? tget(x, m, i) : 0.0f;
+  }
+  if constexpr (ADD) {
+    const bool hb = x.bf16 != 0;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+      if (i < D) {
+        const float s = __fadd_rn(v[j], tget(delta, m, i));
+        v[j] = hb ? bf16r(s) : s;
+        tset(x, m, i, s);
+      }
+    }
+  }
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const double d = v[j];
+    if (threadIdx.x + static_cast<int64_t>(j) * kNormThreads < D) ss += d * d;
+  }
+  ss = block_sum_d(ss, sh);
+  const double r = 1.0 / sqrt(ss / static_cast<double>(D) + static_cast<double>(eps));
+  const bool bf16 = y.bf16 != 0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+    if (i >= D) continue;
+    float n = static_cast<float>(v[j] * r);
+    if (bf16) n = bf16r(n);
+    tset(y, m, i, __fmul_rn(n, w[i]));
+  }
+}
+
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(TView x, const float* w, int64_t D, float eps, TView y) {
   __shared__ double sh[32];
   rms_norm_row(x, w, blockIdx.x, D, eps, y, sh);
+}
+template <int PER>
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_reg_kernel(TView x, const float* w, int64_t D, float eps, TView y) {
+  __shared__ double sh[32];
+  rms_norm_row_reg<PER, false>(x, TView{}, w, blockIdx.x, D, eps, y, sh);
 }
 
 // h = R(h + delta), then y = rms_norm(h): each thread first updates its own elements of h (read back below by the
@@ -41,6 +91,12 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t m = blockIdx.x;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) tset(h, m, i, __fadd_rn(tget(h, m, i), tget(delta, m, i)));
   rms_norm_row(h, w, m, D, eps, y, sh);
+}
+template <int PER>
+__global__ void __launch_bounds__(kNormThreads)
+    add_rms_norm_reg_kernel(TView h, TView delta, const float* w, int64_t D, float eps, TView y) {
+  __shared__ double sh[32];
+  rms_norm_row_reg<PER, true>(h, delta, w, blockIdx.x, D, eps, y, sh);
 }
 
 __global__ void __launch_bounds__(kNormThreads)
@@ -505,15 +561,31 @@ int64_t pow2_at_least(int64_t v) {
 
 }  // namespace
 
+// Rows of up to 32 · kNormThreads elements (8,192: every hidden size of the supported models) take the register
+// form, with as few registers per thread as the row needs.
 void launch_rms_norm(TView x, const float* w, int64_t M, int64_t D, float eps, TView y, cudaStream_t st) {
   if (M <= 0 || D <= 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(x, w, D, eps, y);
+  const unsigned g = static_cast<unsigned>(M);
+  if (D <= 4 * kNormThreads)
+    rms_norm_reg_kernel<4><<<g, kNormThreads, 0, st>>>(x, w, D, eps, y);
+  else if (D <= 8 * kNormThreads)
+    rms_norm_reg_kernel<8><<<g, kNormThreads, 0, st>>>(x, w, D, eps, y);
+  else if (D <= 32 * kNormThreads)
+    rms_norm_reg_kernel<32><<<g, kNormThreads, 0, st>>>(x, w, D, eps, y);
+  else
+    rms_norm_kernel<<<g, kNormThreads, 0, st>>>(x, w, D, eps, y);
 }
 
 void launch_add_rms_norm(TView h, TView delta, const float* w, int64_t M, int64_t D, float eps, TView y,
                          cudaStream_t st) {
   if (M <= 0 || D <= 0) return;
-  add_rms_norm_kernel<<<static_cast<unsigned>(M), kNormThreads, 0, st>>>(h, delta, w, D, eps, y);
+  const unsigned g = static_cast<unsigned>(M);
+  if (D <= 8 * kNormThreads)
+    add_rms_norm_reg_kernel<8><<<g, kNormThreads, 0, st>>>(h, delta, w, D, eps, y);
+  else if (D <= 32 * kNormThreads)
+    add_rms_norm_reg_kernel<32><<<g, kNormThreads, 0, st>>>(h, delta, w, D, eps, y);
+  else
+    add_rms_norm_kernel<<<g, kNormThreads, 0, st>>>(h, delta, w, D, eps, y);
 }
 
 void launch_layer_norm(TView x, const float* w, const float* b, int64_t M, int64_t D, float eps, TView y,
