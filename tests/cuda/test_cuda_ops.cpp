@@ -316,13 +316,29 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
     }
     return ops::norm_err(a.data(), b.data(), a.size());
   };
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 128}, {37, 1152}, {300, 6144}}) {
+  // Scale bytes: random in [118, 130] with rows 0-2 special (tiny, above 128, alternating 128 / 129), or (`low`:
+  // the usual case of real checkpoints) all at most 128 but in rows 16-31, so that the kernel's path without the
+  // second multiply runs for whole chunks and the other path for another row tile of the same call.
+  struct MxShape {
+    int64_t rows, cols;
+    bool low;
+  };
+  for (const MxShape& sh :
+       {MxShape{16, 128, false}, MxShape{37, 1152, false}, MxShape{300, 6144, false}, MxShape{300, 6144, true}}) {
+    const int64_t rows = sh.rows, cols = sh.cols;
     HostWeight w = ops::make_weight(Fmt::Mxfp4, rows, cols, rng);
     const int64_t sc = cols / 32;
-    for (int64_t b = 0; b < sc; ++b) {
-      w.scale[static_cast<size_t>(1 + 0 * sc + b)] = 20;   // 2^-107
-      w.scale[static_cast<size_t>(1 + 1 * sc + b)] = 140;  // 2^13: scale bytes above 128
-      w.scale[static_cast<size_t>(1 + 2 * sc + b)] = static_cast<uint8_t>(b % 2 ? 129 : 128);
+    if (sh.low) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < sc; ++b)
+          w.scale[static_cast<size_t>(1 + r * sc + b)] =
+              static_cast<uint8_t>(r >= 16 && r < 32 ? 129 + (r + b) % 3 : 100 + (r * 7 + b) % 29);
+    } else {
+      for (int64_t b = 0; b < sc; ++b) {
+        w.scale[static_cast<size_t>(1 + 0 * sc + b)] = 20;   // 2^-107
+        w.scale[static_cast<size_t>(1 + 1 * sc + b)] = 140;  // 2^13: scale bytes above 128
+        w.scale[static_cast<size_t>(1 + 2 * sc + b)] = static_cast<uint8_t>(b % 2 ? 129 : 128);
+      }
     }
     for (int64_t M : {1, 5, 8, 9, 16}) {
       const std::vector<float> x = rng.normals(M * cols);
@@ -341,7 +357,7 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
         gpu().matmul(wd, xd, y);
         const std::vector<float> got = A.down(y);
         const std::string what = "rows " + std::to_string(rows) + " cols " + std::to_string(cols) + " M " +
-                                 std::to_string(M) + " y " + ops::dtype_label(yt);
+                                 std::to_string(M) + " y " + ops::dtype_label(yt) + (sh.low ? " low scales" : "");
         EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0 + 1) << what;
         const double tol = ops::tol_for(yt), e = ops::norm_err(got.data(), want.data(), want.size());
         ops::record_summary(std::string("cuda-only/matmul_mxfp4_tc/") + ops::dtype_label(yt), "cuda", e, tol);
@@ -363,12 +379,18 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
     gpu().matmul(wd, xf, yf);
     EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0) << "fp32 x took the bf16 tensor-core kernel";
   }
-  // Grouped (decode experts): every group MXFP4 takes it; one BF16 weight in the table keeps the exact kernels.
-  for (bool mixed : {false, true}) {
+  // Grouped (decode experts): every group MXFP4 takes it; one BF16 weight in the table keeps the exact kernels;
+  // (variant 2) every scale byte at most 128 but one expert's.
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool mixed = variant == 1;
     const int64_t G = 6, rows = 40, cols = 256;
     std::vector<HostWeight> ws;
-    for (int64_t g = 0; g < G; ++g)
+    for (int64_t g = 0; g < G; ++g) {
       ws.push_back(ops::make_weight(mixed && g == 3 ? Fmt::BF16 : Fmt::Mxfp4, rows, cols, rng));
+      if (variant == 2)
+        for (size_t i = 1; i < ws.back().scale.size(); ++i)
+          ws.back().scale[i] = static_cast<uint8_t>(g == 4 ? 129 + i % 3 : 100 + i % 29);
+    }
     const std::vector<int64_t> off = {0, 1, 1, 4, 13, 30, 31};
     const std::vector<float> x = rng.normals(off.back() * cols);
     const std::vector<float> want = ref_grouped(ws, off, x, rows, cols, DType::BF16);
@@ -381,7 +403,7 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
     const int64_t n0 = cuda_mx_tc_matmuls(gpu());
     gpu().grouped_matmul(wp.data(), G, A.up(off), xd, y);
     EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0 + (mixed ? 0 : 1)) << (mixed ? "mixed" : "mxfp4");
-    EXPECT_LE(ops::norm_err(A.down(y).data(), want.data(), want.size()), ops::kTolBf16) << mixed;
+    EXPECT_LE(ops::norm_err(A.down(y).data(), want.data(), want.size()), ops::kTolBf16) << "variant " << variant;
     // SwiGLU (the gate table = the up table reversed): one tensor-core call counted when every weight is MXFP4,
     // equal bit for bit to the gate rows and up with the gate epilogue (FusedEpilogueEqualsUnfused checks that the
     // unfused ops compose to it).
@@ -398,7 +420,8 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
     eu.gate = &g;
     gpu().grouped_matmul(wp.data(), G, A.up(off), xd, yu, eu);
     const std::vector<float> a = A.down(yg), b = A.down(yu);
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << mixed << " SwiGLU fused != unfused";
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+        << "variant " << variant << " SwiGLU fused != unfused";
   }
 }
 

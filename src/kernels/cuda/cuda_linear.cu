@@ -410,22 +410,24 @@ constexpr int kMxChunks = 4;  // 128-column chunks of weights in flight per lane
 
 // The A fragments of one 16-column step s of a chunk (rows g and g + 8 of a 16-row tile) and its mma with every
 // n-tile's activations.
-template <int NT>
+// POST false: no lane's scale byte of this chunk is above 128 (the usual case: weights well under 2 in magnitude),
+// so the second multiply is left out — the same values.
+template <int NT, bool POST = true>
 __device__ __forceinline__ void mx_tc_step(int s, const uint4& wa, const uint4& wb, uint32_t ma, uint32_t posta,
                                            uint32_t mbm, uint32_t postb, const uint32_t (&xr)[NT][16],
                                            float (&c)[NT][4]) {
   const uint32_t wwa = word_of(wa, s >> 1), wwb = word_of(wb, s >> 1);
   uint32_t a0, a1, a2, a3;
   if (s & 1) {
-    a0 = mx_a<2>(wwa, ma, posta);
-    a1 = mx_a<2>(wwb, mbm, postb);
-    a2 = mx_a<3>(wwa, ma, posta);
-    a3 = mx_a<3>(wwb, mbm, postb);
+    a0 = mx_a<2, POST>(wwa, ma, posta);
+    a1 = mx_a<2, POST>(wwb, mbm, postb);
+    a2 = mx_a<3, POST>(wwa, ma, posta);
+    a3 = mx_a<3, POST>(wwb, mbm, postb);
   } else {
-    a0 = mx_a<0>(wwa, ma, posta);
-    a1 = mx_a<0>(wwb, mbm, postb);
-    a2 = mx_a<1>(wwa, ma, posta);
-    a3 = mx_a<1>(wwb, mbm, postb);
+    a0 = mx_a<0, POST>(wwa, ma, posta);
+    a1 = mx_a<0, POST>(wwb, mbm, postb);
+    a2 = mx_a<1, POST>(wwa, ma, posta);
+    a3 = mx_a<1, POST>(wwb, mbm, postb);
   }
   const int a = 4 * (s >> 1) + (s & 1);
 #pragma unroll
@@ -501,13 +503,24 @@ __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m
           }
         uint32_t posta, postb;
         const uint32_t ma = mx_mult(ea[j], posta), mbm = mx_mult(eb[j], postb);
+        // (One token pass only: two copies of the steps cost the NT = 2 kernel its second block per SM.)
+        if (NT > 1 || __any_sync(0xFFFFFFFFu, (posta | postb) != 0u)) {
 #pragma unroll
-        for (int s = 0; s < 8; ++s) mx_tc_step<NT>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
+          for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
+        } else {
+#pragma unroll
+          for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
+        }
         if constexpr (GLU) {
           uint32_t pga, pgb;
           const uint32_t mga = mx_mult(fa[j], pga), mgb = mx_mult(fb[j], pgb);
+          if (NT > 1 || __any_sync(0xFFFFFFFFu, (pga | pgb) != 0u)) {
 #pragma unroll
-          for (int s = 0; s < 8; ++s) mx_tc_step<NT>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
+            for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
+          } else {
+#pragma unroll
+            for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
+          }
         }
       }
     }
@@ -1086,7 +1099,7 @@ void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinE
 
 void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows,
                               const int64_t* offsets, TView x, TView y, const LinEpi& e, TView gtmp, void* scratch,
-                              cudaStream_t st) {
+                              cudaStream_t st, bool tile, int tile_fmt, int gate_tile_fmt) {
   if (n_groups <= 0 || rows <= 0) return;
   if (!mx_tc_x(x)) {  // activations the tensor-core loads cannot take: the two passes on the exact kernels
     launch_grouped_small(gtable, n_groups, rows, 0, offsets, x, gtmp, LinEpi{}, scratch, st, false);
@@ -1101,15 +1114,20 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
   const unsigned grid = static_cast<unsigned>(sm_count() * 8);
   const auto* xb = static_cast<const uint16_t*>(x.p);
   const int64_t tiles = (rows + 15) / 16;
-  // Classes 0 and 1: gate and up in one pass; class 2 (more than 16 tokens): the gate into gtmp, then up with it.
+  // Classes 0 and 1: gate and up in one pass; class 2 (more than 16 tokens): the gate into gtmp, then up with it,
+  // on the kernel launch_grouped_small gives class 2 (the tiled kernel where it takes the table), so that this call
+  // equals the unfused pair (gate rows, then up with the gate epilogue) bit for bit.
   mx_tc_grouped_kernel<1, true>
       <<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 0, 2, tiles, xb, x.ld, small_out(y, e), gtable);
-  mx_tc_grouped_kernel<2><<<grid, 256, 0, st>>>(gtable, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld,
-                                                small_out(gtmp, LinEpi{}));
+  auto class2 = [&](const WDesc* t, int fmt, const SmallOut& o) {
+    if (!tile || fmt != kFmtMxfp4 || !stc_x_ok(x) ||
+        !launch_grouped_tile(t, n_groups, rows, offsets, x, o, lists, counts, st, kFmtMxfp4))
+      mx_tc_grouped_kernel<2><<<grid, 256, 0, st>>>(t, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, o);
+  };
+  class2(gtable, gate_tile_fmt, small_out(gtmp, LinEpi{}));
   LinEpi eu = e;
   eu.gate = gtmp;
-  mx_tc_grouped_kernel<2>
-      <<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, small_out(y, eu));
+  class2(table, tile_fmt, small_out(y, eu));
 }
 
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,

@@ -63,10 +63,11 @@ void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinE
 // SwiGLU over MXFP4 experts with bf16 x (every weight of table and gtable passing mx_tc_ok): y = SiLU(x·Gᵀ) ·
 // (x·Uᵀ) with e's bias / residual, as launch_grouped_small of the gate into gtmp and then of up with gate = gtmp
 // computes it, bit for bit; groups of ≤ 16 tokens read both weights in one pass (gtmp untouched), larger ones
-// through gtmp ([R, N], y's dtype).
+// through gtmp ([R, N], y's dtype) on the kernels launch_grouped_small takes for them (tile, tile_fmt and
+// gate_tile_fmt as it gets them for the up and the gate table).
 void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows,
                               const int64_t* offsets, TView x, TView y, const LinEpi& e, TView gtmp, void* scratch,
-                              cudaStream_t st);
+                              cudaStream_t st, bool tile, int tile_fmt, int gate_tile_fmt);
 // stc: every listed weight passes stc_ok and x passes stc_x_ok: the BF16 / FP8 tensor-core kernels below; with
 // tile, its groups of more than 16 tokens on the tiled kernel (any number of rows: prefill too); tile_fmt: the
 // table's one weight format (WeightFormat; FP8 per tensor and per channel count as one), or -2 when it mixes them.

@@ -118,10 +118,11 @@ __device__ __forceinline__ uint32_t mx_mult(uint32_t e, uint32_t& post) {
     post = (e << 7) | (e << 23);  // 2^(e-127)
   return m | (m << 16);
 }
-template <int I>
+template <int I, bool POST = true>
 __device__ __forceinline__ uint32_t mx_a(uint32_t w, uint32_t m, uint32_t post) {
   uint32_t v = bf16x2_mul(mx_pair_bits<I>(w), m);
-  if (post) v = bf16x2_mul(v, post);
+  if constexpr (POST)
+    if (post) v = bf16x2_mul(v, post);
   return v;
 }
 
