@@ -722,8 +722,9 @@ bool launch_mla_naive(const MlaDims& d, TView q, TView kvb, TView k_pe, int64_t 
   // bf16, the head sizes of the published checkpoints (and 128 / 64), 16-byte aligned rows, a DSA selection only
   // with the bitmap scratch: tensor cores.
   auto al = [](const TView& v) { return v.bf16 && (reinterpret_cast<uintptr_t>(v.p) & 15) == 0 && v.ld % 8 == 0; };
-  if (flash && (!sel.sel || mask_ws) && al(q) && al(kvb) && al(k_pe) && o.bf16 && d.nope % 8 == 0 && d.rope % 8 == 0 &&
-      T > 0) {
+  const bool dims = (d.qk() == 192 && d.v == 128) || (d.qk() == 256 && d.v == 256) || (d.qk() == 128 && d.v == 64);
+  if (flash && dims && (!sel.sel || mask_ws) && al(q) && al(kvb) && al(k_pe) && o.bf16 && d.nope % 8 == 0 &&
+      d.rope % 8 == 0 && T > 0) {
     const dim3 grid(static_cast<unsigned>((S + kFaQ - 1) / kFaQ), static_cast<unsigned>(d.n_heads));
     const int64_t mwords = (T + 31) / 32;
     const uint32_t* mask = nullptr;
