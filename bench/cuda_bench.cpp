@@ -24,6 +24,7 @@
 #include "counting_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "quant/float_formats.h"
 #include "runtime/sampler.h"
 
@@ -724,7 +725,16 @@ void bench_prefill_model(Model& m, bench::CountingBackend& be, const std::vector
     const double H = static_cast<double>(c.num_attention_heads),
                  dqk = static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim),
                  dv = static_cast<double>(c.v_head_dim), N = static_cast<double>(n);
-    const double attn = 2.0 * H * (dqk + dv) * N * (N + 1) / 2.0 * static_cast<double>(c.num_hidden_layers);
+    // Keys a query attends to: every earlier one, or (DSA) at most index_topk; the indexer scores every earlier key
+    // on its layers (those FLOPs counted in `flop`, not in the attention share).
+    double keys = 0, causal = N * (N + 1) / 2.0;
+    for (int64_t p = 0; p < n; ++p)
+      keys += static_cast<double>(c.has_indexer() ? std::min<int64_t>(p + 1, c.index_topk) : p + 1);
+    double idx = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      if (n > c.index_topk && layer_has_own_indexer(c, l))
+        idx += 2.0 * causal * static_cast<double>(c.index_n_heads * c.index_head_dim);
+    const double attn = 2.0 * H * (dqk + dv) * keys * static_cast<double>(c.num_hidden_layers);
     // Weights one prompt token multiplies (the naive form: kv_b expands every key once): MLA, the dense MLP or the
     // shared + top-k experts and the router per layer; the lm_head once per chunk, not counted.
     double params = 0;
@@ -739,12 +749,13 @@ void bench_prefill_model(Model& m, bench::CountingBackend& be, const std::vector
                           D * static_cast<double>(c.n_routed_experts)
                     : 3.0 * D * static_cast<double>(c.intermediate_size);
     }
-    const double flop = 2.0 * params * N + attn;
+    const double flop = 2.0 * params * N + attn + idx;
     std::printf(
         "prefill-model %6lld tokens (chunks of %lld): %9.1f ms  %9.1f tok/s  %7.1f TFLOP/s (%.1f%% of 790; "
-        "%.2f GFLOP/token of weights, attention %.1f%% of the FLOPs; %.2f GB read per decode token)\n",
+        "%.2f GFLOP/token of weights, attention %.1f%% and DSA indexer %.1f%% of the FLOPs; %.2f GB read per decode "
+        "token)\n",
         static_cast<long long>(n), static_cast<long long>(ch), s * 1e3, N / s, flop / s / 1e12,
-        100.0 * flop / s / 790e12, 2.0 * params / 1e9, 100.0 * attn / flop, w_tok / 1e9);
+        100.0 * flop / s / 790e12, 2.0 * params / 1e9, 100.0 * attn / flop, 100.0 * idx / flop, w_tok / 1e9);
     std::fflush(stdout);
     if (profile) {  // a third run, every op timed by CUDA events (the device synchronized around each)
       CudaEventTimer timer(be.inner());
