@@ -305,26 +305,35 @@ inline int64_t tile_rows(const QuantWeight& w) {
   return rb < 24 ? 24 : rb / 24 * 24;
 }
 
-// Activation rows [m0, m1) in tiles of MT rows, then one smaller tile.
+// Activation rows [m0, m1) in tiles of at most MT rows, as even as possible: 16 rows at MT = 5 go as 4 + 4 + 4 + 4,
+// not 5 + 5 + 5 + 1 (a 1-row tile streams the weight panel once more, as a GEMV, for a sixteenth of the work).
+// The tile shapes never change a result (one chain per output).
 template <class T, int MT>
 LT void mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
                  int64_t ldy) {
-  const int64_t K = w.cols;
-  for (; m0 + MT <= m1; m0 += MT) mm_rows<T, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
-  const float* x = xp + m0 * K;
-  float* ym = y + m0 * ldy;
-  switch (m1 - m0) {  // fewer than MT rows left
-    case 1: mm_rows<T, 1>(w, x, rs, re, ym, ldy); break;
-    case 2:
-      if constexpr (MT > 2) mm_rows<T, 2>(w, x, rs, re, ym, ldy);
-      break;
-    case 3:
-      if constexpr (MT > 3) mm_rows<T, 3>(w, x, rs, re, ym, ldy);
-      break;
-    case 4:
-      if constexpr (MT > 4) mm_rows<T, 4>(w, x, rs, re, ym, ldy);
-      break;
-    default: break;
+  static_assert(MT >= 1 && MT <= 5, "tiles of 1 to 5 activation rows");
+  const int64_t K = w.cols, R = m1 - m0, nt = (R + MT - 1) / MT;
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t rows = R / nt + (t < R % nt ? 1 : 0);
+    const float* x = xp + m0 * K;
+    float* ym = y + m0 * ldy;
+    switch (rows) {
+      case 1: mm_rows<T, 1>(w, x, rs, re, ym, ldy); break;
+      case 2:
+        if constexpr (MT >= 2) mm_rows<T, 2>(w, x, rs, re, ym, ldy);
+        break;
+      case 3:
+        if constexpr (MT >= 3) mm_rows<T, 3>(w, x, rs, re, ym, ldy);
+        break;
+      case 4:
+        if constexpr (MT >= 4) mm_rows<T, 4>(w, x, rs, re, ym, ldy);
+        break;
+      case 5:
+        if constexpr (MT >= 5) mm_rows<T, 5>(w, x, rs, re, ym, ldy);
+        break;
+      default: break;
+    }
+    m0 += rows;
   }
 }
 
