@@ -70,9 +70,19 @@ struct TBf16 {
     }
   }
 
-  // ah: see Ahead (kAheadDefault: decode tiles prefetch the next tile, prefill tiles nothing).
+  // ah: see Ahead (kAheadDefault: decode tiles prefetch the next tile, prefill tiles nothing). The default keeps
+  // its prefetch a compile-time choice (kShared false): a run-time test per group cost the M = 1 expert GEMV ~25 %
+  // (membw_bench --ops, 1 thread, Zen 4).
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
+    if (ah.rows == kAheadDefault)
+      tile_pf<MT, NT, false>(w, x, r, y, ldy, ah);
+    else
+      tile_pf<MT, NT, true>(w, x, r, y, ldy, ah);
+  }
+
+  template <int MT, int NT, bool kShared>
+  LTI static void tile_pf(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
     constexpr int W = V::W, G = 2 * W;
     const int64_t K = w.cols, KG = K / G * G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
@@ -80,15 +90,20 @@ struct TBf16 {
     // K = 1024, 512 B for a down projection) and NT rows are NT streams at once, too little for the hardware
     // prefetcher to ramp up on. The first activation tile of a panel prefetches the next panel's rows the same way.
     constexpr bool kDecode = MT < V::kBf16HoldX && MT < V::kBf16HoldW;
-    if (ah.rows == kAheadDefault) ah.rows = kDecode ? NT : 0;
-    const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(ah.rows * 2 * K);
-    int64_t wait = ah.phase;
+    const int64_t ahead_rows = kShared ? ah.rows : NT;
+    const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(ahead_rows * 2 * K);
+    [[maybe_unused]] int64_t wait = ah.phase;
     F acc[MT][NT];
 #pragma GCC unroll 32
     for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = V::zero();
     for (int64_t k = 0; k < KG; k += G) {
-      if (ah.rows > 0 && wait-- == 0) {
-        wait = ah.stride - 1;
+      if constexpr (kShared) {
+        if (ah.rows > 0 && wait-- == 0) {
+          wait = ah.stride - 1;
+#pragma GCC unroll 8
+          for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
+        }
+      } else if constexpr (kDecode) {
 #pragma GCC unroll 8
         for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
       }
@@ -154,8 +169,17 @@ struct TMx {
   static constexpr int nt(int mt) { return V::nt_mx(mt); }
   using F = typename V::F;
 
+  // ah: as TBf16's (the default: the next tile, a compile-time choice).
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
+    if (ah.rows == kAheadDefault)
+      tile_pf<MT, NT, false>(w, x, r, y, ldy, ah);
+    else
+      tile_pf<MT, NT, true>(w, x, r, y, ldy, ah);
+  }
+
+  template <int MT, int NT, bool kShared>
+  LTI static void tile_pf(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
     constexpr int W = V::W, BS = V::kMxBlocks;
     const int64_t K = w.cols, nb = K / 32;
     const typename V::MxC c = V::mx_const();
@@ -167,17 +191,17 @@ struct TMx {
     // tile reads 2·NT short streams at once (measured 4-5 -> 7.8 GB/s per core on Zen 3 for DRAM-resident 256 x 1024
     // weights, M = 1).
     // (ah: the next tile by default, the next panel's rows shared by the activation tiles of a panel.)
-    if (ah.rows == kAheadDefault) ah.rows = NT;
-    const uintptr_t pq = reinterpret_cast<uintptr_t>(q) + static_cast<uintptr_t>(ah.rows * (K / 2));
-    const uintptr_t ps = reinterpret_cast<uintptr_t>(sc) + static_cast<uintptr_t>(ah.rows * nb);
-    int64_t wait = ah.phase;
+    const int64_t ahead_rows = kShared ? ah.rows : NT;
+    const uintptr_t pq = reinterpret_cast<uintptr_t>(q) + static_cast<uintptr_t>(ahead_rows * (K / 2));
+    const uintptr_t ps = reinterpret_cast<uintptr_t>(sc) + static_cast<uintptr_t>(ahead_rows * nb);
+    [[maybe_unused]] int64_t wait = ah.phase;
     F acc[MT][NT];
 #pragma GCC unroll 32
     for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = V::zero();
     int64_t b = 0;
     for (; b + BS <= nb; b += BS) {
-      if (ah.rows > 0 && wait-- == 0) {
-        wait = ah.stride - 1;
+      if (!kShared || (ah.rows > 0 && wait-- == 0)) {
+        if (kShared) wait = ah.stride - 1;
 #pragma GCC unroll 8
         for (int j = 0; j < NT * 16 * BS; j += 64) prefetch_at(pq + static_cast<uintptr_t>(b * NT * 16 + j));
 #pragma GCC unroll 2
@@ -312,8 +336,7 @@ LT void mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re, fl
   constexpr int NT = T::nt(MT);
   int64_t r = rs;
   for (; r + NT <= re; r += NT) T::template tile<MT, NT>(w, x, r, y + (r - rs), ldy, ah);
-  const Ahead tail = ah.rows == kAheadDefault ? Ahead{1, 0, 1} : ah;
-  for (; r < re; ++r) T::template tile<MT, 1>(w, x, r, y + (r - rs), ldy, tail);
+  for (; r < re; ++r) T::template tile<MT, 1>(w, x, r, y + (r - rs), ldy, ah);
 }
 
 // Weight rows per panel when M needs several activation tiles: ~48 KiB, so the panel stays in L1/L2 while every tile
