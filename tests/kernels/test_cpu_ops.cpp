@@ -21,6 +21,7 @@
 #include "../ops/op_harness.h"
 #include "backend/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "quant/float_formats.h"
 
 namespace latent {
@@ -374,6 +375,80 @@ TEST(CpuOps, MlaAttentionAbsorbedPagedLongContext) {
           }
         }
       }
+    }
+  }
+}
+
+// The decode attention's small GEMMs (dot_rows, axpy_rows) of every ISA level against the scalar kernels on random
+// inputs, and their prefetch cursor: the same bits with and without one, and a SIMD kernel walks it to its end
+// when it has enough steps (the scalar kernels ignore it).
+TEST(CpuKernels, SmallGemmsAndPrefetchCursor) {
+  Rng rng(31);
+  const int64_t na = 13, n1 = 70, n2 = 19, nb = 37, lda = n1 + n2 + 5, n = 83, ldc = n + 3;
+  std::vector<float> a(static_cast<size_t>(na * lda)), keys(static_cast<size_t>(nb * (n1 + n2 + 1)));
+  for (float& v : a) v = rng.normal();
+  for (float& v : keys) v = rng.normal();
+  std::vector<uint16_t> keys_b(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) keys_b[i] = f32_to_bf16(keys[i]);
+  std::vector<const float*> b1(nb), b2(nb);
+  std::vector<const uint16_t*> h1(nb), h2(nb);
+  for (int64_t j = 0; j < nb; ++j) {
+    b1[static_cast<size_t>(j)] = keys.data() + j * (n1 + n2 + 1);
+    b2[static_cast<size_t>(j)] = b1[static_cast<size_t>(j)] + n1;
+    h1[static_cast<size_t>(j)] = keys_b.data() + j * (n1 + n2 + 1);
+    h2[static_cast<size_t>(j)] = h1[static_cast<size_t>(j)] + n1;
+  }
+  // The rows the cursor walks (any readable memory): 9 rows of 300 bytes.
+  std::vector<uint8_t> other(9 * 300 + 64);
+  std::vector<const void*> rows(9);
+  for (size_t r = 0; r < rows.size(); ++r) rows[r] = other.data() + 3 + r * 300;
+  std::vector<const cpu::Kernels*> levels = {&cpu::kernels_scalar()};
+  if (cpu_isa_supported(CpuIsa::Avx2)) levels.push_back(cpu::kernels_avx2());
+  if (cpu_isa_supported(CpuIsa::Avx512)) levels.push_back(cpu::kernels_avx512());
+  const cpu::Kernels& sc = cpu::kernels_scalar();
+  std::vector<float> want_s(static_cast<size_t>(na * nb)), want_sb(want_s.size());
+  sc.dot_rows_f32(a.data(), lda, na, b1.data(), b2.data(), n1, n2, nb, want_s.data(), nb, nullptr);
+  sc.dot_rows_bf16(a.data(), lda, na, h1.data(), h2.data(), n1, n2, nb, want_sb.data(), nb, nullptr);
+  std::vector<float> c0(static_cast<size_t>(na * ldc));
+  for (float& v : c0) v = rng.normal();
+  std::vector<float> want_c = c0, want_cb = c0;
+  sc.axpy_rows_f32(a.data(), lda, na, b1.data(), nb, n, want_c.data(), ldc, true, nullptr);
+  sc.axpy_rows_bf16(a.data(), lda, na, h1.data(), nb, n, want_cb.data(), ldc, true, nullptr);
+  for (const cpu::Kernels* k : levels) {
+    SCOPED_TRACE(k->name);
+    const bool simd = k != &sc;
+    for (bool bf : {false, true}) {
+      std::vector<float> s0(want_s.size()), s1(want_s.size());
+      cpu::PrefetchCursor pf{rows.data(), static_cast<int64_t>(rows.size()), 300, 0, 0};
+      if (bf) {
+        k->dot_rows_bf16(a.data(), lda, na, h1.data(), h2.data(), n1, n2, nb, s0.data(), nb, nullptr);
+        k->dot_rows_bf16(a.data(), lda, na, h1.data(), h2.data(), n1, n2, nb, s1.data(), nb, &pf);
+      } else {
+        k->dot_rows_f32(a.data(), lda, na, b1.data(), b2.data(), n1, n2, nb, s0.data(), nb, nullptr);
+        k->dot_rows_f32(a.data(), lda, na, b1.data(), b2.data(), n1, n2, nb, s1.data(), nb, &pf);
+      }
+      EXPECT_EQ(std::memcmp(s0.data(), s1.data(), sizeof(float) * s0.size()), 0) << "dot_rows bf16 " << bf;
+      if (simd) {
+        EXPECT_EQ(pf.row, static_cast<int64_t>(rows.size())) << "dot_rows bf16 " << bf;
+      }
+      const std::vector<float>& ws = bf ? want_sb : want_s;
+      EXPECT_LE(ops::norm_err(s0.data(), ws.data(), ws.size()), 1e-5) << "dot_rows bf16 " << bf;
+
+      std::vector<float> d0 = c0, d1 = c0;
+      pf = cpu::PrefetchCursor{rows.data(), static_cast<int64_t>(rows.size()), 300, 0, 0};
+      if (bf) {
+        k->axpy_rows_bf16(a.data(), lda, na, h1.data(), nb, n, d0.data(), ldc, true, nullptr);
+        k->axpy_rows_bf16(a.data(), lda, na, h1.data(), nb, n, d1.data(), ldc, true, &pf);
+      } else {
+        k->axpy_rows_f32(a.data(), lda, na, b1.data(), nb, n, d0.data(), ldc, true, nullptr);
+        k->axpy_rows_f32(a.data(), lda, na, b1.data(), nb, n, d1.data(), ldc, true, &pf);
+      }
+      EXPECT_EQ(std::memcmp(d0.data(), d1.data(), sizeof(float) * d0.size()), 0) << "axpy_rows bf16 " << bf;
+      if (simd) {
+        EXPECT_EQ(pf.row, static_cast<int64_t>(rows.size())) << "axpy_rows bf16 " << bf;
+      }
+      const std::vector<float>& wc = bf ? want_cb : want_c;
+      EXPECT_LE(ops::norm_err(d0.data(), wc.data(), wc.size()), 1e-5) << "axpy_rows bf16 " << bf;
     }
   }
 }

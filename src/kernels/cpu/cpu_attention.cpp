@@ -15,9 +15,12 @@ namespace latent::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kSub = 64;         // keys per sub-block (scores of all heads in L1, the keys in L1/L2)
-constexpr int64_t kChunkKeys = 512;  // a token's keys are split into chunks of at least this many
-constexpr int64_t kMaxChunks = 16;   // ... and at most this many chunks
+constexpr int64_t kSub = 64;  // keys per sub-block (scores of all heads in L1, the keys in L1/L2)
+// A token's keys are split into chunks of at least this many (fp32; bf16 activations: their own count, as several
+// chunks cost bf16 a second pass over the keys): 128 lets the threads share a context of a few hundred keys by
+// keys (each key read by one thread) rather than by heads (each thread reading every key).
+constexpr int64_t kChunkKeys = 128, kChunkKeysBf16 = 512;
+constexpr int64_t kMaxChunks = 16;  // ... and at most this many chunks
 
 template <class V>
 auto* sized(V& v, int64_t n) {
@@ -56,9 +59,10 @@ Call& call_scratch() {
 
 // Per worker thread.
 struct Work {
-  std::vector<const void*> pc, pr;
+  std::vector<const void*> pc, pr, pn;  // this sub-block's key parts; the next sub-block's rows (prefetched)
   AlignedVec<float> s, e, acc, m, l, panel, xp;
   std::vector<const float*> fptr;
+  PrefetchCursor next;  // over pn
   std::vector<const uint16_t*> hptr;
 };
 Work& work_scratch() {
@@ -66,12 +70,13 @@ Work& work_scratch() {
   return w;
 }
 
-void chunking(int64_t n, int64_t& per, int64_t& nc) {
+void chunking(int64_t n, bool bf16, int64_t& per, int64_t& nc) {
   if (n <= 0) {
     per = nc = 0;
     return;
   }
-  nc = std::min<int64_t>(kMaxChunks, (n + kChunkKeys - 1) / kChunkKeys);
+  const int64_t ck = bf16 ? kChunkKeysBf16 : kChunkKeys;
+  nc = std::min<int64_t>(kMaxChunks, (n + ck - 1) / ck);
   per = ((n + nc - 1) / nc + kSub - 1) / kSub * kSub;
   nc = (n + per - 1) / per;
 }
@@ -85,55 +90,79 @@ struct Ctx {
   int64_t H, dc, dr, dq2, N, m0;
 };
 
+// Key idx of token tk (an index into its causal range or its selection list): its latent row (c, then k_pe in a
+// pool row) and its k_pe part.
+struct KeyRow {
+  const void* c;
+  const void* pe;
+};
+KeyRow key_row(const Ctx& cx, const Tok& tk, int64_t idx) {
+  const AbsorbedCall& a = cx.a;
+  const int64_t t = tk.key_off >= 0 ? cx.cl.keys[static_cast<size_t>(tk.key_off + idx)] : idx;
+  if (a.pool) {
+    const int64_t bt = a.block_tokens;
+    const int64_t row = static_cast<int64_t>(a.block_table[tk.seq * a.max_blocks + t / bt]) * bt + t % bt;
+    if (a.pool_bf16) {
+      const uint16_t* p = static_cast<const uint16_t*>(a.pool) + row * a.width;
+      return {p, p + cx.dc};
+    }
+    const float* p = static_cast<const float*>(a.pool) + row * a.width;
+    return {p, p + cx.dc};
+  }
+  return {a.c + t * cx.dc, a.k_pe + t * cx.dr};
+}
+
 // Pointers to the key rows of token tk, list indices [k0, k0 + nk): w.pc = c parts, w.pr = k_pe parts.
 void key_ptrs(const Ctx& cx, const Tok& tk, int64_t k0, int64_t nk, Work& w) {
-  const AbsorbedCall& a = cx.a;
   const void** pc = sized(w.pc, kSub);
   const void** pr = sized(w.pr, kSub);
-  const int32_t* list = tk.key_off >= 0 ? cx.cl.keys.data() + tk.key_off : nullptr;
-  if (a.pool) {
-    const int32_t* blocks = a.block_table + tk.seq * a.max_blocks;
-    const int64_t bt = a.block_tokens;
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t t = list ? list[k0 + j] : k0 + j;
-      const int64_t row = static_cast<int64_t>(blocks[t / bt]) * bt + t % bt;
-      if (a.pool_bf16) {
-        const uint16_t* p = static_cast<const uint16_t*>(a.pool) + row * a.width;
-        pc[j] = p;
-        pr[j] = p + cx.dc;
-      } else {
-        const float* p = static_cast<const float*>(a.pool) + row * a.width;
-        pc[j] = p;
-        pr[j] = p + cx.dc;
-      }
-    }
-  } else {
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t t = list ? list[k0 + j] : k0 + j;
-      pc[j] = a.c + t * cx.dc;
-      pr[j] = a.k_pe + t * cx.dr;
-    }
+  for (int64_t j = 0; j < nk; ++j) {
+    const KeyRow r = key_row(cx, tk, k0 + j);
+    pc[j] = r.c;
+    pr[j] = r.pe;
   }
 }
+
+// Aims the kernels' prefetch cursor (w.next) at keys [k0, k0 + n) of token tk (n <= kSub; n <= 0: nothing): the
+// sub-block computed after the current one. Pool rows are prefetched whole (c and k_pe are adjacent), a contiguous
+// cache's c rows only.
+void aim_prefetch(const Ctx& cx, const Tok& tk, int64_t k0, int64_t n, Work& w) {
+  const void** pn = sized(w.pn, kSub);
+  n = std::max<int64_t>(n, 0);
+  for (int64_t j = 0; j < n; ++j) pn[j] = key_row(cx, tk, k0 + j).c;
+  const int64_t esz = cx.a.pool && cx.a.pool_bf16 ? 2 : 4;
+  w.next = PrefetchCursor{pn, n, (cx.a.pool ? cx.dc + cx.dr : cx.dc) * esz, 0, 0};
+}
+
+// The item a thread runs after the current one, claimed from the shared counter when the current item reaches its
+// last sub-block (so that sub-block can prefetch the next item's first keys); -1 until claimed.
+struct NextItem {
+  std::atomic<int64_t>* counter = nullptr;
+  int64_t n = 0, claimed = -1;
+  int64_t get() {
+    if (claimed < 0) claimed = counter->fetch_add(1, std::memory_order_relaxed);
+    return claimed < n ? claimed : -1;
+  }
+};
 
 bool keys_bf16(const Ctx& cx) { return cx.a.pool && cx.a.pool_bf16; }
 
 void qk(const Ctx& cx, const float* q, int64_t nr, int64_t nk, Work& w, float* s) {
   if (keys_bf16(cx))
     cx.k.dot_rows_bf16(q, cx.dq2, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()),
-                       reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub);
+                       reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
   else
     cx.k.dot_rows_f32(q, cx.dq2, nr, reinterpret_cast<const float* const*>(w.pc.data()),
-                      reinterpret_cast<const float* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub);
+                      reinterpret_cast<const float* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
 }
 
 void pv(const Ctx& cx, const float* p, int64_t nr, int64_t nk, Work& w, float* acc, bool accumulate) {
   if (keys_bf16(cx))
     cx.k.axpy_rows_bf16(p, kSub, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()), nk, cx.dc, acc, cx.dc,
-                        accumulate);
+                        accumulate, &w.next);
   else
     cx.k.axpy_rows_f32(p, kSub, nr, reinterpret_cast<const float* const*>(w.pc.data()), nk, cx.dc, acc, cx.dc,
-                       accumulate);
+                       accumulate, &w.next);
 }
 
 // Scaled scores of one sub-block row in place: dot·scale, or bf16(bf16(dot)·scale).
@@ -169,7 +198,7 @@ enum Mode { kFull, kStats, kApply };
 //          else its partial (unnormalized accumulator, max, sum) into the token's slot;
 //   kStats (bf16, several chunks): scaled scores stored, the chunk's max and sum into its slot;
 //   kApply (bf16, several chunks): P = bf16(exp(score − M) / L) with the token's combined M, L, Σ P·c into the slot.
-void run_item(const Ctx& cx, const Item& it, Mode mode) {
+void run_item(const Ctx& cx, const Item& it, Mode mode, NextItem& after) {
   const AbsorbedCall& a = cx.a;
   Call& cl = cx.cl;
   const Tok& tk = cl.toks[static_cast<size_t>(it.tok)];
@@ -190,11 +219,24 @@ void run_item(const Ctx& cx, const Item& it, Mode mode) {
     l[i] = 0.0f;
   }
   const bool single = tk.n_chunks == 1;
+  // The prefetch cursor for the sub-block after [k0, k0 + nk): the chunk's next one, else the first keys of the
+  // thread's next item (a pass-B item only when its token runs pass B).
+  auto aim_next = [&](int64_t k0, int64_t nk) {
+    if (k0 + nk < c1) return aim_prefetch(cx, tk, k0 + nk, std::min(kSub, c1 - k0 - nk), w);
+    const int64_t ni = after.get();
+    if (ni < 0) return aim_prefetch(cx, tk, 0, 0, w);
+    const Item& nx = cl.items[static_cast<size_t>(ni)];
+    const Tok& nt = cl.toks[static_cast<size_t>(nx.tok)];
+    const int64_t n0 = nx.chunk * nt.per, n1 = std::min(nt.n_keys, n0 + nt.per);
+    const bool reads = mode != kApply || nt.n_chunks > 1;
+    aim_prefetch(cx, nt, n0, reads ? std::min(kSub, n1 - n0) : 0, w);
+  };
   // Pass A: scores (and, fp32, the online softmax with P·c).
   if (mode != kApply) {
     for (int64_t k0 = c0; k0 < c1; k0 += kSub) {
       const int64_t nk = std::min(kSub, c1 - k0);
       key_ptrs(cx, tk, k0, nk, w);
+      aim_next(k0, nk);
       qk(cx, q, nr, nk, w, s);
       for (int64_t i = 0; i < nr; ++i) {
         float* row = s + i * kSub;
@@ -249,6 +291,7 @@ void run_item(const Ctx& cx, const Item& it, Mode mode) {
   for (int64_t k0 = c0; k0 < c1; k0 += kSub) {
     const int64_t nk = std::min(kSub, c1 - k0);
     key_ptrs(cx, tk, k0, nk, w);
+    aim_next(k0, nk);
     for (int64_t i = 0; i < nr; ++i) {
       float* row = s + i * kSub;
       std::memcpy(row, scores + (it.h0 + i) * tk.n_keys + k0, sizeof(float) * static_cast<size_t>(nk));
@@ -281,6 +324,7 @@ void ready_work(int64_t rows, int64_t dc) {
   sized(w.l, rows);
   sized(w.pc, kSub);
   sized(w.pr, kSub);
+  sized(w.pn, kSub);
 }
 
 // Runs the items (longest first) on every thread of the pool, each item claimed by one thread; every
@@ -292,9 +336,12 @@ void run_items(ThreadPool& pool, int64_t n, int64_t rows, int64_t dc, const Fn& 
   const int64_t parts = std::min<int64_t>(pool.size(), n);
   pool.parallel_for(parts, 1, [&](int64_t, int64_t) {
     ready_work(rows, dc);
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
-         i = next.fetch_add(1, std::memory_order_relaxed))
-      fn(i);
+    int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+    while (i < n) {
+      NextItem after{&next, n};
+      fn(i, after);
+      i = after.claimed >= 0 ? after.claimed : next.fetch_add(1, std::memory_order_relaxed);
+    }
   });
 }
 
@@ -338,7 +385,7 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
           cl.keys.reserve(std::max(cl.keys.size() + cl.tmp.size(), 2 * cl.keys.capacity()));
         cl.keys.insert(cl.keys.end(), cl.tmp.begin(), cl.tmp.end());
       }
-      chunking(t.n_keys, t.per, t.n_chunks);
+      chunking(t.n_keys, bf16, t.per, t.n_chunks);
       if (t.n_chunks > 1) {
         t.slot = slots;
         slots += t.n_chunks;
@@ -371,7 +418,7 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
         for (int64_t j = 0; j < dn; ++j)
           rows[j] = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(kv_b.data) +
                                                       (h * dkv + j) * kv_b.row_bytes());
-        k.axpy_rows_bf16(qn, H * dqk, N, rows, dn, dc, qh, H * dq2, false);
+        k.axpy_rows_bf16(qn, H * dqk, N, rows, dn, dc, qh, H * dq2, false, nullptr);
       } else {
         float* panel = sized(w.panel, dn * dc);
         const float** rows = sized(w.fptr, dn);
@@ -379,7 +426,7 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
           k.dequant_row(kv_b, h * dkv + j, panel + j * dc);
           rows[j] = panel + j * dc;
         }
-        k.axpy_rows_f32(qn, H * dqk, N, rows, dn, dc, qh, H * dq2, false);
+        k.axpy_rows_f32(qn, H * dqk, N, rows, dn, dc, qh, H * dq2, false, nullptr);
       }
       for (int64_t m = 0; m < N; ++m) {
         float* r = qh + m * H * dq2;
@@ -419,10 +466,10 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
     return x.h0 < y.h0;
   });
   const int64_t n_items = static_cast<int64_t>(cl.items.size());
-  run_items(pool, n_items, hg, dc, [&](int64_t i) {
+  run_items(pool, n_items, hg, dc, [&](int64_t i, NextItem& after) {
     const Item& it = cl.items[static_cast<size_t>(i)];
     const bool multi = cl.toks[static_cast<size_t>(it.tok)].n_chunks > 1;
-    run_item(cx, it, bf16 && multi ? kStats : kFull);
+    run_item(cx, it, bf16 && multi ? kStats : kFull, after);
   });
   if (multi_bf16) {
     // The token's softmax max and sum over its chunks (chunk order), then the chunks' P·c.
@@ -442,9 +489,9 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
         cl.tstat[static_cast<size_t>((t * H + h) * 2 + 1)] = L;
       }
     }
-    run_items(pool, n_items, hg, dc, [&](int64_t i) {
+    run_items(pool, n_items, hg, dc, [&](int64_t i, NextItem& after) {
       const Item& it = cl.items[static_cast<size_t>(i)];
-      if (cl.toks[static_cast<size_t>(it.tok)].n_chunks > 1) run_item(cx, it, kApply);
+      if (cl.toks[static_cast<size_t>(it.tok)].n_chunks > 1) run_item(cx, it, kApply, after);
     });
   }
 

@@ -362,7 +362,8 @@ class CpuBackend final : public HostTyped<CpuBackend> {
         if (last <= t0) continue;
         const int64_t nk = last - t0;
         for (int64_t j = 0; j < nk; ++j) rows[j] = k + (t0 + j) * head_dim;
-        k_.dot_rows_f32(q + s * n_heads * head_dim, head_dim, n_heads, rows, rows, head_dim, 0, nk, dots, kIdxTile);
+        k_.dot_rows_f32(q + s * n_heads * head_dim, head_dim, n_heads, rows, rows, head_dim, 0, nk, dots, kIdxTile,
+                        nullptr);
         const float* ws = w + s * n_heads;
         double total[kIdxTile];
         for (int64_t j = 0; j < nk; ++j) total[j] = 0.0;

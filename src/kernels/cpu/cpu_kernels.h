@@ -15,6 +15,15 @@
 
 namespace latent::cpu {
 
+// A software-prefetch cursor over a list of rows (the decode attention's next block of keys). A kernel handed one
+// issues a prefetch of the cursor's next cache line at a fixed rate of its inner steps and advances the cursor, so
+// the next block's lines arrive from memory while this block computes. No effect on any result.
+struct PrefetchCursor {
+  const void* const* rows = nullptr;
+  int64_t n_rows = 0, row_bytes = 0;
+  int64_t row = 0, off = 0;  // the next line: byte `off` past the 64-byte line holding rows[row]'s first byte
+};
+
 struct Kernels {
   const char* name;
 
@@ -66,17 +75,17 @@ struct Kernels {
   // ---- small GEMMs over rows given by pointers (decode attention, the DSA indexer; vec_body.h) ----
   // s[i·lds + j] = Σ_{x<n1} a[i·lda + x]·b1[j][x] + Σ_{x<n2} a[i·lda + n1 + x]·b2[j][x]   (i < na, j < nb):
   // each key in two parts (the latent c then k_pe), fp32 or bf16 rows. One fixed chain per (i, j) whatever the
-  // tile it falls in (batch invariant).
+  // tile it falls in (batch invariant). pf (may be null): prefetches spread over the work (see PrefetchCursor).
   void (*dot_rows_f32)(const float* a, int64_t lda, int64_t na, const float* const* b1, const float* const* b2,
-                       int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds);
+                       int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf);
   void (*dot_rows_bf16)(const float* a, int64_t lda, int64_t na, const uint16_t* const* b1, const uint16_t* const* b2,
-                        int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds);
+                        int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf);
   // c[i·ldc + x] = (accumulate ? c[i·ldc + x] : 0) + Σ_{j<nb} a[i·lda + j]·b[j][x]   (i < na, x < n): one fma
-  // per term in j order per (i, x).
+  // per term in j order per (i, x). pf as for dot_rows.
   void (*axpy_rows_f32)(const float* a, int64_t lda, int64_t na, const float* const* b, int64_t nb, int64_t n, float* c,
-                        int64_t ldc, bool accumulate);
+                        int64_t ldc, bool accumulate, PrefetchCursor* pf);
   void (*axpy_rows_bf16)(const float* a, int64_t lda, int64_t na, const uint16_t* const* b, int64_t nb, int64_t n,
-                         float* c, int64_t ldc, bool accumulate);
+                         float* c, int64_t ldc, bool accumulate, PrefetchCursor* pf);
 };
 
 inline constexpr int kSoftmaxOnline = 0, kSoftmaxStats = 1, kSoftmaxFinal = 2;

@@ -254,7 +254,7 @@ inline float elem(const uint16_t* p, int64_t x) {  // bf16 rows may be unaligned
 
 template <class B>
 void dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1, int64_t n2,
-              int64_t nb, float* s, int64_t lds) {
+              int64_t nb, float* s, int64_t lds, PrefetchCursor*) {
   for (int64_t i = 0; i < na; ++i)
     for (int64_t j = 0; j < nb; ++j) {
       const float* ai = a + i * lda;
@@ -267,7 +267,7 @@ void dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const
 
 template <class B>
 void axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t n, float* c, int64_t ldc,
-               bool accumulate) {
+               bool accumulate, PrefetchCursor*) {
   for (int64_t i = 0; i < na; ++i) {
     float* ci = c + i * ldc;
     if (!accumulate) std::fill(ci, ci + n, 0.0f);

@@ -34,6 +34,13 @@ namespace {
 
 // Natural-order formats of TNat.
 inline constexpr int kNatF32 = 0, kNatF16 = 1, kNatFp8 = 2;
+// A tile's software prefetch: the weight rows `rows` past its own (0: none; kAheadDefault: the format's choice for
+// one pass over the rows), on its column steps phase, phase + stride, ... (the activation tiles of a panel share the
+// next panel's lines, so that none of them issues them all in a burst).
+inline constexpr int64_t kAheadDefault = -1;
+struct Ahead {
+  int64_t rows = kAheadDefault, phase = 0, stride = 1;
+};
 
 // ---------------------------------------------------------------------------------------------------------------
 // BF16: per 2W-column group, acc = fma(even, x_even, acc); acc = fma(odd, x_odd, acc) (prepared x order); the
@@ -63,21 +70,40 @@ struct TBf16 {
     }
   }
 
+  // ah: see Ahead (kAheadDefault: decode tiles prefetch the next tile, prefill tiles nothing). The default keeps
+  // its prefetch a compile-time choice (kShared false): a run-time test per group cost the M = 1 expert GEMV ~25 %
+  // (membw_bench --ops, 1 thread, Zen 4).
   template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
+    if (ah.rows == kAheadDefault)
+      tile_pf<MT, NT, false>(w, x, r, y, ldy, ah);
+    else
+      tile_pf<MT, NT, true>(w, x, r, y, ldy, ah);
+  }
+
+  template <int MT, int NT, bool kShared>
+  LTI static void tile_pf(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
     constexpr int W = V::W, G = 2 * W;
     const int64_t K = w.cols, KG = K / G * G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
     // Decode tiles prefetch the next tile's rows, spread over this tile's groups: an expert row is short (2 KiB at
     // K = 1024, 512 B for a down projection) and NT rows are NT streams at once, too little for the hardware
-    // prefetcher to ramp up on.
+    // prefetcher to ramp up on. The first activation tile of a panel prefetches the next panel's rows the same way.
     constexpr bool kDecode = MT < V::kBf16HoldX && MT < V::kBf16HoldW;
-    const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(NT * 2 * K);
+    const int64_t ahead_rows = kShared ? ah.rows : NT;
+    const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(ahead_rows * 2 * K);
+    [[maybe_unused]] int64_t wait = ah.phase;
     F acc[MT][NT];
 #pragma GCC unroll 32
     for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = V::zero();
     for (int64_t k = 0; k < KG; k += G) {
-      if constexpr (kDecode) {
+      if constexpr (kShared) {
+        if (ah.rows > 0 && wait-- == 0) {
+          wait = ah.stride - 1;
+#pragma GCC unroll 8
+          for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
+        }
+      } else if constexpr (kDecode) {
 #pragma GCC unroll 8
         for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
       }
@@ -143,8 +169,17 @@ struct TMx {
   static constexpr int nt(int mt) { return V::nt_mx(mt); }
   using F = typename V::F;
 
+  // ah: as TBf16's (the default: the next tile, a compile-time choice).
   template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
+    if (ah.rows == kAheadDefault)
+      tile_pf<MT, NT, false>(w, x, r, y, ldy, ah);
+    else
+      tile_pf<MT, NT, true>(w, x, r, y, ldy, ah);
+  }
+
+  template <int MT, int NT, bool kShared>
+  LTI static void tile_pf(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
     constexpr int W = V::W, BS = V::kMxBlocks;
     const int64_t K = w.cols, nb = K / 32;
     const typename V::MxC c = V::mx_const();
@@ -155,18 +190,24 @@ struct TMx {
     // only K/2 bytes (8 cache lines at K = 1024), too short for the hardware stream prefetcher to ramp up on, and the
     // tile reads 2·NT short streams at once (measured 4-5 -> 7.8 GB/s per core on Zen 3 for DRAM-resident 256 x 1024
     // weights, M = 1).
-    const uintptr_t pq = reinterpret_cast<uintptr_t>(q) + static_cast<uintptr_t>(NT * (K / 2));
-    const uintptr_t ps = reinterpret_cast<uintptr_t>(sc) + static_cast<uintptr_t>(NT * nb);
+    // (ah: the next tile by default, the next panel's rows shared by the activation tiles of a panel.)
+    const int64_t ahead_rows = kShared ? ah.rows : NT;
+    const uintptr_t pq = reinterpret_cast<uintptr_t>(q) + static_cast<uintptr_t>(ahead_rows * (K / 2));
+    const uintptr_t ps = reinterpret_cast<uintptr_t>(sc) + static_cast<uintptr_t>(ahead_rows * nb);
+    [[maybe_unused]] int64_t wait = ah.phase;
     F acc[MT][NT];
 #pragma GCC unroll 32
     for (int i = 0; i < MT * NT; ++i) acc[i / NT][i % NT] = V::zero();
     int64_t b = 0;
     for (; b + BS <= nb; b += BS) {
+      if (!kShared || (ah.rows > 0 && wait-- == 0)) {
+        if (kShared) wait = ah.stride - 1;
 #pragma GCC unroll 8
-      for (int j = 0; j < NT * 16 * BS; j += 64) prefetch_at(pq + static_cast<uintptr_t>(b * NT * 16 + j));
+        for (int j = 0; j < NT * 16 * BS; j += 64) prefetch_at(pq + static_cast<uintptr_t>(b * NT * 16 + j));
 #pragma GCC unroll 2
-      for (int j = 0; j < BS; ++j)
-        if ((b + j) * 64 < NT * nb) prefetch_at(ps + static_cast<uintptr_t>((b + j) * 64));
+        for (int j = 0; j < BS; ++j)
+          if ((b + j) * 64 < NT * nb) prefetch_at(ps + static_cast<uintptr_t>((b + j) * 64));
+      }
 #pragma GCC unroll 8
       for (int n = 0; n < NT; ++n) {
         F f0, f1, f2, f3;
@@ -224,7 +265,7 @@ struct TNat {
   using F = typename V::F;
 
   template <int MT, int NT>
-  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
+  LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead /*ah*/) {
     constexpr int W = V::W;
     const int64_t K = w.cols;
     const bool fnuz = w.fnuz;
@@ -275,7 +316,7 @@ struct TNat {
 #pragma GCC unroll 8
       for (int n = 0; n < NT; ++n) {
         if constexpr (NT > 1)
-          tile<MT, 1>(w, x, r + n, y + n, ldy);
+          tile<MT, 1>(w, x, r + n, y + n, ldy, Ahead{0, 0, 1});
         else
           kernels_scalar().matmul_rows(w, x, MT, r, r + 1, y, ldy);
       }
@@ -289,13 +330,13 @@ struct TNat {
 // ---------------------------------------------------------------------------------------------------------------
 // The driver
 // ---------------------------------------------------------------------------------------------------------------
-// Rows [rs, re) for MT activation rows: full NT tiles, then 1-row tiles.
+// Rows [rs, re) for MT activation rows: full NT tiles, then 1-row tiles, each tile prefetching as `ah` says.
 template <class T, int MT>
-LT void mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re, float* y, int64_t ldy) {
+LT void mm_rows(const QuantWeight& w, const float* x, int64_t rs, int64_t re, float* y, int64_t ldy, Ahead ah) {
   constexpr int NT = T::nt(MT);
   int64_t r = rs;
-  for (; r + NT <= re; r += NT) T::template tile<MT, NT>(w, x, r, y + (r - rs), ldy);
-  for (; r < re; ++r) T::template tile<MT, 1>(w, x, r, y + (r - rs), ldy);
+  for (; r + NT <= re; r += NT) T::template tile<MT, NT>(w, x, r, y + (r - rs), ldy, ah);
+  for (; r < re; ++r) T::template tile<MT, 1>(w, x, r, y + (r - rs), ldy, ah);
 }
 
 // Weight rows per panel when M needs several activation tiles: ~48 KiB, so the panel stays in L1/L2 while every tile
@@ -305,26 +346,38 @@ inline int64_t tile_rows(const QuantWeight& w) {
   return rb < 24 ? 24 : rb / 24 * 24;
 }
 
-// Activation rows [m0, m1) in tiles of MT rows, then one smaller tile.
+// Activation rows [m0, m1) in tiles of at most MT rows, as even as possible: 16 rows at MT = 5 go as 4 + 4 + 4 + 4,
+// not 5 + 5 + 5 + 1 (a 1-row tile streams the weight panel once more, as a GEMV, for a sixteenth of the work).
+// The tile shapes never change a result (one chain per output).
+// ahead: kAheadDefault (one pass over the rows: the tiles' own prefetch), or the panel's row count: the tiles
+// prefetch the next panel, each a 1/nt share of its lines.
 template <class T, int MT>
 LT void mm_tiles(const QuantWeight& w, const float* xp, int64_t m0, int64_t m1, int64_t rs, int64_t re, float* y,
-                 int64_t ldy) {
-  const int64_t K = w.cols;
-  for (; m0 + MT <= m1; m0 += MT) mm_rows<T, MT>(w, xp + m0 * K, rs, re, y + m0 * ldy, ldy);
-  const float* x = xp + m0 * K;
-  float* ym = y + m0 * ldy;
-  switch (m1 - m0) {  // fewer than MT rows left
-    case 1: mm_rows<T, 1>(w, x, rs, re, ym, ldy); break;
-    case 2:
-      if constexpr (MT > 2) mm_rows<T, 2>(w, x, rs, re, ym, ldy);
-      break;
-    case 3:
-      if constexpr (MT > 3) mm_rows<T, 3>(w, x, rs, re, ym, ldy);
-      break;
-    case 4:
-      if constexpr (MT > 4) mm_rows<T, 4>(w, x, rs, re, ym, ldy);
-      break;
-    default: break;
+                 int64_t ldy, int64_t ahead) {
+  static_assert(MT >= 1 && MT <= 5, "tiles of 1 to 5 activation rows");
+  const int64_t K = w.cols, R = m1 - m0, nt = (R + MT - 1) / MT;
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t rows = R / nt + (t < R % nt ? 1 : 0);
+    const Ahead ah = ahead == kAheadDefault ? Ahead{} : Ahead{ahead, t, nt};
+    const float* x = xp + m0 * K;
+    float* ym = y + m0 * ldy;
+    switch (rows) {
+      case 1: mm_rows<T, 1>(w, x, rs, re, ym, ldy, ah); break;
+      case 2:
+        if constexpr (MT >= 2) mm_rows<T, 2>(w, x, rs, re, ym, ldy, ah);
+        break;
+      case 3:
+        if constexpr (MT >= 3) mm_rows<T, 3>(w, x, rs, re, ym, ldy, ah);
+        break;
+      case 4:
+        if constexpr (MT >= 4) mm_rows<T, 4>(w, x, rs, re, ym, ldy, ah);
+        break;
+      case 5:
+        if constexpr (MT >= 5) mm_rows<T, 5>(w, x, rs, re, ym, ldy, ah);
+        break;
+      default: break;
+    }
+    m0 += rows;
   }
 }
 
@@ -340,7 +393,10 @@ LT void mm_fmt(const QuantWeight& w, const float* xp, int64_t M, int64_t r0, int
     const int64_t c1 = c0 + kChunkM < M ? c0 + kChunkM : M;
     for (int64_t rs = r0; rs < r1; rs += panel) {
       const int64_t re = rs + panel < r1 ? rs + panel : r1;
-      mm_tiles<T, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy);
+      // One pass (M <= kMt): the tiles' own prefetch. Panels: the activation tiles share the next panel's prefetch
+      // (decode_bench, bf16 bench model, batch 16, 2-core Zen 4: the step's dense matmuls 15.7-19.7 -> 11.0-11.9 ms
+      // against the first tile issuing all of it).
+      mm_tiles<T, kMt>(w, xp, c0, c1, rs, re, y + (rs - r0), ldy, M <= kMt ? kAheadDefault : panel);
     }
   }
 }

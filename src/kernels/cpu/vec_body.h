@@ -10,6 +10,9 @@
 //   reduce(v)                 r[k] = the horizontal sum of v[k] for k < W, by a fixed tree (the same order of
 //                             additions for every k, so a sum does not depend on which vector slot it used).
 //
+// Prefetch: both kernels take an optional PrefetchCursor (cpu_kernels.h) and issue its lines at a fixed rate of their
+// inner steps; it never changes a result.
+//
 // Batch invariance: like the matmul tiles (avx2_body.h), every output is one fixed chain of operations whatever
 // the tile shape or the position of its row or key in a tile: dot_rows reduces one accumulator per (row, key)
 // pair over x in W-lane steps (a masked step for the tail of each part) then by reduce(); axpy_rows runs one
@@ -21,17 +24,36 @@
 namespace latent::cpu {
 namespace {
 
+// One prefetch of the cursor's next line, then the cursor advanced (nothing once it is past its last row). dot_rows
+// steps it once per W-column step of a tile, axpy_rows once per b row of a tile: for the decode attention's 64-key
+// sub-blocks that spreads the next sub-block's lines over this one's scores and P·c (on a 2-core Zen 4 the first
+// pass over keys from memory ran at about half the speed of the same pass from L2 without it; T1 measured a little
+// ahead of T0 and T2).
+LTI void pf_step(PrefetchCursor* pf) {
+  if (pf == nullptr || pf->row >= pf->n_rows) return;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(pf->rows[pf->row]);
+  const uintptr_t line = (first & ~uintptr_t{63}) + static_cast<uintptr_t>(pf->off);
+  _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T1);
+  pf->off += 64;
+  if (line + 64 >= first + static_cast<uintptr_t>(pf->row_bytes)) {
+    ++pf->row;
+    pf->off = 0;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // dot_rows: s[i·lds + j] = Σ_{x<n1} a[i·lda + x]·b1[j][x] + Σ_{x<n2} a[i·lda + n1 + x]·b2[j][x]
 // (a: fp32 rows; b: rows of fp32 or bf16 given by pointers, each key in two parts, e.g. latent c then k_pe).
 // Register tile: RA rows of a held in registers per x step, RB keys streamed; RA·RB accumulators.
 // ---------------------------------------------------------------------------------------------------------------
 template <class V, class B, int RA, int RB>
-LTI void vec_dot_part(const float* a, int64_t lda, const B* const* b, int64_t n, typename V::F (&acc)[RA][RB]) {
+LTI void vec_dot_part(const float* a, int64_t lda, const B* const* b, int64_t n, typename V::F (&acc)[RA][RB],
+                      PrefetchCursor* pf) {
   using F = typename V::F;
   constexpr int W = V::W;
   int64_t x = 0;
   for (; x + W <= n; x += W) {
+    pf_step(pf);
     F av[RA];
 #pragma GCC unroll 8
     for (int i = 0; i < RA; ++i) av[i] = V::load(a + i * lda + x);
@@ -58,14 +80,14 @@ LTI void vec_dot_part(const float* a, int64_t lda, const B* const* b, int64_t n,
 
 template <class V, class B, int RA, int RB>
 LT void vec_dot_tile(const float* a, int64_t lda, const B* const* b1, const B* const* b2, int64_t n1, int64_t n2,
-                     float* s, int64_t lds) {
+                     float* s, int64_t lds, PrefetchCursor* pf) {
   using F = typename V::F;
   constexpr int W = V::W;
   F acc[RA][RB];
 #pragma GCC unroll 32
   for (int k = 0; k < RA * RB; ++k) acc[k / RB][k % RB] = V::zero();
-  vec_dot_part<V, B, RA, RB>(a, lda, b1, n1, acc);
-  if (n2 > 0) vec_dot_part<V, B, RA, RB>(a + n1, lda, b2, n2, acc);
+  vec_dot_part<V, B, RA, RB>(a, lda, b1, n1, acc, pf);
+  if (n2 > 0) vec_dot_part<V, B, RA, RB>(a + n1, lda, b2, n2, acc, pf);
   // Horizontal sums, W accumulators at a time (unused slots zero).
   constexpr int kN = RA * RB, kGroups = (kN + W - 1) / W;
 #pragma GCC unroll 4
@@ -85,22 +107,22 @@ LT void vec_dot_tile(const float* a, int64_t lda, const B* const* b1, const B* c
 // stream from L2.
 template <class V, class B, int RA, int RB>
 LTI void vec_dot_row_tile(const float* a, int64_t lda, const B* const* b1, const B* const* b2, int64_t n1, int64_t n2,
-                          int64_t nb, float* s, int64_t lds) {
+                          int64_t nb, float* s, int64_t lds, PrefetchCursor* pf) {
   int64_t j = 0;
-  for (; j + RB <= nb; j += RB) vec_dot_tile<V, B, RA, RB>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+  for (; j + RB <= nb; j += RB) vec_dot_tile<V, B, RA, RB>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds, pf);
   switch (nb - j) {
-    case 1: vec_dot_tile<V, B, RA, 1>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds); break;
+    case 1: vec_dot_tile<V, B, RA, 1>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds, pf); break;
     case 2:
-      if constexpr (RB > 2) vec_dot_tile<V, B, RA, 2>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+      if constexpr (RB > 2) vec_dot_tile<V, B, RA, 2>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds, pf);
       break;
     case 3:
-      if constexpr (RB > 3) vec_dot_tile<V, B, RA, 3>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+      if constexpr (RB > 3) vec_dot_tile<V, B, RA, 3>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds, pf);
       break;
     case 4:
-      if constexpr (RB > 4) vec_dot_tile<V, B, RA, 4>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+      if constexpr (RB > 4) vec_dot_tile<V, B, RA, 4>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds, pf);
       break;
     case 5:
-      if constexpr (RB > 5) vec_dot_tile<V, B, RA, 5>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds);
+      if constexpr (RB > 5) vec_dot_tile<V, B, RA, 5>(a, lda, b1 + j, b2 + j, n1, n2, s + j, lds, pf);
       break;
     default: break;
   }
@@ -108,19 +130,20 @@ LTI void vec_dot_row_tile(const float* a, int64_t lda, const B* const* b1, const
 
 template <class V, class B, int RA, int RB>
 LTI void vec_dot_rows_from(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
-                           int64_t n2, int64_t nb, float* s, int64_t lds) {
+                           int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf) {
   int64_t i = 0;
-  for (; i + RA <= na; i += RA) vec_dot_row_tile<V, B, RA, RB>(a + i * lda, lda, b1, b2, n1, n2, nb, s + i * lds, lds);
+  for (; i + RA <= na; i += RA)
+    vec_dot_row_tile<V, B, RA, RB>(a + i * lda, lda, b1, b2, n1, n2, nb, s + i * lds, lds, pf);
   if constexpr (RA > 1) {
     if (na - i > 0)  // fewer than RA rows left: the largest smaller tile, recursively
-      vec_dot_rows_from<V, B, RA - 1, RB>(a + i * lda, lda, na - i, b1, b2, n1, n2, nb, s + i * lds, lds);
+      vec_dot_rows_from<V, B, RA - 1, RB>(a + i * lda, lda, na - i, b1, b2, n1, n2, nb, s + i * lds, lds, pf);
   }
 }
 
 template <class V, class B, int RA, int RB>
 LT void vec_dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
-                     int64_t n2, int64_t nb, float* s, int64_t lds) {
-  vec_dot_rows_from<V, B, RA, RB>(a, lda, na, b1, b2, n1, n2, nb, s, lds);
+                     int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf) {
+  vec_dot_rows_from<V, B, RA, RB>(a, lda, na, b1, b2, n1, n2, nb, s, lds, pf);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -130,7 +153,7 @@ LT void vec_dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1
 // ---------------------------------------------------------------------------------------------------------------
 template <class V, class B, int RA, int CV, bool kPart>
 LT void vec_axpy_tile(const float* a, int64_t lda, const B* const* b, int64_t nb, int64_t x0, int64_t last, float* c,
-                      int64_t ldc, bool accumulate) {
+                      int64_t ldc, bool accumulate, PrefetchCursor* pf) {
   // Columns x0 .. x0 + (CV−1)·W + (kPart ? last : W).
   using F = typename V::F;
   constexpr int W = V::W;
@@ -147,6 +170,7 @@ LT void vec_axpy_tile(const float* a, int64_t lda, const B* const* b, int64_t nb
       acc[i][v] = V::load(p);
   }
   for (int64_t j = 0; j < nb; ++j) {
+    pf_step(pf);
     F p[RA];
 #pragma GCC unroll 8
     for (int i = 0; i < RA; ++i) p[i] = V::bcast(a + i * lda + j);
@@ -172,43 +196,45 @@ LT void vec_axpy_tile(const float* a, int64_t lda, const B* const* b, int64_t nb
 // All rows of a in tiles of RA (then smaller), for the column block [x0, x0 + CV·W) (full) or the tail block.
 template <class V, class B, int RA, int CV, bool kPart>
 LTI void vec_axpy_block(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t x0,
-                        int64_t last, float* c, int64_t ldc, bool accumulate) {
+                        int64_t last, float* c, int64_t ldc, bool accumulate, PrefetchCursor* pf) {
   int64_t i = 0;
   for (; i + RA <= na; i += RA)
-    vec_axpy_tile<V, B, RA, CV, kPart>(a + i * lda, lda, b, nb, x0, last, c + i * ldc, ldc, accumulate);
+    vec_axpy_tile<V, B, RA, CV, kPart>(a + i * lda, lda, b, nb, x0, last, c + i * ldc, ldc, accumulate, pf);
   if constexpr (RA > 1) {
     if (na - i > 0)
-      vec_axpy_block<V, B, RA - 1, CV, kPart>(a + i * lda, lda, na - i, b, nb, x0, last, c + i * ldc, ldc, accumulate);
+      vec_axpy_block<V, B, RA - 1, CV, kPart>(a + i * lda, lda, na - i, b, nb, x0, last, c + i * ldc, ldc, accumulate,
+                                              pf);
   }
 }
 
 // The column tail after the full CV-vector blocks: CVt full vectors then (maybe) one partial one.
 template <class V, class B, int RA, int CVt>
 LTI void vec_axpy_tail(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t x0, int64_t rem,
-                       float* c, int64_t ldc, bool accumulate) {
+                       float* c, int64_t ldc, bool accumulate, PrefetchCursor* pf) {
   constexpr int W = V::W;
   if constexpr (CVt > 0) {
     if (rem >= CVt * W) {
       if (rem == CVt * W) {
-        vec_axpy_block<V, B, RA, CVt, false>(a, lda, na, b, nb, x0, W, c, ldc, accumulate);
+        vec_axpy_block<V, B, RA, CVt, false>(a, lda, na, b, nb, x0, W, c, ldc, accumulate, pf);
       } else {
-        vec_axpy_block<V, B, RA, CVt + 1, true>(a, lda, na, b, nb, x0, rem - CVt * W, c, ldc, accumulate);
+        vec_axpy_block<V, B, RA, CVt + 1, true>(a, lda, na, b, nb, x0, rem - CVt * W, c, ldc, accumulate, pf);
       }
       return;
     }
-    vec_axpy_tail<V, B, RA, CVt - 1>(a, lda, na, b, nb, x0, rem, c, ldc, accumulate);
+    vec_axpy_tail<V, B, RA, CVt - 1>(a, lda, na, b, nb, x0, rem, c, ldc, accumulate, pf);
   } else {
-    if (rem > 0) vec_axpy_block<V, B, RA, 1, true>(a, lda, na, b, nb, x0, rem, c, ldc, accumulate);
+    if (rem > 0) vec_axpy_block<V, B, RA, 1, true>(a, lda, na, b, nb, x0, rem, c, ldc, accumulate, pf);
   }
 }
 
 template <class V, class B, int RA, int CV>
 LT void vec_axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t n, float* c,
-                      int64_t ldc, bool accumulate) {
+                      int64_t ldc, bool accumulate, PrefetchCursor* pf) {
   constexpr int W = V::W;
   int64_t x = 0;
-  for (; x + CV * W <= n; x += CV * W) vec_axpy_block<V, B, RA, CV, false>(a, lda, na, b, nb, x, W, c, ldc, accumulate);
-  if (x < n) vec_axpy_tail<V, B, RA, CV - 1>(a, lda, na, b, nb, x, n - x, c, ldc, accumulate);
+  for (; x + CV * W <= n; x += CV * W)
+    vec_axpy_block<V, B, RA, CV, false>(a, lda, na, b, nb, x, W, c, ldc, accumulate, pf);
+  if (x < n) vec_axpy_tail<V, B, RA, CV - 1>(a, lda, na, b, nb, x, n - x, c, ldc, accumulate, pf);
 }
 
 }  // namespace
