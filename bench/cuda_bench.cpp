@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -579,6 +580,26 @@ class CudaEventTimer final : public bench::DeviceTimer {
   size_t used_ = 0;
 };
 
+// One run of `run` with every op timed by CUDA events on the backend's stream (the op table keyed by shape with
+// `detail`); the counters are reset first and the profile finished after. Returns the wall seconds.
+double profiled_run(bench::CountingBackend& cb, bool detail, const std::function<void()>& run) {
+  CudaEventTimer timer(cb.inner());
+  cb.reset();
+  cb.detail = detail;
+  cb.timer = &timer;
+  const auto tp = std::chrono::steady_clock::now();
+  run();
+  cb.finish_profile();
+  cb.timer = nullptr;
+  return seconds_since(tp);
+}
+// The profile's per-shape ops, slowest first.
+std::vector<std::pair<std::string, bench::CountingBackend::Detail>> slowest_ops(const bench::CountingBackend& cb) {
+  std::vector<std::pair<std::string, bench::CountingBackend::Detail>> d(cb.details.begin(), cb.details.end());
+  std::sort(d.begin(), d.end(), [](const auto& a, const auto& b) { return a.second.time > b.second.time; });
+  return d;
+}
+
 struct CtxResult {
   double step_s = 0, bytes = 0, flops = 0;
   int64_t kernels = 0;
@@ -622,26 +643,16 @@ CtxResult bench_decode_ctx(const std::string& dir, Model& m, bench::CountingBack
   CtxResult r;
   // The counted (and, with profile, timed: CUDA events around every op) eager step, after one eager warm-up step
   // (the first launch of a kernel loads its module).
-  CudaEventTimer timer(cb.inner());
   cb.set_profile(true);
   step();
-  cb.reset();
-  cb.detail = profile;
-  cb.timer = &timer;
-  const auto tp = std::chrono::steady_clock::now();
-  step();
-  cb.finish_profile();
-  cb.timer = nullptr;
-  const double t_prof = seconds_since(tp);
+  const double t_prof = profiled_run(cb, profile, step);
   r.bytes = static_cast<double>(cb.weight_bytes_read + cb.kv_bytes_read);
   r.flops = cb.flops;
   if (profile) {
     std::printf("  profile %s batch %lld ctx %lld (one eager step, %.2f ms wall; op times from CUDA events):\n",
                 dir.c_str(), static_cast<long long>(batch), static_cast<long long>(ctx), t_prof * 1e3);
     bench::print_profile(cb, 1.0, t_prof, "    by op class");
-    std::vector<std::pair<std::string, bench::CountingBackend::Detail>> d(cb.details.begin(), cb.details.end());
-    std::sort(d.begin(), d.end(), [](const auto& a, const auto& b) { return a.second.time > b.second.time; });
-    for (const auto& [k, v] : d)
+    for (const auto& [k, v] : slowest_ops(cb))
       std::printf("    %-58s %4llu calls %9.1f us %8.1f GB/s (%5.1f %%) %8.2f TFLOP/s\n", k.c_str(),
                   static_cast<unsigned long long>(v.calls), v.time * 1e6, v.bytes / std::max(v.time, 1e-12) / 1e9,
                   100.0 * v.bytes / std::max(v.time, 1e-12) / 4.31e12, v.flops / std::max(v.time, 1e-12) / 1e12);
@@ -758,21 +769,12 @@ void bench_prefill_model(Model& m, bench::CountingBackend& be, const std::vector
         100.0 * flop / s / 790e12, 2.0 * params / 1e9, 100.0 * attn / flop, 100.0 * idx / flop, w_tok / 1e9);
     std::fflush(stdout);
     if (profile) {  // a third run, every op timed by CUDA events (the device synchronized around each)
-      CudaEventTimer timer(be.inner());
       be.set_profile(true);
-      be.reset();
-      be.detail = true;
-      be.timer = &timer;
-      const auto tp = std::chrono::steady_clock::now();
-      run();
-      be.finish_profile();
-      be.timer = nullptr;
-      const double t_prof = seconds_since(tp);
+      const double t_prof = profiled_run(be, true, run);
       std::printf("  profile prefill %lld tokens (%.1f ms wall with a sync around every op):\n",
                   static_cast<long long>(n), t_prof * 1e3);
       bench::print_profile(be, 1.0, t_prof, "    by op class");
-      std::vector<std::pair<std::string, bench::CountingBackend::Detail>> d(be.details.begin(), be.details.end());
-      std::sort(d.begin(), d.end(), [](const auto& a, const auto& b) { return a.second.time > b.second.time; });
+      const auto d = slowest_ops(be);
       for (size_t i = 0; i < d.size() && i < 16; ++i)
         std::printf("    %-58s %5llu calls %10.1f us %8.2f TFLOP/s\n", d[i].first.c_str(),
                     static_cast<unsigned long long>(d[i].second.calls), d[i].second.time * 1e6,

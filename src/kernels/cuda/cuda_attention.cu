@@ -664,16 +664,7 @@ __global__ void __launch_bounds__(kAbsThreads)
   const int rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
   for (int64_t item = N0 * H + blockIdx.x / n_ranks; item < N * H; item += gridDim.x / n_ranks) {
     const int64_t i = item / H, h = item % H;
-    // Sequence of token i: the last s with q_begin[s] <= i (binary search).
-    int64_t lo = 0, hi = seqs.n_seqs - 1;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (seqs.q_begin[mid] <= i)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int64_t s = lo, T = seqs.ctx_len[s];
+    const int64_t s = seq_of_token(seqs, i), T = seqs.ctx_len[s];
     const int64_t last = pos[i] < T - 1 ? pos[i] : T - 1;
     for (int64_t w = threadIdx.x; w < L.words; w += blockDim.x) bits[w] = sel.sel ? 0u : 0xFFFFFFFFu;
     __syncthreads();

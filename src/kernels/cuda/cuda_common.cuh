@@ -48,6 +48,19 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
   return static_cast<uint32_t>(f_to_bf16_bits(lo)) | (static_cast<uint32_t>(f_to_bf16_bits(hi)) << 16);
 }
 
+// The sequence of a step's token i: the last s with seqs.q_begin[s] <= i (binary search).
+__device__ __forceinline__ int64_t seq_of_token(const StepSeqs& seqs, int64_t i) {
+  int64_t lo = 0, hi = seqs.n_seqs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (seqs.q_begin[mid] <= i)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 // Element access of a typed activation view (TView, cuda_ops.h): fp32 values in and out, rounded on store to bf16.
 __device__ __forceinline__ float tget(const TView& t, int64_t r, int64_t c) {
   return t.bf16 ? bf16_bits_to_f(static_cast<const uint16_t*>(t.p)[r * t.ld + c])

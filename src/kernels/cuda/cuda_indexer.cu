@@ -44,16 +44,7 @@ __global__ void __launch_bounds__(kIxThreads, 2)
     const int64_t row = row0 + threadIdx.x;
     int64_t s = -1, last = -1;
     if (row < n) {
-      const int64_t i = r0 + row;
-      int64_t lo = 0, hi = seqs.n_seqs - 1;  // the token's sequence: the last s with q_begin[s] <= i
-      while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (seqs.q_begin[mid] <= i)
-          lo = mid;
-        else
-          hi = mid - 1;
-      }
-      s = lo;
+      s = seq_of_token(seqs, r0 + row);
       last = q_pos[row] < seqs.ctx_len[s] - 1 ? q_pos[row] : seqs.ctx_len[s] - 1;
     }
     seq_sh[threadIdx.x] = s;

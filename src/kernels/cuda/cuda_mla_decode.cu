@@ -47,15 +47,7 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) { return f_to_bf16_bits(f
 // The sequence of token i within the run (the last s with q_begin[s] <= i), or -1 when i is outside the run.
 __device__ __forceinline__ int64_t seq_of(const StepSeqs& seqs, int64_t i) {
   if (i < seqs.q_begin[0] || i >= seqs.q_begin[seqs.n_seqs]) return -1;
-  int64_t lo = 0, hi = seqs.n_seqs - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (seqs.q_begin[mid] <= i)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
+  return seq_of_token(seqs, i);
 }
 
 // ---- A. absorption: block (head h, 64 latent columns), 8 warps; tokens in chunks of kTokChunk ----

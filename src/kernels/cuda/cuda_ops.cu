@@ -352,16 +352,7 @@ __global__ void __launch_bounds__(kIdxKeys)
   float* ws = qs + n_heads * head_dim;
   float* ks = ws + (n_heads + 3) / 4 * 4;  // [kIdxKeys · idx_key_ld(head_dim)]
   const int64_t row = blockIdx.y, i = r0 + row, t0 = static_cast<int64_t>(blockIdx.x) * kIdxKeys;
-  // The token's sequence (the last s with q_begin[s] <= i).
-  int64_t lo = 0, hi = seqs.n_seqs - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (seqs.q_begin[mid] <= i)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int64_t s = lo, last = q_pos[row] < seqs.ctx_len[s] - 1 ? q_pos[row] : seqs.ctx_len[s] - 1;
+  const int64_t s = seq_of_token(seqs, i), last = q_pos[row] < seqs.ctx_len[s] - 1 ? q_pos[row] : seqs.ctx_len[s] - 1;
   if (t0 > last) {  // the whole tile is past the token's position
     for (int64_t t = t0 + threadIdx.x; t < t0 + kIdxKeys && t < T; t += blockDim.x)
       scores[row * T + t] = __uint_as_float(0xFF800000u);
