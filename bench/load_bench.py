@@ -6,7 +6,13 @@ script reports throughput and latency (a program, not a test: nothing is asserte
 
 Per request it measures time to first token (first content/reasoning/text delta), inter-token latency (between
 deltas; one delta is one token for this server), end-to-end time and the usage counts (stream_options.include_usage).
-Standard library only.
+
+Interference mode (--long-prompts N): the --concurrency streams decode continuously (each worker sends request after
+request of --max-tokens, ignoring EOS) while, after --warmup seconds, N prompts of --long-prompt-words words arrive
+one every --long-interval seconds (max_tokens 1). It reports the streams' inter-token latency alone (gaps that end
+before the first long prompt is sent) and during the long prompts (gaps that overlap the time from the first one's
+send to the last one's end), their ratio (chunked prefill should keep it within ~2x), and the long prompts' time to
+first token. Standard library only.
 """
 import argparse
 import http.client
@@ -18,17 +24,17 @@ import time
 from urllib.parse import urlparse
 
 
-def one_request(url, args, rng):
+def one_request(url, args, rng, prompt_words=None, max_tokens=None):
     u = urlparse(url)
     words = ["model", "engine", "token", "layers", "experts", "support", "measure", "welcome", "family", "stored"]
-    prompt = " ".join(rng.choice(words) for _ in range(args.prompt_words))
+    prompt = " ".join(rng.choice(words) for _ in range(prompt_words or args.prompt_words))
     if args.endpoint == "chat":
         path = "/v1/chat/completions"
         body = {"messages": [{"role": "user", "content": prompt}]}
     else:
         path = "/v1/completions"
         body = {"prompt": prompt}
-    body.update({"max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True,
+    body.update({"max_tokens": max_tokens or args.max_tokens, "temperature": args.temperature, "stream": True,
                  "stream_options": {"include_usage": True}, "ignore_eos": args.ignore_eos})
     if args.model:
         body["model"] = args.model
@@ -70,7 +76,7 @@ def one_request(url, args, rng):
     c.close()
     end = time.perf_counter()
     itl = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"ttft": ttft, "itl": itl, "e2e": end - t0, "usage": usage}
+    return {"ttft": ttft, "itl": itl, "e2e": end - t0, "usage": usage, "t0": t0, "end": end, "stamps": stamps}
 
 
 def pct(xs, p):
@@ -94,7 +100,13 @@ def main():
     ap.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens tokens")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("--long-prompts", type=int, default=0, help="interference mode: long prompts to send")
+    ap.add_argument("--long-prompt-words", type=int, default=8000)
+    ap.add_argument("--long-interval", type=float, default=2.0, help="seconds between long prompts")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds of decode alone before the first long prompt")
     args = ap.parse_args()
+    if args.long_prompts > 0:
+        return interference(args)
 
     results, lock = [], threading.Lock()
     todo = list(range(args.requests))
@@ -136,6 +148,75 @@ def main():
                    "mean": round(statistics.mean(itl) * 1e3, 2) if itl else None},
         "e2e_s": {"p50": round(pct(e2e, 50), 3), "p95": round(pct(e2e, 95), 3), "p99": round(pct(e2e, 99), 3)},
     }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for k, v in summary.items():
+            print(f"{k:22s} {v}")
+        for e in errors[:5]:
+            print("error:", e)
+
+
+def interference(args):
+    args.ignore_eos = True
+    stop = threading.Event()
+    lock = threading.Lock()
+    streams, longs, errors = [], [], []
+
+    def decoder(wid):
+        rng = random.Random(args.seed * 1000 + wid)
+        while not stop.is_set():
+            res = one_request(args.url, args, rng)
+            with lock:
+                (errors if "error" in res else streams).append(res.get("error", res))
+
+    def long_sender(i, rng):
+        res = one_request(args.url, args, rng, prompt_words=args.long_prompt_words, max_tokens=1)
+        with lock:
+            (errors if "error" in res else longs).append(res.get("error", res))
+
+    threads = [threading.Thread(target=decoder, args=(i,)) for i in range(args.concurrency)]
+    for t in threads:
+        t.start()
+    time.sleep(args.warmup)
+    first_send = time.perf_counter()
+    senders = []
+    for i in range(args.long_prompts):
+        t = threading.Thread(target=long_sender, args=(i, random.Random(args.seed * 7919 + i)))
+        t.start()
+        senders.append(t)
+        if i + 1 < args.long_prompts:
+            time.sleep(args.long_interval)
+    for t in senders:
+        t.join()
+    last_end = max([r["end"] for r in longs], default=time.perf_counter())
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join()
+
+    alone, during = [], []
+    for r in streams:
+        st = r["stamps"]
+        for a, b in zip(st, st[1:]):
+            if b <= first_send:
+                alone.append(b - a)
+            elif a < last_end:
+                during.append(b - a)
+
+    def ms(xs, p):
+        return round(pct(xs, p) * 1e3, 2)
+
+    summary = {
+        "concurrency": args.concurrency, "long_prompts": len(longs), "errors": len(errors),
+        "long_prompt_tokens": [(r["usage"] or {}).get("prompt_tokens") for r in longs],
+        "long_ttft_ms": sorted(round(r["ttft"] * 1e3, 1) for r in longs if r["ttft"] is not None),
+        "itl_alone_ms": {"n": len(alone), "p50": ms(alone, 50), "p99": ms(alone, 99)},
+        "itl_during_long_ms": {"n": len(during), "p50": ms(during, 50), "p99": ms(during, 99)},
+    }
+    if alone and during:
+        summary["ratio_p50"] = round(pct(during, 50) / pct(alone, 50), 2)
+        summary["ratio_p99"] = round(pct(during, 99) / pct(alone, 99), 2)
     if args.json:
         print(json.dumps(summary))
     else:
