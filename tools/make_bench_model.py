@@ -357,6 +357,29 @@ def write_shape(out, prefix, config, seed):
     print(f"wrote {mx}: {n} routed-expert tensors quantized to MXFP4")
 
 
+def add_tokenizer(model_dir, src):
+    """Copies the tokenizer of src (tokenizer.json, its config, chat template, generation config) into model_dir with
+    the BPE vocabulary padded by filler tokens ("Ġfill<id>") up to the model's vocab_size, so that `latent serve` can
+    run the random-weight model: every id the model may sample decodes to text (serving benchmarks)."""
+    import shutil
+    with open(os.path.join(model_dir, "config.json")) as f:
+        V = json.load(f)["vocab_size"]
+    with open(os.path.join(src, "tokenizer.json")) as f:
+        tok = json.load(f)
+    vocab = tok["model"]["vocab"]
+    top = max(list(vocab.values()) + [t["id"] for t in tok.get("added_tokens", [])])
+    if top >= V:
+        raise SystemExit(f"{src}: tokenizer ids up to {top} do not fit the model's vocab_size {V}")
+    for i in range(top + 1, V):
+        vocab[f"\u0120fill{i}"] = i
+    with open(os.path.join(model_dir, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    for name in ("tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), os.path.join(model_dir, name))
+    print(f"tokenizer of {src} into {model_dir} ({V - top - 1} filler tokens)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/bench-models")
@@ -371,18 +394,25 @@ def main():
                     help="glm5-full only: also one MTP layer (num_nextn_predict_layers 1; model.layers.8: a MoE block "
                          "with its indexer, enorm, hnorm, eh_proj, shared_head.norm) after the unchanged main tensors, "
                          "into glm5-shape-mxfp4-mtp (speculative decoding: cuda_bench verify)")
+    ap.add_argument("--tokenizer", metavar="DIR", default="",
+                    help="also copy DIR's tokenizer into every written model, its vocabulary padded to the model's "
+                         "(e.g. models/latent-demo: lets `latent serve` run the bench model)")
     a = ap.parse_args()
     if a.mtp and a.shape != "glm5-full":
         ap.error("--mtp is supported for --shape glm5-full only")
+    before = set(os.listdir(a.out)) if os.path.isdir(a.out) else set()
     if a.shape == "glm5-full":
         write_full(a.out, a.seed, a.fast, a.mtp)
-        return
-    if a.shape.startswith("deepseek-v3-"):
+    elif a.shape.startswith("deepseek-v3-"):
         write_v3(a.out, a.seed, a.shape.endswith("fp8"), a.fast)
-        return
-    for name in sorted(SHAPES) if a.shape == "all" else [a.shape]:
-        prefix, config = SHAPES[name]
-        write_shape(a.out, prefix, config, a.seed)
+    else:
+        for name in sorted(SHAPES) if a.shape == "all" else [a.shape]:
+            prefix, config = SHAPES[name]
+            write_shape(a.out, prefix, config, a.seed)
+    if a.tokenizer:
+        for d in sorted(set(os.listdir(a.out)) - before) or sorted(os.listdir(a.out)):
+            if os.path.exists(os.path.join(a.out, d, "config.json")):
+                add_tokenizer(os.path.join(a.out, d), a.tokenizer)
 
 
 if __name__ == "__main__":
