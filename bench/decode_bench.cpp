@@ -425,12 +425,13 @@ void profile_spec_steps(server::ModelEngine& eng, CountingBackend& cb, int64_t k
   struct Kind {
     const char* name;
     std::vector<double> t;
+    double mflop = 0, weight_mb = 0;  // summed over the reps (CountingBackend)
     std::array<double, kOps> op{};
     std::map<std::string, CountingBackend::Detail> det;
   };
-  Kind kinds[3] = {{"decode step (1 row)", {}, {}, {}},
-                   {"verify step (k+1 rows)", {}, {}, {}},
-                   {"draft step (k+1 slots, k drafts)", {}, {}, {}}};
+  Kind kinds[3] = {{"decode step (1 row)", {}, 0, 0, {}, {}},
+                   {"verify step (k+1 rows)", {}, 0, 0, {}, {}},
+                   {"draft step (k+1 slots, k drafts)", {}, 0, 0, {}, {}}};
   int64_t pos = ctx;
   for (int64_t r = 0; r < reps; ++r) {
     for (int kind = 0; kind < 3; ++kind) {
@@ -444,6 +445,8 @@ void profile_spec_steps(server::ModelEngine& eng, CountingBackend& cb, int64_t k
         draft(pos + 1, k + 1);
       }
       kinds[kind].t.push_back(now_s() - t0);
+      kinds[kind].mflop += cb.flops / 1e6;
+      kinds[kind].weight_mb += static_cast<double>(cb.weight_bytes_read) / 1e6;
       for (int o = 0; o < kOps; ++o) kinds[kind].op[static_cast<size_t>(o)] += cb.op_time[static_cast<size_t>(o)];
       for (const auto& [key, d] : cb.details) {
         auto& e = kinds[kind].det[key];
@@ -464,6 +467,15 @@ void profile_spec_steps(server::ModelEngine& eng, CountingBackend& cb, int64_t k
       "draft %.3f ms (%.2fx); verify+draft %.2fx a decode step\n",
       static_cast<long long>(ctx), static_cast<long long>(reps), med[0] * 1e3, static_cast<long long>(k + 1),
       med[1] * 1e3, med[1] / med[0], med[2] * 1e3, med[2] / med[0], (med[1] + med[2]) / med[0]);
+  // The work each kind must do, counted (the same in every run): a floor of its cost where the step is bound by
+  // arithmetic (the demo model's weights sit in the caches), weight bytes where it streams them.
+  const double nr = static_cast<double>(reps);
+  std::printf(
+      "    work per step: decode %.2f MFLOP / %.2f MB of weights, verify %.2f / %.2f (%.2fx / %.2fx), draft "
+      "%.2f / %.2f (%.2fx / %.2fx)\n",
+      kinds[0].mflop / nr, kinds[0].weight_mb / nr, kinds[1].mflop / nr, kinds[1].weight_mb / nr,
+      kinds[1].mflop / kinds[0].mflop, kinds[1].weight_mb / kinds[0].weight_mb, kinds[2].mflop / nr,
+      kinds[2].weight_mb / nr, kinds[2].mflop / kinds[0].mflop, kinds[2].weight_mb / kinds[0].weight_mb);
   if (!profile) return;
   const double n = static_cast<double>(reps);
   for (const Kind& kd : kinds) {
