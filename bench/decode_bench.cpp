@@ -35,8 +35,8 @@
 // the prompts of FILE.json ("items": [{"name", "prompt_ids"}], e.g. tests/golden/latent-demo/greedy.json; only
 // the items whose name starts with one of --prompt-names) one request at a time through the scheduler (what
 // `latent serve` runs), greedy to EOS or --max-tokens, for every k (k = 0: the model loaded without its MTP layer)
-// in --rounds interleaved rounds. Columns: decode tok/s = tokens after each request's first / time from its first
-// token to its last (median and range over the rounds), e2e tok/s = all tokens / request times (prefill
+// in turn per prompt, in --rounds rounds. Columns: decode tok/s = tokens after each request's first / time from its
+// first token to its last (median and range over the rounds), e2e tok/s = all tokens / request times (prefill
 // included), x = over k = 0, steps, and the acceptance per draft position; a k whose output differs from k = 0 is
 // an error (exit 1).
 #include <algorithm>
@@ -52,6 +52,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -340,7 +341,7 @@ struct SpecRun {
   std::vector<int64_t> proposed_at, accepted_at;
 };
 
-SpecRun run_spec_pass(server::ModelEngine& eng, int64_t k, const std::vector<BenchPrompt>& prompts, int64_t max_tokens,
+SpecRun run_spec_pass(server::ModelEngine& eng, int64_t k, std::span<const BenchPrompt> prompts, int64_t max_tokens,
                       const std::vector<int32_t>& stop_ids) {
   SchedulerOptions so;
   so.num_speculative_tokens = k;
@@ -378,8 +379,8 @@ SpecRun run_spec_pass(server::ModelEngine& eng, int64_t k, const std::vector<Ben
     r.decode_tokens += static_cast<int64_t>(sink->toks.size()) - 1;
     r.outputs.push_back(sink->toks);
   }
+  sched.stop();  // joins the scheduler thread: the last verify's draft counts are in (they follow its tokens)
   const SchedulerStats st = sched.stats();
-  sched.stop();
   r.steps = st.steps;
   r.proposed_at = st.spec_proposed_at;
   r.accepted_at = st.spec_accepted_at;
@@ -553,15 +554,34 @@ int run_speculative(const std::string& dir, const std::vector<int>& threads, con
           profile_spec_steps(eng_prof, cb, k, 16, 64, profile);
         }
     }
+    // Interleaved per prompt (every k runs prompt i before any runs prompt i + 1), so that the machine's slower
+    // and faster moments fall on every k alike.
     std::map<int64_t, SpecAgg> agg;
-    for (int64_t round = 0; round < rounds; ++round)
-      for (int64_t k : ks) {
-        SpecRun r = run_spec_pass(k > 0 ? *eng_mtp : eng_plain, k, prompts, max_tokens, stop_ids);
+    for (int64_t round = 0; round < rounds; ++round) {
+      std::map<int64_t, SpecRun> runs;
+      for (size_t i = 0; i < prompts.size(); ++i)
+        for (int64_t k : ks) {
+          const SpecRun r = run_spec_pass(k > 0 ? *eng_mtp : eng_plain, k, std::span<const BenchPrompt>(&prompts[i], 1),
+                                          max_tokens, stop_ids);
+          SpecRun& acc = runs[k];
+          acc.e2e_s += r.e2e_s;
+          acc.decode_s += r.decode_s;
+          acc.tokens += r.tokens;
+          acc.decode_tokens += r.decode_tokens;
+          acc.steps += r.steps;
+          acc.outputs.insert(acc.outputs.end(), r.outputs.begin(), r.outputs.end());
+          acc.proposed_at.resize(std::max(acc.proposed_at.size(), r.proposed_at.size()), 0);
+          acc.accepted_at.resize(std::max(acc.accepted_at.size(), r.accepted_at.size()), 0);
+          for (size_t j = 0; j < r.proposed_at.size(); ++j) acc.proposed_at[j] += r.proposed_at[j];
+          for (size_t j = 0; j < r.accepted_at.size(); ++j) acc.accepted_at[j] += r.accepted_at[j];
+        }
+      for (auto& [k, r] : runs) {
         SpecAgg& a = agg[k];
         a.decode_tps.push_back(static_cast<double>(r.decode_tokens) / r.decode_s);
         a.e2e_tps.push_back(static_cast<double>(r.tokens) / r.e2e_s);
         a.last = std::move(r);
       }
+    }
     const SpecAgg* base = agg.count(0) ? &agg[0] : nullptr;
     std::printf("  %3s %2s %8s %19s %19s %7s %7s %9s  %s\n", "thr", "k", "tokens", "decode tok/s", "e2e tok/s", "x dec",
                 "x e2e", "steps", "acceptance per position");
