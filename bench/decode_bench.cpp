@@ -25,6 +25,20 @@
 // FMA peak) over the step time, x1t = tok/s over the same row's tok/s on one thread, cpu% = the process's CPU time
 // over (wall time x threads): well below 100 % means the machine was shared (spinning pool threads count as busy).
 // --profile adds the time per op class and step (ms, and GFLOP/s where the op has FLOPs).
+//
+//   decode_bench --model DIR --speculative 0,1,2,3 --prompts FILE.json [--prompt-names heldout,long]
+//                [--threads 1,2] [--max-tokens 64] [--rounds 5] [--profile]
+//
+// Speculative decoding with the checkpoint's MTP layer at batch 1: per thread count, first the step kinds timed
+// at a context of 16 (median of 64 each): a decode step (1 row), a verify step of k + 1 rows and a draft step that
+// fills k + 1 slots of the MTP layer and proposes k drafts (with --profile by op class and by weight shape); then
+// the prompts of FILE.json ("items": [{"name", "prompt_ids"}], e.g. tests/golden/latent-demo/greedy.json; only
+// the items whose name starts with one of --prompt-names) one request at a time through the scheduler (what
+// `latent serve` runs), greedy to EOS or --max-tokens, for every k (k = 0: the model loaded without its MTP layer)
+// in turn per prompt, in --rounds rounds. Columns: decode tok/s = tokens after each request's first / time from its
+// first token to its last (median and range over the rounds), e2e tok/s = all tokens / request times (prefill
+// included), x = over k = 0, steps, and the acceptance per draft position; a k whose output differs from k = 0 is
+// an error (exit 1).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -34,11 +48,16 @@
 #include <cstring>
 #include <ctime>
 #include <exception>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "counting_backend.h"
@@ -49,12 +68,17 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "read_bandwidth.h"
+#include "runtime/collecting_sink.h"
+#include "runtime/scheduler.h"
+#include "server/model_engine.h"
 
 namespace {
 
 using namespace latent;
 using bench::CountingBackend;
 using bench::dtype_size;
+using bench::kOpNames;
+using bench::kOps;
 using bench::now_s;
 using bench::print_profile;
 using bench::scale_bytes;
@@ -280,6 +304,314 @@ PrefillResult run_prefill(Model& model, CountingBackend& cb, int64_t n, bool pro
   return r;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Speculative decoding (--speculative K,..): the model's MTP layer drafts K tokens per step
+// ---------------------------------------------------------------------------------------------------------------
+
+// Prompts as token ids: a JSON file with "items": [{"name", "prompt_ids"}] (tests/golden/latent-demo/greedy.json).
+struct BenchPrompt {
+  std::string name;
+  std::vector<int32_t> ids;
+};
+
+std::vector<BenchPrompt> read_prompts(const std::string& path, const std::string& prefixes) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot open " + path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  const std::vector<std::string> want = split(prefixes);
+  std::vector<BenchPrompt> out;
+  for (const auto& it : j.at("items")) {
+    BenchPrompt p;
+    p.name = it.value("name", std::string());
+    bool keep = want.empty();
+    for (const auto& w : want) keep = keep || p.name.rfind(w, 0) == 0;
+    if (!keep) continue;
+    p.ids = it.at("prompt_ids").get<std::vector<int32_t>>();
+    if (!p.ids.empty()) out.push_back(std::move(p));
+  }
+  if (out.empty()) throw std::runtime_error("no prompts in " + path);
+  return out;
+}
+
+// One pass over the prompts, one request at a time (batch 1) through the scheduler, as `latent serve` runs them.
+struct SpecRun {
+  double e2e_s = 0, decode_s = 0;  // whole requests; from each request's first token to its last
+  int64_t tokens = 0, decode_tokens = 0, steps = 0;
+  std::vector<std::vector<int32_t>> outputs;
+  std::vector<int64_t> proposed_at, accepted_at;
+};
+
+SpecRun run_spec_pass(server::ModelEngine& eng, int64_t k, std::span<const BenchPrompt> prompts, int64_t max_tokens,
+                      const std::vector<int32_t>& stop_ids) {
+  SchedulerOptions so;
+  so.num_speculative_tokens = k;
+  so.max_num_seqs = 1;
+  so.prefix_cache = false;
+  so.kv_block_tokens = kBlockTokens;
+  int64_t longest = 0;
+  for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+  so.max_context = longest + max_tokens + 1;
+  const int64_t blocks = (so.max_context + k + kBlockTokens) / kBlockTokens + 2;
+  so.kv_total_blocks = eng.configure(blocks * kBlockTokens * eng.kv_bytes_per_token(), kBlockTokens,
+                                     so.max_batch_tokens, 1, so.max_context);
+  Scheduler sched(eng, so);
+  sched.start();
+  SpecRun r;
+  for (const auto& p : prompts) {
+    double t_first = 0, t_last = 0;
+    auto sink = std::make_shared<CollectingSink>([&](int32_t) {
+      t_last = now_s();
+      if (t_first == 0) t_first = t_last;
+    });
+    GenerationRequest req;
+    req.prompt = p.ids;
+    req.max_tokens = max_tokens;
+    req.sampling.temperature = 0.0f;
+    req.stop_ids = stop_ids;
+    req.sink = sink;
+    const double t0 = now_s();
+    sched.submit(std::move(req));
+    if (!sink->wait()) throw std::runtime_error("generation aborted: " + sink->aborted);
+    std::lock_guard lk(sink->mu);
+    r.e2e_s += t_last - t0;
+    r.decode_s += t_last - t_first;
+    r.tokens += static_cast<int64_t>(sink->toks.size());
+    r.decode_tokens += static_cast<int64_t>(sink->toks.size()) - 1;
+    r.outputs.push_back(sink->toks);
+  }
+  sched.stop();  // joins the scheduler thread: the last verify's draft counts are in (they follow its tokens)
+  const SchedulerStats st = sched.stats();
+  r.steps = st.steps;
+  r.proposed_at = st.spec_proposed_at;
+  r.accepted_at = st.spec_accepted_at;
+  return r;
+}
+
+// The step kinds of speculative decoding at batch 1 after a prompt of `ctx` tokens, each `reps` times, timed and
+// (with --profile) by op: a decode step (1 row), a verify step of k + 1 rows (every row's logits) and a draft step
+// that fills k + 1 slots of the MTP layer (all drafts accepted) and proposes k drafts.
+void profile_spec_steps(server::ModelEngine& eng, CountingBackend& cb, int64_t k, int64_t ctx, int64_t reps,
+                        bool profile) {
+  const int64_t V = eng.vocab_size(), per = (ctx + 2 * reps * (k + 1) + 2 * k + 2 + kBlockTokens - 1) / kBlockTokens;
+  eng.configure(per * kBlockTokens * eng.kv_bytes_per_token(), kBlockTokens, 512, 1, per * kBlockTokens);
+  std::vector<int32_t> table(static_cast<size_t>(per));
+  for (int64_t j = 0; j < per; ++j) table[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+  std::vector<int32_t> toks(static_cast<size_t>(std::max<int64_t>(ctx, k + 1)));
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 7 + 3) % V);
+  std::vector<float> logits(static_cast<size_t>((k + 1) * V));
+  std::vector<int32_t> drafts(static_cast<size_t>(k));
+  auto step = [&](int64_t n, int64_t start, bool decode, bool all) {
+    EngineStepItem it;
+    it.seq = 0;
+    it.tokens = std::span<const int32_t>(toks.data(), static_cast<size_t>(n));
+    it.start = start;
+    it.blocks = table;
+    it.want_logits = true;
+    it.all_logits = all;
+    it.decode = decode;
+    eng.step(std::span<const EngineStepItem>(&it, 1), logits.data());
+  };
+  auto draft = [&](int64_t start, int64_t slots) {
+    EngineDraftItem d;
+    d.seq = 0;
+    d.start = start;
+    d.tokens = std::span<const int32_t>(toks.data(), static_cast<size_t>(slots));
+    d.hidden_row = 0;
+    d.blocks = table;
+    d.n_draft = static_cast<int32_t>(k);
+    eng.draft(std::span<const EngineDraftItem>(&d, 1), drafts.data());
+  };
+  step(ctx, 0, false, false);
+  draft(0, 1);  // warm up the MTP layer's buffers
+  struct Kind {
+    const char* name;
+    std::vector<double> t;
+    double mflop = 0, weight_mb = 0;  // summed over the reps (CountingBackend)
+    std::array<double, kOps> op{};
+    std::map<std::string, CountingBackend::Detail> det;
+  };
+  Kind kinds[3] = {{"decode step (1 row)", {}, 0, 0, {}, {}},
+                   {"verify step (k+1 rows)", {}, 0, 0, {}, {}},
+                   {"draft step (k+1 slots, k drafts)", {}, 0, 0, {}, {}}};
+  int64_t pos = ctx;
+  for (int64_t r = 0; r < reps; ++r) {
+    for (int kind = 0; kind < 3; ++kind) {
+      cb.reset();
+      const double t0 = now_s();
+      if (kind == 0) {
+        step(1, pos, true, false);
+      } else if (kind == 1) {
+        step(k + 1, pos + 1, true, true);
+      } else {
+        draft(pos + 1, k + 1);
+      }
+      kinds[kind].t.push_back(now_s() - t0);
+      kinds[kind].mflop += cb.flops / 1e6;
+      kinds[kind].weight_mb += static_cast<double>(cb.weight_bytes_read) / 1e6;
+      for (int o = 0; o < kOps; ++o) kinds[kind].op[static_cast<size_t>(o)] += cb.op_time[static_cast<size_t>(o)];
+      for (const auto& [key, d] : cb.details) {
+        auto& e = kinds[kind].det[key];
+        e.time += d.time;
+        e.calls += d.calls;
+      }
+    }
+    pos += k + 2;
+  }
+  double med[3];
+  for (int kind = 0; kind < 3; ++kind) {
+    std::vector<double> v = kinds[kind].t;
+    std::sort(v.begin(), v.end());
+    med[kind] = v[v.size() / 2];
+  }
+  std::printf(
+      "    steps at batch 1, context %lld, median of %lld: decode %.3f ms, verify k+1=%lld %.3f ms (%.2fx), "
+      "draft %.3f ms (%.2fx); verify+draft %.2fx a decode step\n",
+      static_cast<long long>(ctx), static_cast<long long>(reps), med[0] * 1e3, static_cast<long long>(k + 1),
+      med[1] * 1e3, med[1] / med[0], med[2] * 1e3, med[2] / med[0], (med[1] + med[2]) / med[0]);
+  // The work each kind must do, counted (the same in every run): a floor of its cost where the step is bound by
+  // arithmetic (the demo model's weights sit in the caches), weight bytes where it streams them.
+  const double nr = static_cast<double>(reps);
+  std::printf(
+      "    work per step: decode %.2f MFLOP / %.2f MB of weights, verify %.2f / %.2f (%.2fx / %.2fx), draft "
+      "%.2f / %.2f (%.2fx / %.2fx)\n",
+      kinds[0].mflop / nr, kinds[0].weight_mb / nr, kinds[1].mflop / nr, kinds[1].weight_mb / nr,
+      kinds[1].mflop / kinds[0].mflop, kinds[1].weight_mb / kinds[0].weight_mb, kinds[2].mflop / nr,
+      kinds[2].weight_mb / nr, kinds[2].mflop / kinds[0].mflop, kinds[2].weight_mb / kinds[0].weight_mb);
+  if (!profile) return;
+  const double n = static_cast<double>(reps);
+  for (const Kind& kd : kinds) {
+    std::printf("      %s, ms by op:", kd.name);
+    double tot = 0;
+    for (int o = 0; o < kOps; ++o) {
+      const double t = kd.op[static_cast<size_t>(o)];
+      if (t <= 0) continue;
+      tot += t;
+      std::printf(" %s %.4f;", kOpNames[o], t * 1e3 / n);
+    }
+    double wall = 0;
+    for (double t : kd.t) wall += t;
+    std::printf(" ops %.3f of %.3f\n", tot * 1e3 / n, wall * 1e3 / n);
+    std::vector<std::pair<double, std::string>> top;
+    for (const auto& [key, d] : kd.det) top.emplace_back(d.time, key);
+    std::sort(top.rbegin(), top.rend());
+    for (size_t i = 0; i < top.size() && i < 16; ++i)
+      std::printf("        %-60s %.4f ms %5.1f calls\n", top[i].second.c_str(), top[i].first * 1e3 / n,
+                  double(kd.det.at(top[i].second).calls) / n);
+  }
+}
+
+struct SpecAgg {
+  std::vector<double> decode_tps, e2e_tps;
+  SpecRun last;
+};
+
+std::string per_position(const SpecRun& r) {
+  std::string s;
+  for (size_t j = 0; j < r.proposed_at.size(); ++j) {
+    char b[32];
+    std::snprintf(b, sizeof(b), "%s%.3f", j ? " " : "",
+                  r.proposed_at[j] ? double(r.accepted_at[j]) / double(r.proposed_at[j]) : 0.0);
+    s += b;
+  }
+  return s.empty() ? "-" : s;
+}
+
+int run_speculative(const std::string& dir, const std::vector<int>& threads, const std::vector<int64_t>& ks,
+                    const std::string& prompts_path, const std::string& prompt_names, int64_t max_tokens,
+                    int64_t rounds, bool bf16, bool profile) {
+  const std::vector<BenchPrompt> prompts = read_prompts(prompts_path, prompt_names);
+  int64_t kmax = 0;
+  for (int64_t k : ks) kmax = std::max(kmax, k);
+  PlanOptions po;
+  po.mtp_layers = kmax > 0 ? 1 : 0;
+  ModelFiles f = open_model_files(dir, po);
+  ModelOptions mo;
+  mo.bf16_activations = bf16;
+  std::vector<int32_t> stop_ids(f.cfg->eos_token_ids.begin(), f.cfg->eos_token_ids.end());
+  std::printf(
+      "\n%s: speculative decoding at batch 1, %zu prompts of %s (greedy, up to %lld new tokens, to EOS), "
+      "%lld interleaved rounds; activations %s\n",
+      dir.c_str(), prompts.size(), prompts_path.c_str(), static_cast<long long>(max_tokens),
+      static_cast<long long>(rounds), bf16 ? "bf16" : "fp32");
+  for (int t : threads) {
+    std::unique_ptr<Backend> be = make_backend("cpu", t);
+    CountingBackend cb(*be, profile);
+    cb.detail = profile;
+    // k = 0 runs the model without its MTP layer (speculation off), k > 0 with it.
+    Model plain(*f.cfg, *f.plan, *be, mo);
+    ModelOptions mo_mtp = mo;
+    mo_mtp.mtp_layers = 1;
+    std::unique_ptr<Model> mtp = kmax > 0 ? std::make_unique<Model>(*f.cfg, *f.plan, *be, mo_mtp) : nullptr;
+    touch_weights(plain.weights());
+    server::ModelEngine eng_plain(plain);
+    std::unique_ptr<server::ModelEngine> eng_mtp = mtp ? std::make_unique<server::ModelEngine>(*mtp) : nullptr;
+    if (mtp) {
+      Model prof(*f.cfg, *f.plan, cb, mo_mtp);
+      server::ModelEngine eng_prof(prof);
+      for (int64_t k : ks)
+        if (k > 0) {
+          std::printf("  thr %d, k = %lld:\n", t, static_cast<long long>(k));
+          profile_spec_steps(eng_prof, cb, k, 16, 64, profile);
+        }
+    }
+    // Interleaved per prompt (every k runs prompt i before any runs prompt i + 1), so that the machine's slower
+    // and faster moments fall on every k alike.
+    std::map<int64_t, SpecAgg> agg;
+    for (int64_t round = 0; round < rounds; ++round) {
+      std::map<int64_t, SpecRun> runs;
+      for (size_t i = 0; i < prompts.size(); ++i)
+        for (int64_t k : ks) {
+          const SpecRun r = run_spec_pass(k > 0 ? *eng_mtp : eng_plain, k, std::span<const BenchPrompt>(&prompts[i], 1),
+                                          max_tokens, stop_ids);
+          SpecRun& acc = runs[k];
+          acc.e2e_s += r.e2e_s;
+          acc.decode_s += r.decode_s;
+          acc.tokens += r.tokens;
+          acc.decode_tokens += r.decode_tokens;
+          acc.steps += r.steps;
+          acc.outputs.insert(acc.outputs.end(), r.outputs.begin(), r.outputs.end());
+          acc.proposed_at.resize(std::max(acc.proposed_at.size(), r.proposed_at.size()), 0);
+          acc.accepted_at.resize(std::max(acc.accepted_at.size(), r.accepted_at.size()), 0);
+          for (size_t j = 0; j < r.proposed_at.size(); ++j) acc.proposed_at[j] += r.proposed_at[j];
+          for (size_t j = 0; j < r.accepted_at.size(); ++j) acc.accepted_at[j] += r.accepted_at[j];
+        }
+      for (auto& [k, r] : runs) {
+        SpecAgg& a = agg[k];
+        a.decode_tps.push_back(static_cast<double>(r.decode_tokens) / r.decode_s);
+        a.e2e_tps.push_back(static_cast<double>(r.tokens) / r.e2e_s);
+        a.last = std::move(r);
+      }
+    }
+    const SpecAgg* base = agg.count(0) ? &agg[0] : nullptr;
+    std::printf("  %3s %2s %8s %19s %19s %7s %7s %9s  %s\n", "thr", "k", "tokens", "decode tok/s", "e2e tok/s", "x dec",
+                "x e2e", "steps", "acceptance per position");
+    for (int64_t k : ks) {
+      const SpecAgg& a = agg[k];
+      auto mm = [](const std::vector<double>& v) {
+        return std::make_pair(*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
+      };
+      auto med = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      const auto [dlo, dhi] = mm(a.decode_tps);
+      const auto [elo, ehi] = mm(a.e2e_tps);
+      char xd[16] = "-", xe[16] = "-";
+      if (base && k > 0) {
+        std::snprintf(xd, sizeof(xd), "%.2f", med(a.decode_tps) / med(base->decode_tps));
+        std::snprintf(xe, sizeof(xe), "%.2f", med(a.e2e_tps) / med(base->e2e_tps));
+      }
+      const bool same = !base || a.last.outputs == base->last.outputs;
+      std::printf("  %3d %2lld %8lld %8.0f (%4.0f-%4.0f) %8.0f (%4.0f-%4.0f) %7s %7s %9lld  %s%s\n", t,
+                  static_cast<long long>(k), static_cast<long long>(a.last.tokens), med(a.decode_tps), dlo, dhi,
+                  med(a.e2e_tps), elo, ehi, xd, xe, static_cast<long long>(a.last.steps), per_position(a.last).c_str(),
+                  same ? "" : "  OUTPUT DIFFERS FROM k = 0");
+      if (!same) return 1;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -291,6 +623,9 @@ int main(int argc, char** argv) {
   double max_kv_gb = 8.0;
   size_t mb = 512;
   bool profile = false, bf16 = false;
+  std::vector<int64_t> spec_ks;
+  std::string prompts_path, prompt_names;
+  int64_t spec_max_tokens = 64, rounds = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -348,11 +683,24 @@ int main(int argc, char** argv) {
       bf16 = v == "bf16";
     } else if (a == "--profile") {
       profile = true;
+    } else if (a == "--speculative") {
+      spec_ks = list(0);
+    } else if (a == "--prompts") {
+      prompts_path = next();
+    } else if (a == "--prompt-names") {
+      prompt_names = next();
+    } else if (a == "--max-tokens") {
+      spec_max_tokens = number(next(), 1);
+    } else if (a == "--rounds") {
+      rounds = number(next(), 1);
     } else {
       std::fprintf(stderr,
                    "usage: decode_bench --model DIR [--model DIR ...] [--threads 1,2] [--ctx 0,512,4096]\n"
                    "                    [--batch 1,16,64] [--steps 16] [--prefill 512] [--activations fp32|bf16]\n"
-                   "                    [--backends cpu[,ref]] [--fill 4096] [--max-kv-gb 8] [--profile] [--mb 512]\n");
+                   "                    [--backends cpu[,ref]] [--fill 4096] [--max-kv-gb 8] [--profile] [--mb 512]\n"
+                   "       decode_bench --model DIR --speculative 0,1,2,3 --prompts FILE.json [--prompt-names P,..]\n"
+                   "                    [--threads 1,2] [--max-tokens 64] [--rounds 5] [--activations fp32|bf16]\n"
+                   "                    [--profile]\n");
       return 2;
     }
   }
@@ -362,6 +710,22 @@ int main(int argc, char** argv) {
   }
   const CpuIsa isa = cpu_isa_default();
   std::printf("cpu backend ISA: %s\n", cpu_isa_name(isa));
+  if (!spec_ks.empty()) {
+    if (prompts_path.empty()) {
+      std::fprintf(stderr, "decode_bench: --speculative needs --prompts FILE.json\n");
+      return 2;
+    }
+    try {
+      for (const std::string& dir : models)
+        if (int rc = run_speculative(dir, threads, spec_ks, prompts_path, prompt_names, spec_max_tokens, rounds, bf16,
+                                     profile))
+          return rc;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "decode_bench: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   std::map<int, Machine> mach;
   for (int t : threads) {
     Machine& m = mach[t];

@@ -107,6 +107,26 @@ bool layer_has_own_indexer(const ModelConfig& cfg, int64_t l) {
 
 namespace {
 
+// The same format, shape and bytes (codes and scales): the same linear map.
+bool same_weight_bytes(const QuantWeight& a, const QuantWeight& b) {
+  if (!a.data || !b.data || a.format != b.format || a.rows != b.rows || a.cols != b.cols || a.fnuz != b.fnuz ||
+      a.block_rows != b.block_rows || a.block_cols != b.block_cols || (a.scale == nullptr) != (b.scale == nullptr))
+    return false;
+  if (a.data != b.data && std::memcmp(a.data, b.data, static_cast<size_t>(a.rows * a.row_bytes())) != 0) return false;
+  if (!a.scale || a.scale == b.scale) return true;
+  size_t scale_bytes = 0;
+  switch (a.format) {
+    case WeightFormat::MXFP4: scale_bytes = static_cast<size_t>(a.rows * a.scale_cols()); break;
+    case WeightFormat::FP8_E4M3_BLOCK:
+      scale_bytes = sizeof(float) * static_cast<size_t>(((a.rows + a.block_rows - 1) / a.block_rows) * a.scale_cols());
+      break;
+    case WeightFormat::FP8_E4M3_CHANNEL: scale_bytes = sizeof(float) * static_cast<size_t>(a.rows); break;
+    case WeightFormat::FP8_E4M3_TENSOR: scale_bytes = sizeof(float); break;
+    default: return false;  // a scale this function does not know the size of: not proven equal
+  }
+  return std::memcmp(a.scale, b.scale, scale_bytes) == 0;
+}
+
 // Every tensor the forward pass of `cfg` needs, in order: the embedding, final norm and lm_head, then per decoder
 // layer (and per MTP layer, l >= num_hidden_layers) its norms, attention, indexer and MLP / experts.
 ModelWeights walk_weights(const Resolver& r, int64_t mtp_layers) {
@@ -180,6 +200,13 @@ ModelWeights walk_weights(const Resolver& r, int64_t mtp_layers) {
     mt.embed = mt.own_embed ? r.table(p + "embed_tokens.weight", V, D) : mw.embed;
     mt.own_head = plan.has(p + "shared_head.head.weight");  // optional: else the main lm_head
     mt.head = mt.own_head ? r.linear(p + "shared_head.head", V, D) : mw.lm_head;
+    // A head stored as a byte-identical copy of lm_head (DeepSeek-V3, GLM-5 and the demo store one) is the same
+    // linear map: the main lm_head serves both (one copy in memory and in the caches; the draft's head then reads
+    // the rows the verify step just read).
+    if (mt.own_head && same_weight_bytes(mt.head, mw.lm_head)) {
+      mt.head = mw.lm_head;
+      mt.own_head = false;
+    }
     mw.mtp.push_back(std::move(mt));
   }
   return mw;

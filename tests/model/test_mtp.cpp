@@ -197,6 +197,31 @@ TEST(Mtp, CheckpointWithoutMtpLayerIsAClearError) {
   }
 }
 
+// A shared_head.head stored as a byte-identical copy of lm_head (the demo's, like DeepSeek-V3's and GLM-5's) is
+// served by lm_head itself (one copy in memory and caches); a head with other bytes (v3-tiny-mtp's) stays its own.
+TEST(Mtp, HeadStoredAsACopyOfLmHeadIsShared) {
+  PlanOptions po;
+  po.mtp_layers = 1;
+  {
+    ModelFiles f = open_model_files(src("models/latent-demo"), po);
+    ASSERT_TRUE(f.plan->has("model.layers.4.shared_head.head.weight"));
+    const ModelWeights w = resolve_weights(*f.cfg, *f.plan, 1);
+    ASSERT_EQ(w.mtp.size(), 1u);
+    EXPECT_FALSE(w.mtp[0].own_head);
+    EXPECT_EQ(w.mtp[0].head.data, w.lm_head.data);
+  }
+  {
+    ModelFiles f = open_model_files(src("tests/models/v3-tiny-mtp"), po);
+    const int64_t L = f.cfg->num_hidden_layers;
+    ASSERT_TRUE(f.plan->has(fmt::format("model.layers.{}.shared_head.head.weight", L)));
+    const ModelWeights w = resolve_weights(*f.cfg, *f.plan, 1);
+    ASSERT_EQ(w.mtp.size(), 1u);
+    EXPECT_TRUE(w.mtp[0].own_head);
+    EXPECT_NE(w.mtp[0].head.data, w.lm_head.data);
+    EXPECT_EQ(w.mtp[0].head.rows, w.lm_head.rows);
+  }
+}
+
 // An MTP layer announced by config.json (num_nextn_predict_layers 1) whose tensors the checkpoint lacks: the main
 // model's config of glm5-tiny-mtp over the weights of glm5-tiny. missing_tensors (the check of load and `latent
 // plan`) lists exactly the MTP layer's required tensors, and the load refuses it with one error naming the first

@@ -94,7 +94,7 @@ struct V16 {
 
   // ---- matmul tiles (mm_body.h) ----
   static constexpr int kMt = 5;  // 32 zmm registers: tiles of up to 5 activation rows
-  static constexpr int nt_bf16(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
+  static constexpr int nt_bf16(int mt) { return mt <= 2 ? 8 : 4; }
   static constexpr int nt_mx(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
   static constexpr int nt_nat(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 3; }
   static constexpr int64_t kChunkM = 4 * kMt;
