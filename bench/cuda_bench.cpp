@@ -1054,7 +1054,9 @@ int main(int argc, char** argv) {
   // cuda_bench ctx <dir> [--profile] [--batch 1,8,32,64,128] [--ctx 1024,8192,32768] [--no-stc] [--no-tile]: decode
   // at real contexts in graphs (bf16), with the floors and kernels per layer; --profile adds a timed per-op breakdown
   // at batch 1 and 64; --no-stc turns the BF16 / FP8 tensor-core skinny and tiled kernels off (the paths they
-  // replace), --no-tile the tiled kernel only (the skinny kernels then take FP8 up to 2,048 rows, as before it).
+  // replace), --no-tile the tiled kernel only (the skinny kernels then take FP8 up to 2,048 rows, as before it);
+  // --mla-split-keys N the fewest keys per split of the MLA decode attention (default: 32 at one (token, head
+  // tile) item, else 128).
   if (argc > 2 && std::string(argv[1]) == "ctx") {
     std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
     bool profile = false;
@@ -1063,6 +1065,7 @@ int main(int argc, char** argv) {
       if (a == "--profile") profile = true;
       if (a == "--no-stc") bench_no_stc(*be);
       if (a == "--no-tile") bench_no_tile(*be);
+      if (a == "--mla-split-keys" && i + 1 < argc) cuda_set_mla_split_keys(*be, std::stoi(argv[++i]));
       if (a == "--batch" && i + 1 < argc) batches = int_list(argv[++i]);
       if (a == "--ctx" && i + 1 < argc) ctxs = int_list(argv[++i]);
     }

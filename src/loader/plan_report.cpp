@@ -211,6 +211,12 @@ std::string human_count(int64_t n) {
   return std::to_string(n);
 }
 
+// Whether the CUDA backend stores this weight's codes pair-swizzled (kernels/cuda/mx_layout.h; the backend's
+// prepare_weight swizzles every MXFP4 weight whose rows are whole 32-bit words of codes).
+bool cuda_mx_swizzled(const PlanEntry& e) {
+  return e.is_linear && e.compute == WeightFormat::MXFP4 && e.shape.ndim == 2 && e.shape[1] % 8 == 0;
+}
+
 }  // namespace
 
 std::string format_plan_text(const PrecisionPlan& plan, const ModelConfig& cfg, const std::string& model_dir,
@@ -258,6 +264,13 @@ std::string format_plan_text(const PrecisionPlan& plan, const ModelConfig& cfg, 
   if (skipped)
     out += fmt::format("  {} tensors not loaded (MTP layers / IndexShare), listed above as skipped\n", skipped);
   out += fmt::format("\nactivations  {}\n", plan.activation_scheme());
+  int64_t swizzled = 0;
+  for (const PlanEntry& e : plan.entries()) swizzled += !e.skipped && cuda_mx_swizzled(e);
+  if (swizzled)
+    out += fmt::format(
+        "cuda layout  {} mxfp4 tensors: codes pair-swizzled inside each 32-bit word at load on --device cuda (a bit "
+        "order for the tensor-core decode; the same codes, scales and values — docs/cuda.md)\n",
+        swizzled);
   if (plan.lossy())
     out += fmt::format("lossy        YES: user-requested transforms above{}\n",
                        allow_lossy ? " (guard lifted by --allow-lossy)" : "");
@@ -284,6 +297,7 @@ nlohmann::json plan_to_json(const PrecisionPlan& plan) {
     o["linear"] = e.is_linear;
     o["skipped"] = e.skipped;
     if (e.skipped) o["skip_reason"] = e.skip_reason;
+    o["cuda_layout"] = cuda_mx_swizzled(e) ? "mxfp4_pair_swizzled" : "as_stored";
     arr.push_back(std::move(o));
   }
   return arr;

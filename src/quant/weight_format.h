@@ -33,6 +33,9 @@ struct QuantWeight {
   bool fnuz = false;            // FP8 codes are e4m3fnuz (value = fn value / 2)
   int64_t block_rows = 128;     // FP8_E4M3_BLOCK block shape
   int64_t block_cols = 128;
+  // MXFP4 on the CUDA backend: each 32-bit word of codes in the pair-swizzled layout of kernels/cuda/mx_layout.h (set
+  // by its prepare_weight; the same codes and values, only their bit order inside a word). Host views: false.
+  bool mx_swizzled = false;
 
   int64_t scale_cols() const {  // scale entries per row of the scale tensor
     if (format == WeightFormat::FP8_E4M3_BLOCK) return (cols + block_cols - 1) / block_cols;

@@ -380,49 +380,63 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
     EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0) << "fp32 x took the bf16 tensor-core kernel";
   }
   // Grouped (decode experts): every group MXFP4 takes it; one BF16 weight in the table keeps the exact kernels;
-  // (variant 2) every scale byte at most 128 but one expert's.
-  for (int variant = 0; variant < 3; ++variant) {
-    const bool mixed = variant == 1;
-    const int64_t G = 6, rows = 40, cols = 256;
-    std::vector<HostWeight> ws;
-    for (int64_t g = 0; g < G; ++g) {
-      ws.push_back(ops::make_weight(mixed && g == 3 ? Fmt::BF16 : Fmt::Mxfp4, rows, cols, rng));
-      if (variant == 2)
-        for (size_t i = 1; i < ws.back().scale.size(); ++i)
-          ws.back().scale[i] = static_cast<uint8_t>(g == 4 ? 129 + i % 3 : 100 + i % 29);
+  // (variant 2) every scale byte at most 128 but one expert's; 256 and 1,152 columns (2 and 9 chunks of 128), the
+  // groups of 9 tokens in two passes.
+  for (int64_t cols : {int64_t{256}, int64_t{1152}})
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool mixed = variant == 1;
+      const int64_t G = 6, rows = 40;
+      const std::string what = "variant " + std::to_string(variant) + " cols " + std::to_string(cols);
+      std::vector<HostWeight> ws;
+      for (int64_t g = 0; g < G; ++g) {
+        ws.push_back(ops::make_weight(mixed && g == 3 ? Fmt::BF16 : Fmt::Mxfp4, rows, cols, rng));
+        if (variant == 2)
+          for (size_t i = 1; i < ws.back().scale.size(); ++i)
+            ws.back().scale[i] = static_cast<uint8_t>(g == 4 ? 129 + i % 3 : 100 + i % 29);
+      }
+      const std::vector<int64_t> off = {0, 1, 1, 4, 13, 30, 31};
+      const std::vector<float> x = rng.normals(off.back() * cols);
+      const std::vector<float> want = ref_grouped(ws, off, x, rows, cols, DType::BF16);
+      Arena A(gpu());
+      std::vector<QuantWeight> wd;
+      for (const HostWeight& w : ws) wd.push_back(A.weight(w));
+      std::vector<const QuantWeight*> wp;
+      for (const QuantWeight& w : wd) wp.push_back(&w);
+      const Tensor xd = A.up(x, DType::BF16, off.back(), cols), y = A.tensor(DType::BF16, off.back(), rows);
+      const int64_t n0 = cuda_mx_tc_matmuls(gpu());
+      gpu().grouped_matmul(wp.data(), G, A.up(off), xd, y);
+      EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0 + (mixed ? 0 : 1)) << what;
+      EXPECT_LE(ops::norm_err(A.down(y).data(), want.data(), want.size()), ops::kTolBf16) << what;
+      // Each weight row on its own too (a wrong part or a lost one cannot hide under the other rows).
+      {
+        const std::vector<float> got = A.down(y);
+        for (int64_t r : {int64_t{0}, int64_t{17}, rows - 1}) {
+          std::vector<float> a, b;
+          for (int64_t m = 0; m < off.back(); ++m) {
+            a.push_back(got[static_cast<size_t>(m * rows + r)]);
+            b.push_back(want[static_cast<size_t>(m * rows + r)]);
+          }
+          EXPECT_LE(ops::norm_err(a.data(), b.data(), a.size()), ops::kTolBf16) << what << " weight row " << r;
+        }
+      }
+      // SwiGLU (the gate table = the up table reversed): one tensor-core call counted when every weight is MXFP4,
+      // equal bit for bit to the gate rows and up with the gate epilogue (FusedEpilogueEqualsUnfused checks that the
+      // unfused ops compose to it).
+      std::vector<const QuantWeight*> gp(wp.rbegin(), wp.rend());
+      Epilogue e;
+      e.glu = gp.data();
+      const Tensor yg = A.tensor(DType::BF16, off.back(), rows), g = A.tensor(DType::BF16, off.back(), rows),
+                   yu = A.tensor(DType::BF16, off.back(), rows);
+      const int64_t n1 = cuda_mx_tc_matmuls(gpu());
+      gpu().grouped_matmul(wp.data(), G, A.up(off), xd, yg, e);
+      EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n1 + (mixed ? 0 : 1)) << what << " SwiGLU";
+      gpu().grouped_matmul(gp.data(), G, A.up(off), xd, g);
+      Epilogue eu;
+      eu.gate = &g;
+      gpu().grouped_matmul(wp.data(), G, A.up(off), xd, yu, eu);
+      const std::vector<float> a = A.down(yg), b = A.down(yu);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what << " SwiGLU fused != unfused";
     }
-    const std::vector<int64_t> off = {0, 1, 1, 4, 13, 30, 31};
-    const std::vector<float> x = rng.normals(off.back() * cols);
-    const std::vector<float> want = ref_grouped(ws, off, x, rows, cols, DType::BF16);
-    Arena A(gpu());
-    std::vector<QuantWeight> wd;
-    for (const HostWeight& w : ws) wd.push_back(A.weight(w));
-    std::vector<const QuantWeight*> wp;
-    for (const QuantWeight& w : wd) wp.push_back(&w);
-    const Tensor xd = A.up(x, DType::BF16, off.back(), cols), y = A.tensor(DType::BF16, off.back(), rows);
-    const int64_t n0 = cuda_mx_tc_matmuls(gpu());
-    gpu().grouped_matmul(wp.data(), G, A.up(off), xd, y);
-    EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0 + (mixed ? 0 : 1)) << (mixed ? "mixed" : "mxfp4");
-    EXPECT_LE(ops::norm_err(A.down(y).data(), want.data(), want.size()), ops::kTolBf16) << "variant " << variant;
-    // SwiGLU (the gate table = the up table reversed): one tensor-core call counted when every weight is MXFP4,
-    // equal bit for bit to the gate rows and up with the gate epilogue (FusedEpilogueEqualsUnfused checks that the
-    // unfused ops compose to it).
-    std::vector<const QuantWeight*> gp(wp.rbegin(), wp.rend());
-    Epilogue e;
-    e.glu = gp.data();
-    const Tensor yg = A.tensor(DType::BF16, off.back(), rows), g = A.tensor(DType::BF16, off.back(), rows),
-                 yu = A.tensor(DType::BF16, off.back(), rows);
-    const int64_t n1 = cuda_mx_tc_matmuls(gpu());
-    gpu().grouped_matmul(wp.data(), G, A.up(off), xd, yg, e);
-    EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n1 + (mixed ? 0 : 1)) << (mixed ? "mixed" : "mxfp4") << " SwiGLU";
-    gpu().grouped_matmul(gp.data(), G, A.up(off), xd, g);
-    Epilogue eu;
-    eu.gate = &g;
-    gpu().grouped_matmul(wp.data(), G, A.up(off), xd, yu, eu);
-    const std::vector<float> a = A.down(yg), b = A.down(yu);
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
-        << "variant " << variant << " SwiGLU fused != unfused";
-  }
 }
 
 // The BF16 / FP8 tensor-core skinny kernels (bf16 x, weights with K % 128 == 0: BF16, FP8 block 128 / tensor /

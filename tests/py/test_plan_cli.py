@@ -134,11 +134,15 @@ def test_handmade_checkpoint_plans(tmp_path):
     assert plan["model.layers.1.mlp.experts.3.down_proj.weight"]["stored"] == "mxfp4"
     assert plan["model.layers.1.mlp.experts.3.down_proj.weight"]["shape"] == [64, 32]
     assert plan["model.layers.0.self_attn.kv_b_proj.weight"]["stored"] == "bf16"
+    # The CUDA backend's device layout: MXFP4 codes pair-swizzled (a bit order, values unchanged), the rest as stored.
+    assert plan["model.layers.1.mlp.experts.3.down_proj.weight"]["cuda_layout"] == "mxfp4_pair_swizzled"
+    assert plan["model.layers.0.self_attn.kv_b_proj.weight"]["cuda_layout"] == "as_stored"
     assert "model.layers.1.mlp.experts.0.up_proj.weight_scale" not in plan  # companions fold into their weight
     assert p.stderr == ""  # config and tensors agree: no warning
     text = run("plan", "--model", d, check=True).stdout
     assert "model.layers.1.mlp.experts.*.{gate,up,down}_proj.weight" in text
     assert "mxfp4 (quark, e8m0/32)" in text
+    assert "cuda layout" in text and "pair-swizzled" in text
 
 
 def test_config_disagreement_is_a_warning(tmp_path):

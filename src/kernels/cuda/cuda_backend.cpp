@@ -142,6 +142,14 @@ class CudaBackend final : public Backend {
     }
     d.data = upload_owned(w.data, data_bytes, "weight data");
     d.scale = scale_bytes ? upload_owned(w.scale, scale_bytes, "weight scales") : nullptr;
+    // MXFP4 codes into the pair-swizzled layout the tensor-core kernels decode cheaply (kernels/cuda/mx_layout.h: a
+    // bit order inside each 32-bit word of codes; every kernel reading the weight knows it — values unchanged).
+    if (w.format == WeightFormat::MXFP4 && !w.mx_swizzled && cuda::mx_swizzle_ok(w.cols, d.data)) {
+      cuda::launch_mx_swizzle(const_cast<void*>(d.data), w.rows, w.cols, stream_);
+      check_launch("MXFP4 swizzle");
+      sync();
+      d.mx_swizzled = true;
+    }
     return d;
   }
 
@@ -504,7 +512,7 @@ class CudaBackend final : public Backend {
       return Backend::mla_decode_attention(L, q, pool, seqs, pos, sel, o);
     const int64_t N = q.rows;
     // Splits from the graph bucket of the run (decode_graph_bucket: a padded graph step splits as an eager one).
-    const int splits = cuda::mla_decode_splits(L.d, decode_graph_bucket(N), seqs.max_ctx);
+    const int splits = cuda::mla_decode_splits(L.d, decode_graph_bucket(N), seqs.max_ctx, mla_split_keys);
     const cuda::MlaDecodeScratch sz = cuda::mla_decode_scratch(L.d, N, splits);
     char* base = static_cast<char*>(
         tmp_bytes(kTmpMla, sz.qlat_bytes + sz.olat_bytes + sz.part_o_bytes + sz.part_ml_bytes + 256, "MLA decode"));
@@ -554,6 +562,7 @@ class CudaBackend final : public Backend {
   bool flash_prefill = true;  // cuda_set_flash_prefill (cuda_backend.h)
   int64_t flash_calls = 0;
   bool tc_indexer = true;  // cuda_set_tc_indexer (cuda_backend.h)
+  int mla_split_keys = 0;  // cuda_set_mla_split_keys (cuda_backend.h); 0: mla_decode_splits' rule
   int64_t tc_indexer_calls = 0;
   static constexpr int64_t kTileDefaults[4] = {1, 0, 33, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
   int64_t tile_bf16_min = kTileDefaults[0], tile_bf16_max = kTileDefaults[1], tile_fp8_min = kTileDefaults[2],
@@ -904,6 +913,10 @@ void cuda_set_flash_prefill(Backend& be, bool on) {
 int64_t cuda_flash_prefill_calls(const Backend& be) {
   const auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->flash_calls : -1;
+}
+
+void cuda_set_mla_split_keys(Backend& be, int keys) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->mla_split_keys = keys > 0 ? keys : 0;
 }
 
 void cuda_set_tc_indexer(Backend& be, bool on) {

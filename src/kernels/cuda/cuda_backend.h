@@ -66,6 +66,10 @@ int64_t cuda_flash_prefill_calls(const Backend& be);
 // with 32 or 64 index heads (GLM-5, DeepSeek-V3.2); on by default (with the tensor-core dispatch), off: the CUDA-core
 // kernel. Counter: the calls the tensor-core kernel took.
 void cuda_set_tc_indexer(Backend& be, bool on);
+// The fewest keys per split of the MLA decode attention (cuda_mla_decode.cu; 0, the default: 32 when a step has one
+// (token, head tile) item, else 128): fewer means more blocks for short contexts at small batch. The same results up
+// to the order of the splits' fp32 merge.
+void cuda_set_mla_split_keys(Backend& be, int keys);
 int64_t cuda_tc_indexer_calls(const Backend& be);
 
 }  // namespace latent

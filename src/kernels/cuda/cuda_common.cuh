@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/mx_layout.h"
 #include "quant/weight_format.h"
 
 namespace latent::cuda {
@@ -114,8 +115,12 @@ __device__ __forceinline__ float wget(const WDesc& w, int64_t r, int64_t c) {
     case kFmtFp8Tensor: return __fmul_rn(e4m3_to_f(row[c], w.fnuz), static_cast<const float*>(w.scale)[0]);
     case kFmtFp8Channel: return __fmul_rn(e4m3_to_f(row[c], w.fnuz), static_cast<const float*>(w.scale)[r]);
     case kFmtMxfp4: {
-      const uint32_t byte = row[c >> 1];
       const float s = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r * w.scale_cols + (c >> 5)]);
+      if (w.swz) {  // the word of columns c & ~7 .. (c | 7), pair-swizzled
+        const uint32_t word = mx_unswizzle(reinterpret_cast<const uint32_t*>(row)[c >> 3]);
+        return __fmul_rn(e2m1_to_f(word >> (4 * (c & 7))), s);
+      }
+      const uint32_t byte = row[c >> 1];
       return __fmul_rn(e2m1_to_f((c & 1) ? byte >> 4 : byte), s);
     }
     default: return f_nan();

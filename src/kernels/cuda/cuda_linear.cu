@@ -137,6 +137,12 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
     uint4 raw[kR];
 #pragma unroll
     for (int i = 0; i < kR; ++i) raw[i] = __ldcs(rowp[i] + ch);
+    if constexpr (FMT == kFmtMxfp4)
+      if (w.swz)
+#pragma unroll
+        for (int i = 0; i < kR; ++i)
+          raw[i] = make_uint4(mx_unswizzle(raw[i].x), mx_unswizzle(raw[i].y), mx_unswizzle(raw[i].z),
+                              mx_unswizzle(raw[i].w));
     float sc[kR];
 #pragma unroll
     for (int i = 0; i < kR; ++i) {
@@ -401,11 +407,11 @@ __global__ void __launch_bounds__(256)
 // Lane (g = lane/4, t = lane%4) loads, per 128 columns, the 16-byte MXFP4 block t of rows g and g+8 (the 4 lanes
 // of a row read its 64 contiguous bytes) and the 32 activations of that block for token g of each n-tile. The mma's
 // k slots are a permutation of the 128 columns shared by A and B: in step s (of 8) lane t's slots {2t, 2t+1} hold
-// the columns 8w+i, 8w+i+4 and slots {2t+8, 2t+9} the columns 8w+i+1, 8w+i+5 of its block (w = s/2, i = 2(s%2)),
-// so each A register is the nibble pair (i, i+4) of one 32-bit word of codes — two bits of code moved into bf16
-// places per value (a subnormal: e2m1 · 2^-126) — and each B register one byte permute of two activation words.
-// One bf16x2 multiply by 2^(e-1) then gives the exact e2m1 · 2^(e-127) of each value (scale bytes above 128: by
-// 2^126, then by the scale; 0xFF: NaN), products and sums in the tensor cores' fp32.
+// the columns 4s, 4s+1 and slots {2t+8, 2t+9} the columns 4s+2, 4s+3 of its block. The codes are pair-swizzled on
+// the device (mx_layout.h): word s/2 of the block gives those two column pairs as bf16 bit patterns with one shift
+// and one AND each (pairs 0, 1 in even steps, 2, 3 in odd ones), and each B register is one activation word as
+// loaded. One bf16x2 multiply by 2^(e-1) then gives the exact e2m1 · 2^(e-127) of each value (scale bytes above
+// 128: by 2^126, then by the scale; 0xFF: NaN), products and sums in the tensor cores' fp32.
 constexpr int kMxChunks = 4;  // 128-column chunks of weights in flight per lane
 
 // The A fragments of one 16-column step s of a chunk (rows g and g + 8 of a 16-row tile) and its mma with every
@@ -419,30 +425,29 @@ __device__ __forceinline__ void mx_tc_step(int s, const uint4& wa, const uint4& 
   const uint32_t wwa = word_of(wa, s >> 1), wwb = word_of(wb, s >> 1);
   uint32_t a0, a1, a2, a3;
   if (s & 1) {
-    a0 = mx_a<2, POST>(wwa, ma, posta);
-    a1 = mx_a<2, POST>(wwb, mbm, postb);
-    a2 = mx_a<3, POST>(wwa, ma, posta);
-    a3 = mx_a<3, POST>(wwb, mbm, postb);
+    a0 = mx_swz_a<2, POST>(wwa, ma, posta);
+    a1 = mx_swz_a<2, POST>(wwb, mbm, postb);
+    a2 = mx_swz_a<3, POST>(wwa, ma, posta);
+    a3 = mx_swz_a<3, POST>(wwb, mbm, postb);
   } else {
-    a0 = mx_a<0, POST>(wwa, ma, posta);
-    a1 = mx_a<0, POST>(wwb, mbm, postb);
-    a2 = mx_a<1, POST>(wwa, ma, posta);
-    a3 = mx_a<1, POST>(wwb, mbm, postb);
+    a0 = mx_swz_a<0, POST>(wwa, ma, posta);
+    a1 = mx_swz_a<0, POST>(wwb, mbm, postb);
+    a2 = mx_swz_a<1, POST>(wwa, ma, posta);
+    a3 = mx_swz_a<1, POST>(wwb, mbm, postb);
   }
-  const int a = 4 * (s >> 1) + (s & 1);
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
-    mma_bf16_16816(c[n], a0, a1, a2, a3, __byte_perm(xr[n][a], xr[n][a + 2], 0x5410),
-                   __byte_perm(xr[n][a], xr[n][a + 2], 0x7632));
+  for (int n = 0; n < NT; ++n) mma_bf16_16816(c[n], a0, a1, a2, a3, xr[n][2 * s], xr[n][2 * s + 1]);
 }
 
-// GLU (wg non-null): the same tile of the gate weight wg too (same shape), the store applying SiLU(gate) · up as
-// the unfused path does (the gate's accumulator rounded to the output dtype first: epi_value's gacc).
-template <int NT, bool GLU = false>
-__device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const uint16_t* x,
-                                           int64_t ldx, const SmallOut& out, int lane, const WDesc* wg = nullptr) {
+// One pass of the tokens mb .. min(mb + 8·NT, m1) (of a group's m0 .. m1) over the 128-column chunks
+// [kb_begin, kb_end) of the 16-row tile at rbase: its fp32 accumulators c and, GLU (wg non-null), cg of the same
+// tile of the gate weight wg (same shape).
+template <int NT, bool GLU>
+__device__ __forceinline__ void mx_tc_pass(const WDesc& w, int64_t m0, int64_t m1, int64_t mb, int64_t rbase,
+                                           const uint16_t* x, int64_t ldx, int lane, const WDesc* wg, int64_t kb_begin,
+                                           int64_t kb_end, float (&c)[NT][4], float (&cg)[NT][4]) {
   const int g = lane >> 2, t = lane & 3;
-  const int64_t N = w.rows, nkb = w.cols / 128;
+  const int64_t N = w.rows;
   const int64_t ra = rbase + g < N ? rbase + g : N - 1, rb = rbase + g + 8 < N ? rbase + g + 8 : N - 1;
   const uint4* pa = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + ra * w.row_bytes) + t;
   const uint4* pb = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + rb * w.row_bytes) + t;
@@ -456,91 +461,107 @@ __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m
     ta = static_cast<const uint8_t*>(wg->scale) + ra * wg->scale_cols + t;
     tb = static_cast<const uint8_t*>(wg->scale) + rb * wg->scale_cols + t;
   }
+  const uint4* xp[NT];
+  bool has[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int64_t tok = mb + 8 * n + g;
+    has[n] = tok < m1;
+    xp[n] = reinterpret_cast<const uint4*>(x + (has[n] ? tok : m0) * ldx) + 4 * t;
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[n][e] = cg[n][e] = 0.0f;
+  for (int64_t kb0 = kb_begin; kb0 < kb_end; kb0 += kMxChunks) {
+    uint4 wa[kMxChunks], wb[kMxChunks], ga[GLU ? kMxChunks : 1], gb[GLU ? kMxChunks : 1];
+    uint32_t ea[kMxChunks], eb[kMxChunks], fa[GLU ? kMxChunks : 1], fb[GLU ? kMxChunks : 1];
+#pragma unroll
+    for (int j = 0; j < kMxChunks; ++j) {
+      const int64_t kb = kb0 + j < kb_end ? kb0 + j : kb_end - 1;  // clamped: loads stay in bounds, results unused
+      wa[j] = __ldcs(pa + 4 * kb);
+      wb[j] = __ldcs(pb + 4 * kb);
+      ea[j] = __ldg(sa + 4 * kb);
+      eb[j] = __ldg(sb + 4 * kb);
+      if constexpr (GLU) {
+        ga[j] = __ldcs(qa + 4 * kb);
+        gb[j] = __ldcs(qb + 4 * kb);
+        fa[j] = __ldg(ta + 4 * kb);
+        fb[j] = __ldg(tb + 4 * kb);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMxChunks; ++j) {
+      if (kb0 + j >= kb_end) break;
+      uint32_t xr[NT][16];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint4 v = has[n] ? __ldg(xp[n] + 16 * (kb0 + j) + q) : make_uint4(0u, 0u, 0u, 0u);
+          xr[n][4 * q] = v.x;
+          xr[n][4 * q + 1] = v.y;
+          xr[n][4 * q + 2] = v.z;
+          xr[n][4 * q + 3] = v.w;
+        }
+      uint32_t posta, postb;
+      const uint32_t ma = mx_mult(ea[j], posta), mbm = mx_mult(eb[j], postb);
+      // (One token pass only: two copies of the steps cost the NT = 2 kernel its second block per SM.)
+      if (NT > 1 || __any_sync(0xFFFFFFFFu, (posta | postb) != 0u)) {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
+      } else {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
+      }
+      if constexpr (GLU) {
+        uint32_t pga, pgb;
+        const uint32_t mga = mx_mult(fa[j], pga), mgb = mx_mult(fb[j], pgb);
+        if (NT > 1 || __any_sync(0xFFFFFFFFu, (pga | pgb) != 0u)) {
+#pragma unroll
+          for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
+        } else {
+#pragma unroll
+          for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
+        }
+      }
+    }
+  }
+}
+
+// The store of one pass: GLU applies SiLU(gate) · up as the unfused path does (the gate's accumulator rounded to
+// the output dtype first: epi_value's gacc).
+template <int NT, bool GLU>
+__device__ __forceinline__ void mx_tc_store(int64_t N, int64_t m1, int64_t mb, int64_t rbase, const SmallOut& out,
+                                            int lane, const float (&c)[NT][4], const float (&cg)[NT][4]) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t r = rbase + g + (e >> 1) * 8, m = mb + 8 * n + 2 * t + (e & 1);
+      if (r >= N || m >= m1) continue;
+      if constexpr (GLU) {
+        const bool bf16 = out.yf == nullptr && out.y.bf16 != 0;
+        const float v = epi_value(c[n][e], out.bias, &cg[n][e], TView{}, out.residual, m, r, bf16);
+        if (out.yf)
+          out.yf[m * N + r] = v;
+        else
+          tset(out.y, m, r, v);
+      } else {
+        small_store(out, m, r, N, c[n][e]);
+      }
+    }
+}
+
+// A 16-row tile at rbase over the tokens m0 .. m1 in passes of 8·NT, all of K.
+template <int NT, bool GLU = false>
+__device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m1, int64_t rbase, const uint16_t* x,
+                                           int64_t ldx, const SmallOut& out, int lane, const WDesc* wg = nullptr) {
   for (int64_t mb = m0; mb < m1; mb += 8 * NT) {
-    const uint4* xp[NT];
-    bool has[NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const int64_t tok = mb + 8 * n + g;
-      has[n] = tok < m1;
-      xp[n] = reinterpret_cast<const uint4*>(x + (has[n] ? tok : m0) * ldx) + 4 * t;
-    }
     float c[NT][4], cg[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[n][e] = cg[n][e] = 0.0f;
-    for (int64_t kb0 = 0; kb0 < nkb; kb0 += kMxChunks) {
-      uint4 wa[kMxChunks], wb[kMxChunks], ga[GLU ? kMxChunks : 1], gb[GLU ? kMxChunks : 1];
-      uint32_t ea[kMxChunks], eb[kMxChunks], fa[GLU ? kMxChunks : 1], fb[GLU ? kMxChunks : 1];
-#pragma unroll
-      for (int j = 0; j < kMxChunks; ++j) {
-        const int64_t kb = kb0 + j < nkb ? kb0 + j : nkb - 1;  // clamped: loads stay in bounds, results unused
-        wa[j] = __ldcs(pa + 4 * kb);
-        wb[j] = __ldcs(pb + 4 * kb);
-        ea[j] = __ldg(sa + 4 * kb);
-        eb[j] = __ldg(sb + 4 * kb);
-        if constexpr (GLU) {
-          ga[j] = __ldcs(qa + 4 * kb);
-          gb[j] = __ldcs(qb + 4 * kb);
-          fa[j] = __ldg(ta + 4 * kb);
-          fb[j] = __ldg(tb + 4 * kb);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kMxChunks; ++j) {
-        if (kb0 + j >= nkb) break;
-        uint32_t xr[NT][16];
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint4 v = has[n] ? __ldg(xp[n] + 16 * (kb0 + j) + q) : make_uint4(0u, 0u, 0u, 0u);
-            xr[n][4 * q] = v.x;
-            xr[n][4 * q + 1] = v.y;
-            xr[n][4 * q + 2] = v.z;
-            xr[n][4 * q + 3] = v.w;
-          }
-        uint32_t posta, postb;
-        const uint32_t ma = mx_mult(ea[j], posta), mbm = mx_mult(eb[j], postb);
-        // (One token pass only: two copies of the steps cost the NT = 2 kernel its second block per SM.)
-        if (NT > 1 || __any_sync(0xFFFFFFFFu, (posta | postb) != 0u)) {
-#pragma unroll
-          for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
-        } else {
-#pragma unroll
-          for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
-        }
-        if constexpr (GLU) {
-          uint32_t pga, pgb;
-          const uint32_t mga = mx_mult(fa[j], pga), mgb = mx_mult(fb[j], pgb);
-          if (NT > 1 || __any_sync(0xFFFFFFFFu, (pga | pgb) != 0u)) {
-#pragma unroll
-            for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
-          } else {
-#pragma unroll
-            for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t r = rbase + g + (e >> 1) * 8, m = mb + 8 * n + 2 * t + (e & 1);
-        if (r >= N || m >= m1) continue;
-        if constexpr (GLU) {
-          const bool bf16 = out.yf == nullptr && out.y.bf16 != 0;
-          const float v = epi_value(c[n][e], out.bias, &cg[n][e], TView{}, out.residual, m, r, bf16);
-          if (out.yf)
-            out.yf[m * N + r] = v;
-          else
-            tset(out.y, m, r, v);
-        } else {
-          small_store(out, m, r, N, c[n][e]);
-        }
-      }
+    mx_tc_pass<NT, GLU>(w, m0, m1, mb, rbase, x, ldx, lane, wg, 0, w.cols / 128, c, cg);
+    mx_tc_store<NT, GLU>(w.rows, m1, mb, rbase, out, lane, c, cg);
   }
 }
 
@@ -702,7 +723,8 @@ __device__ __forceinline__ void tc_load_w(const WDesc& w, int64_t n0, int64_t k0
     const int64_t n = n0 + a, k = k0 + c;
     uint4 o0 = make_uint4(0, 0, 0, 0), o1 = o0;
     if (n < N && k < K) {
-      const uint2 u = *reinterpret_cast<const uint2*>(data + n * w.row_bytes + k / 2);
+      uint2 u = *reinterpret_cast<const uint2*>(data + n * w.row_bytes + k / 2);
+      if (w.swz) u = make_uint2(mx_unswizzle(u.x), mx_unswizzle(u.y));
       const float s = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[n * w.scale_cols + k / 32]);
       float v[16];
 #pragma unroll
@@ -882,7 +904,8 @@ __global__ void dequant_bf16_kernel(WDesc w, int64_t Kp, bool fast, uint4* out) 
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes;
     float v[8];
     if (fast && c0 + 8 <= K && w.format == kFmtMxfp4) {
-      const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + c0 / 2);
+      uint32_t codes = *reinterpret_cast<const uint32_t*>(row + c0 / 2);
+      if (w.swz) codes = mx_unswizzle(codes);
       const float s = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r * w.scale_cols + c0 / 32]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(e2m1_to_f(codes >> (4 * e)), s);
@@ -900,6 +923,12 @@ __global__ void dequant_bf16_kernel(WDesc w, int64_t Kp, bool fast, uint4* out) 
     }
     out[i] = pack_bf16x8(v);
   }
+}
+
+__global__ void mx_swizzle_kernel(uint32_t* words, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    words[i] = mx_swizzle(words[i]);
 }
 
 __global__ void embedding_kernel(WDesc t, const int32_t* ids, int64_t M, TView out) {
@@ -925,6 +954,7 @@ WDesc make_wdesc(const QuantWeight& w) {
   d.fnuz = w.fnuz ? 1 : 0;
   d.block_rows = static_cast<int32_t>(w.block_rows);
   d.block_cols = static_cast<int32_t>(w.block_cols);
+  d.swz = w.format == WeightFormat::MXFP4 && w.mx_swizzled ? 1 : 0;
   return d;
 }
 
@@ -997,6 +1027,15 @@ void launch_to_bf16(const float* x, int64_t M, int64_t K, int64_t Kp, void* out,
   if (M <= 0 || Kp <= 0) return;
   const bool vec = K % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   to_bf16_kernel<<<grid_for(M * (Kp / 8), 256), 256, 0, st>>>(x, M, K, Kp, vec, static_cast<uint4*>(out));
+}
+
+bool mx_swizzle_ok(int64_t cols, const void* data) {
+  return cols > 0 && cols % 8 == 0 && (reinterpret_cast<uintptr_t>(data) & 3) == 0;
+}
+void launch_mx_swizzle(void* data, int64_t rows, int64_t cols, cudaStream_t st) {
+  const int64_t n = rows * (cols / 8);
+  if (n <= 0) return;
+  mx_swizzle_kernel<<<grid_for(n, 256), 256, 0, st>>>(static_cast<uint32_t*>(data), n);
 }
 
 void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st) {
@@ -1074,7 +1113,7 @@ void grouped_small_t(const WDesc* table, int64_t n_groups, int64_t rows, const i
 // (The scale rows 4-byte aligned too: the tiled kernel copies each row's 4 scale bytes of a 128-column block with one
 // 4-byte cp.async.)
 bool mx_tc_ok(const WDesc& w) {
-  return w.format == kFmtMxfp4 && w.cols > 0 && w.cols % 128 == 0 && w.row_bytes == w.cols / 2 &&
+  return w.format == kFmtMxfp4 && w.swz != 0 && w.cols > 0 && w.cols % 128 == 0 && w.row_bytes == w.cols / 2 &&
          w.scale_cols == w.cols / 32 && w.scale != nullptr && (reinterpret_cast<uintptr_t>(w.data) & 15) == 0 &&
          (reinterpret_cast<uintptr_t>(w.scale) & 3) == 0;
 }

@@ -18,8 +18,9 @@ bool mla_decode_supported(const MlaDims& d, const KvPool& pool);
 // dn + dv 256); else CUDA-core kernels.
 bool absorb_tc_ok(const MlaDims& d, const WDesc& kv_b);
 // Key splits per (token, head tile) for a step of n_tokens tokens whose sequences hold at most max_ctx keys (a host
-// bound: the reserved context for a graph step): about two blocks per SM, at least ~128 keys per split.
-int mla_decode_splits(const MlaDims& d, int64_t n_tokens, int64_t max_ctx);
+// bound: the reserved context for a graph step): about two blocks per SM, at least ~min_keys keys per split (<= 0:
+// 32 for a single (token, head tile) item, 128 otherwise).
+int mla_decode_splits(const MlaDims& d, int64_t n_tokens, int64_t max_ctx, int min_keys = 0);
 struct MlaDecodeScratch {
   size_t qlat_bytes = 0, olat_bytes = 0, part_o_bytes = 0, part_ml_bytes = 0;
 };

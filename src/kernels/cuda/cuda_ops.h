@@ -18,6 +18,7 @@ struct WDesc {
   int32_t format = 0;  // WeightFormat
   int32_t fnuz = 0;
   int32_t block_rows = 128, block_cols = 128;
+  int32_t swz = 0;  // MXFP4 codes in the pair-swizzled layout (mx_layout.h)
 };
 WDesc make_wdesc(const QuantWeight& w);
 
@@ -104,6 +105,10 @@ void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, TView o
 // = x rounded to bf16; out [rows, Kp] = W dequantized (as the exact kernels do) and rounded to bf16.
 void launch_to_bf16(const float* x, int64_t M, int64_t K, int64_t Kp, void* out, cudaStream_t st);
 void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st);
+// MXFP4 codes [rows, cols / 2] on the device into the pair-swizzled layout (mx_layout.h), in place; whole words only
+// (mx_swizzle_ok: cols % 8 == 0, data 4-byte aligned). prepare_weight does it once per weight.
+bool mx_swizzle_ok(int64_t cols, const void* data);
+void launch_mx_swizzle(void* data, int64_t rows, int64_t cols, cudaStream_t st);
 
 // ---- norms / elementwise / MoE / top-k (cuda_ops.cu) ----
 // Typed views; the bf16 points of an op apply when its output view is bf16.

@@ -96,16 +96,9 @@ __device__ __forceinline__ void fp8_word(uint32_t w, bool nan, uint32_t& lo, uin
   hi = bf16x2_mul(rh, k2p120);
 }
 
-// MXFP4: the nibble pair (I, I + 4) of a word of e2m1 codes as bf16 bit patterns (e2m1 · 2^-126, a subnormal for
-// exponent 0), and the bf16x2 multiplier(s) of a block's scale byte: mx_a gives the exact e2m1 · 2^(e-127) of each
-// code (scale bytes above 128: by 2^126, then by the scale; 0xFF: NaN).
-template <int I>
-__device__ __forceinline__ uint32_t mx_pair_bits(uint32_t w) {
-  constexpr uint32_t kMag = 0x01C001C0u, kSign = 0x80008000u;
-  const uint32_t mag = I == 0 ? (w << 6) : I == 1 ? (w << 2) : I == 2 ? (w >> 2) : (w >> 6);
-  const uint32_t sgn = I == 0 ? (w << 12) : I == 1 ? (w << 8) : I == 2 ? (w << 4) : w;
-  return (mag & kMag) | (sgn & kSign);
-}
+// MXFP4 (codes pair-swizzled on the device, mx_layout.h): the bf16x2 multiplier(s) of a block's scale byte, and
+// mx_swz_a: pair P of a swizzled word (columns 2P, 2P + 1 of its 8) as bf16 values, the exact e2m1 · 2^(e-127) of
+// each code (the pattern e2m1 · 2^-126 times 2^(e-1); scale bytes above 128: by 2^126, then by the scale; 0xFF: NaN).
 // The multiplier of a block's codes (both halves), and the second one for scale bytes above 128 (0: none).
 __device__ __forceinline__ uint32_t mx_mult(uint32_t e, uint32_t& post) {
   e &= 0xFFu;
@@ -118,9 +111,10 @@ __device__ __forceinline__ uint32_t mx_mult(uint32_t e, uint32_t& post) {
     post = (e << 7) | (e << 23);  // 2^(e-127)
   return m | (m << 16);
 }
-template <int I, bool POST = true>
-__device__ __forceinline__ uint32_t mx_a(uint32_t w, uint32_t m, uint32_t post) {
-  uint32_t v = bf16x2_mul(mx_pair_bits<I>(w), m);
+// POST false: the caller knows no scale byte above 128 is in play (the second multiply left out — the same values).
+template <int P, bool POST = true>
+__device__ __forceinline__ uint32_t mx_swz_a(uint32_t w, uint32_t m, uint32_t post) {
+  uint32_t v = bf16x2_mul(mx_swz_pair<P>(w), m);
   if constexpr (POST)
     if (post) v = bf16x2_mul(v, post);
   return v;

@@ -340,13 +340,11 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
         uint32_t post;
         const uint32_t m = mx_mult(st[kTileRows * 64 + 4 * row + cc], post);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {  // word u: columns 8u .. 8u+7 of the chunk
+        for (int u = 0; u < 4; ++u) {  // word u: columns 8u .. 8u+7 of the chunk, pair-swizzled (mx_layout.h)
           const uint32_t w = word_of(v, u);
-          const uint32_t p0 = mx_a<0>(w, m, post), p1 = mx_a<1>(w, m, post), p2 = mx_a<2>(w, m, post),
-                         p3 = mx_a<3>(w, m, post);  // (c0, c4), (c1, c5), (c2, c6), (c3, c7)
           *reinterpret_cast<uint4*>(wb + row * 256 + 16 * swz(4 * cc + u, row)) =
-              make_uint4(__byte_perm(p0, p1, 0x5410), __byte_perm(p2, p3, 0x5410), __byte_perm(p0, p1, 0x7632),
-                         __byte_perm(p2, p3, 0x7632));
+              make_uint4(mx_swz_a<0>(w, m, post), mx_swz_a<1>(w, m, post), mx_swz_a<2>(w, m, post),
+                         mx_swz_a<3>(w, m, post));  // columns (0, 1), (2, 3), (4, 5), (6, 7)
         }
       }
       __syncthreads();
