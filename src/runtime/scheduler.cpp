@@ -661,11 +661,27 @@ bool Scheduler::step() {
     update_gauges();
     return false;
   }
+  const Clock::time_point t_run = Clock::now();
   if (!run_step(sp)) return true;
+  note_step_time(sp, std::chrono::duration<double>(Clock::now() - t_run).count());
   apply_step(sp, Clock::now());
   retire_finished_requests(Clock::now());
   update_gauges();
   return true;
+}
+
+void Scheduler::note_step_time(const StepPlan& sp, double seconds) {
+  int64_t decode = 0, prompt = 0;
+  for (const EngineStepItem& it : sp.items) (it.decode ? decode : prompt) += static_cast<int64_t>(it.tokens.size());
+  constexpr double kA = 0.25;  // weight of the newest sample
+  auto ema = [](double& avg, double v) { avg = avg > 0 ? (1 - kA) * avg + kA * v : v; };
+  if (prompt == 0 && decode > 0) {
+    ema(decode_step_s_, seconds);
+  } else if (prompt > 0) {
+    // A mixed step: what it took beyond a decode-only step, per prompt token (a prompt-only step: all of it).
+    const double extra = decode > 0 ? seconds - decode_step_s_ : seconds;
+    if (decode == 0 || decode_step_s_ > 0) ema(prompt_token_s_, std::max(extra, 0.0) / static_cast<double>(prompt));
+  }
 }
 
 bool Scheduler::plan_step(StepPlan& sp) {
@@ -714,14 +730,24 @@ bool Scheduler::plan_step(StepPlan& sp) {
     decodes += len;
   }
   int64_t budget = std::max<int64_t>(opt_.max_batch_tokens - decodes, 0);
+  // Beside decodes, only the prompt tokens that keep the step within mixed_step_factor of a decode-only step.
+  if (decodes > 0 && opt_.mixed_step_factor > 1 && decode_step_s_ > 0 && prompt_token_s_ > 0) {
+    const double fit = (opt_.mixed_step_factor - 1) * decode_step_s_ / prompt_token_s_;
+    budget = std::min(budget, std::max<int64_t>(kMinMixedPrefill, static_cast<int64_t>(fit)));
+  }
   for (Seq* s : active_) {
     if (s->done || s->await_fork) continue;
     const int64_t len_total = static_cast<int64_t>(s->tokens.size());
     if (len_total - s->n_computed <= 1) continue;
-    const int64_t C = opt_.prefill_chunk;
-    const int64_t end = std::min(len_total, (s->n_computed / C + 1) * C);
-    const int64_t len = end - s->n_computed;
-    if (len > budget && !plan.empty()) break;
+    // Up to --prefill-chunk tokens from where the prompt stands (a prompt's KV and logits do not depend on how it
+    // is chunked: docs/design.md). A chunk larger than what the step's budget leaves: as much as fits now, the rest
+    // in the next steps (a chunk that never fits beside the running decodes would otherwise wait until no sequence
+    // decodes: starved).
+    int64_t len = std::min(len_total - s->n_computed, opt_.prefill_chunk);
+    if (len > budget && !plan.empty()) {
+      if (budget <= 0) break;
+      len = budget;
+    }
     plan.push_back({s, len, s->n_computed});
     budget -= std::min(budget, len);
   }

@@ -103,14 +103,22 @@ class RequestHandle {
   std::atomic<bool> cancelled_{false}, done_{false};
 };
 
+// The fewest prompt tokens a step beside decodes takes when SchedulerOptions::mixed_step_factor limits them.
+inline constexpr int64_t kMinMixedPrefill = 16;
+
 struct SchedulerOptions {
   int64_t max_num_seqs = 64;       // sequences in the running batch
   int64_t max_queue_len = 1024;    // waiting requests
   int64_t max_batch_tokens = 512;  // tokens per engine step (decodes + prefill chunks)
   int64_t prefill_chunk = 256;     // prefill chunk size (tokens)
-  int64_t max_context = 4096;      // tokens per sequence (prompt + generated)
-  double max_queue_wait_s = 600;   // 0 = unlimited
-  double request_timeout_s = 0;    // 0 = off; from arrival
+  // Decode latency under prefill (0 = off): a step that runs decodes takes only as many prompt tokens as keep it
+  // within this factor of a decode-only step, by the engine times the scheduler measures (moving averages of a
+  // decode-only step and of one prompt token's share of a mixed step); at least kMinMixedPrefill tokens, so prompts
+  // always progress. Until both are measured: the token budget alone.
+  double mixed_step_factor = 0;
+  int64_t max_context = 4096;     // tokens per sequence (prompt + generated)
+  double max_queue_wait_s = 600;  // 0 = unlimited
+  double request_timeout_s = 0;   // 0 = off; from arrival
   int64_t kv_block_tokens = 64;
   int64_t kv_total_blocks = 1024;
   bool stop_on_loop = false;                  // end a choice (reason Length) that falls into a repetition loop
@@ -182,6 +190,9 @@ class Scheduler {
   void wake();
   void loop();
   bool step();  // one iteration; false when nothing was run
+  // The measured engine time of a step (seconds) into the moving averages mixed_step_factor uses.
+  void note_step_time(const StepPlan& sp, double seconds);
+  double decode_step_s_ = 0, prompt_token_s_ = 0;  // moving averages (0: not measured yet)
   // The parts of a step: what runs (decodes with their drafts, prefill chunks, block reservations), the engine
   // call, then the outcome (acceptance, emission, the draft step, commits and returned blocks).
   bool plan_step(StepPlan& sp);

@@ -131,3 +131,13 @@ def test_demo_check_mtp_script():
     assert p.returncode == 0, p.stdout + p.stderr
     assert "all checks passed" in p.stdout and "[main tensors] " in p.stdout
     assert p.stdout.count("same tokens as without") == 3
+
+
+@pytest.mark.parametrize("value", ["0.5", "1", "-2", "abc"])
+def test_bad_mixed_step_factor_is_a_one_line_error(value):
+    # --mixed-step-factor (serve): 0 turns the bound off, values above 1 set it; anything else is refused before the
+    # model loads.
+    p = run("serve", "--model", MODELS / "glm5-tiny", "--mixed-step-factor", value, check=False)
+    assert p.returncode != 0
+    assert "--mixed-step-factor" in p.stderr and "must be 0 (off) or a number above 1" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -118,7 +118,11 @@ class FakeEngine : public Engine {
     }
   }
   void step(std::span<const EngineStepItem> items, float* logits) override {
-    if (delay.count()) std::this_thread::sleep_for(delay);
+    if (delay.count() || per_token.count()) {
+      int64_t n = 0;
+      for (const auto& it : items) n += static_cast<int64_t>(it.tokens.size());
+      std::this_thread::sleep_for(delay + per_token * n);
+    }
     std::lock_guard lk(mu);
     if (fail) throw std::runtime_error("fake failure");
     if (lose) {
@@ -180,7 +184,8 @@ class FakeEngine : public Engine {
   int64_t force_after = 0;
   std::vector<int32_t> cycle;  // from force_after on, the outputs repeat this cycle (a degenerate generation)
   std::chrono::milliseconds delay{0};
-  int64_t all_rows_items = 0;  // items that asked for every row's logits
+  std::chrono::microseconds per_token{0};  // step time grows with its tokens (mixed_step_factor's input)
+  int64_t all_rows_items = 0;              // items that asked for every row's logits
 };
 
 class CollectSink : public GenerationSink {
@@ -420,6 +425,111 @@ TEST(Scheduler, ChunkedPrefillDoesNotStallDecoding) {
     }
   }
   EXPECT_GE(prefill_steps, 600 / 32);
+}
+
+// A prefill chunk as large as the whole step budget (--prefill-chunk = --max-num-batched-tokens, as a GPU server
+// sets them) still advances beside running decodes: the part of the chunk the budget leaves room for, the rest
+// next step — not held back until no sequence decodes (which starved long prompts while streams kept decoding).
+TEST(Scheduler, ChunkAsLargeAsTheBudgetIsSplitNotStarved) {
+  FakeEngine e;
+  e.delay = std::chrono::milliseconds(1);
+  SchedulerOptions o;
+  o.prefill_chunk = 32;
+  o.max_batch_tokens = 32;
+  Scheduler s(e, o);
+  s.start();
+  auto a = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(8, 1), 400, a));
+  for (int i = 0; i < 200; ++i) {
+    {
+      std::lock_guard lk(a->mu);
+      if (a->toks[0].size() >= 3) break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  auto b = std::make_shared<CollectSink>(1);
+  s.submit(make_req(prompt_of(300, 2), 5, b));
+  ASSERT_TRUE(b->wait(1));
+  {
+    std::lock_guard lk(a->mu);
+    EXPECT_TRUE(a->reasons.empty());  // b was prefilled and finished while a was still decoding
+  }
+  ASSERT_TRUE(a->wait(1));
+  std::lock_guard lk(e.mu);
+  const SeqId sa = 1, sb = 2;
+  int shared_steps = 0, b_tokens = 0, slivers = 0;
+  for (const auto& st : e.steps) {
+    int64_t total = 0;
+    bool has_a = false, b_chunk = false;
+    for (auto [seq, n] : st) {
+      total += n;
+      if (seq == sa) has_a = true;
+      if (seq == sb && n > 1) {
+        b_chunk = true;
+        b_tokens += static_cast<int>(n);
+      }
+      if (seq == sb && n == 1 && b_tokens < 300) ++slivers;  // one-token pieces of the prompt
+    }
+    EXPECT_LE(total, 32);  // the budget holds
+    if (has_a && b_chunk) ++shared_steps;
+  }
+  EXPECT_GE(shared_steps, 300 / 32);  // b's prompt went through beside a, chunk by chunk
+  EXPECT_EQ(b_tokens + slivers, 300);
+  EXPECT_LE(slivers, 1);  // pieces as large as the budget allows, not a chunk and its one-token remainder in turn
+}
+
+// mixed_step_factor: with a step costing 2 ms + 0.1 ms per token, a prompt chunk beside a decode is held to about
+// (2 - 1) x 2.1 ms / 0.1 ms = 21 tokens (at least kMinMixedPrefill), where the token budget alone gives 63; the
+// prompt still goes through beside the decode. (Loose bounds: the input is measured sleep time.)
+TEST(Scheduler, MixedStepFactorBoundsPromptTokensBesideDecodes) {
+  for (double factor : {0.0, 2.0}) {
+    FakeEngine e;
+    e.delay = std::chrono::milliseconds(2);
+    e.per_token = std::chrono::microseconds(100);
+    SchedulerOptions o;
+    o.prefill_chunk = 64;
+    o.max_batch_tokens = 64;
+    o.mixed_step_factor = factor;
+    Scheduler s(e, o);
+    s.start();
+    auto a = std::make_shared<CollectSink>(1);
+    s.submit(make_req(prompt_of(8, 1), 300, a));
+    for (int i = 0; i < 400; ++i) {
+      {
+        std::lock_guard lk(a->mu);
+        if (a->toks[0].size() >= 8) break;  // a few decode-only steps measured
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    auto b = std::make_shared<CollectSink>(1);
+    s.submit(make_req(prompt_of(600, 2), 3, b));
+    ASSERT_TRUE(b->wait(1));
+    {
+      std::lock_guard lk(a->mu);
+      EXPECT_TRUE(a->reasons.empty()) << factor;  // b went through while a decoded
+    }
+    ASSERT_TRUE(a->wait(1));
+    std::lock_guard lk(e.mu);
+    std::vector<int64_t> chunks;  // b's prompt pieces in steps beside a
+    for (const auto& st : e.steps) {
+      bool has_a = false;
+      int64_t bn = 0;
+      for (auto [seq, n] : st) {
+        if (seq == 1) has_a = true;
+        if (seq == 2 && n > 1) bn = n;
+      }
+      if (has_a && bn > 0) chunks.push_back(bn);
+    }
+    ASSERT_GE(chunks.size(), 5u) << factor;
+    std::sort(chunks.begin() + 2, chunks.end());  // the first ones estimate a prompt token's cost
+    const int64_t median = chunks[2 + (chunks.size() - 2) / 2];
+    if (factor == 0.0) {
+      EXPECT_EQ(median, 63);
+    } else {
+      EXPECT_GE(median, kMinMixedPrefill);
+      EXPECT_LE(median, 48);
+    }
+  }
 }
 
 TEST(Scheduler, ContinuousAdmission) {
