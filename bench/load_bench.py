@@ -211,8 +211,10 @@ def interference(args):
         "concurrency": args.concurrency, "long_prompts": len(longs), "errors": len(errors),
         "long_prompt_tokens": [(r["usage"] or {}).get("prompt_tokens") for r in longs],
         "long_ttft_ms": sorted(round(r["ttft"] * 1e3, 1) for r in longs if r["ttft"] is not None),
-        "itl_alone_ms": {"n": len(alone), "p50": ms(alone, 50), "p99": ms(alone, 99)},
-        "itl_during_long_ms": {"n": len(during), "p50": ms(during, 50), "p99": ms(during, 99)},
+        "itl_alone_ms": {"n": len(alone), "p50": ms(alone, 50), "p99": ms(alone, 99), "p99.9": ms(alone, 99.9),
+                         "max": round(max(alone, default=float("nan")) * 1e3, 2)},
+        "itl_during_long_ms": {"n": len(during), "p50": ms(during, 50), "p99": ms(during, 99),
+                               "p99.9": ms(during, 99.9), "max": round(max(during, default=float("nan")) * 1e3, 2)},
     }
     if alone and during:
         summary["ratio_p50"] = round(pct(during, 50) / pct(alone, 50), 2)
