@@ -33,6 +33,9 @@ struct QuantWeight {
   bool fnuz = false;            // FP8 codes are e4m3fnuz (value = fn value / 2)
   int64_t block_rows = 128;     // FP8_E4M3_BLOCK block shape
   int64_t block_cols = 128;
+  // The checkpoint declares dynamic 1 x block_cols FP8 activations for this module and latent can run them
+  // (PrecisionPlan: block FP8 as stored, a plain linear of its input); used only with --activations declared.
+  bool act_fp8 = false;
 
   int64_t scale_cols() const {  // scale entries per row of the scale tensor
     if (format == WeightFormat::FP8_E4M3_BLOCK) return (cols + block_cols - 1) / block_cols;
