@@ -130,6 +130,7 @@ TEST(Fp8, FnuzIsLosslessConversion) {
 // codes e4m3fn(x / s) to nearest even with saturation; an all-zero group s = 1; pow2: s rounded up to 2^k; a NaN or
 // Inf makes the group NaN.
 TEST(Fp8, ActivationGroupVectors) {
+  using latent::quantize_act_fp8_group;
   uint8_t c[4] = {};
   const float a[4] = {448.0f, 1.0f, -0.5f, 0.0f};
   EXPECT_EQ(quantize_act_fp8_group(a, 4, false, c), 1.0f);
