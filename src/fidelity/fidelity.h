@@ -28,8 +28,8 @@ struct FidelityOptions {
   std::vector<QuantizeRule> baseline;   // empty = as stored
   std::vector<QuantizeRule> candidate;  // empty = as stored
   // Each plan's activations: "" or "fp32" (the exactness mode), "bf16", or "declared" (fp32, and the linears whose
-  // checkpoint declares dynamic FP8 activations quantize their input as declared: docs/fidelity.md
-  // §declared-activations).
+  // checkpoint declares dynamic FP8 activations quantize their input as declared;
+  // docs/fidelity.md §declared-activations).
   std::string baseline_activations, candidate_activations;
   int64_t max_tokens = 32;  // greedy continuation length
   int threads = 0;

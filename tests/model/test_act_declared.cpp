@@ -67,10 +67,10 @@ TEST(ActDeclared, SmallMeasuredChangeAndBackendsAgree) {
   const double agree = top1_agreement(lr, le, V);
   std::printf("[act declared] v3-tiny-fp8, 20 tokens: logits rel. error %.4f vs exact, top-1 agreement %.3f\n", err,
               agree);
-  // Measured 0.348 and 0.60 (ref backend). One FP8 rounding of a linear's input costs ~2.5 % (docs/quantization.md
-  // §errors); random weights amplify every perturbation layer by layer (latent fidelity: residual error 0.064
-  // after layer 1, 0.21 at the final norm; the random lm_head adds the rest), as kv_b_proj -> FP8 weights does
-  // (docs/fidelity.md). The band catches "nothing quantized" (0) and a broken quantizer (order 1 or more).
+  // Measured 0.348 and 0.60 (ref backend). One FP8 rounding of a linear's input costs ~2.5 %
+  // (docs/quantization.md §errors); random weights amplify every perturbation layer by layer (latent fidelity: residual
+  // error 0.064 after layer 1, 0.21 at the final norm; the random lm_head adds the rest), as kv_b_proj -> FP8 weights
+  // does (docs/fidelity.md). The band catches "nothing quantized" (0) and a broken quantizer (order 1 or more).
   EXPECT_GT(err, 0.05);
   EXPECT_LT(err, 0.6);
   EXPECT_GE(agree, 0.5);
