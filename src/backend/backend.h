@@ -87,6 +87,25 @@ struct Epilogue {
   bool empty() const { return !bias && !glu && !gate && !residual; }
 };
 
+// Declared FP8 activations (docs/quantization.md §declared-activations): a DeepSeek block-FP8 checkpoint declares
+// `activation_scheme: dynamic` — every input row of an FP8 linear quantized to e4m3 in groups of the weight's
+// block_cols (128) columns with one fp32 scale per group, as DeepSeek's inference (`act_quant`) and vLLM's W8A8
+// block path do. Opt-in (`--activations declared`): the default computes above what the checkpoint declares.
+struct ActFp8 {
+  bool pow2_scale = false;  // quantization_config.scale_fmt "ue8m0": each s rounded up to a power of two
+  // Backend memory the linear ops quantize into: at least rows · cols floats of any x they are given.
+  float* scratch = nullptr;
+  int64_t scratch_floats = 0;
+};
+
+// Whether a linear of weight w (and, when non-null, the SwiGLU gate weight g) runs with declared FP8 activations
+// under `a` (non-null): every weight of the call is block FP8 of one block_cols whose checkpoint declares them
+// (QuantWeight::act_fp8, set by the precision plan).
+inline bool act_fp8_applies(const ActFp8* a, const QuantWeight& w, const QuantWeight* g = nullptr) {
+  if (!a || !w.act_fp8 || w.format != WeightFormat::FP8_E4M3_BLOCK) return false;
+  return !g || (g->act_fp8 && g->format == WeightFormat::FP8_E4M3_BLOCK && g->block_cols == w.block_cols);
+}
+
 // RoPE table, shared by all positions: angle(p, i) = float(p) * inv_freq[i] (fp32 multiply);
 // cos/sin are multiplied by attention_factor (docs/model.md §RoPE).
 struct RopeParams {
@@ -166,6 +185,9 @@ struct MlaLayer {
   float norm_eps = 1e-6f;
   RopeParams rope;
   float softmax_scale = 1.0f;
+  // Declared FP8 activations for q_a, q_b and kv_a where they are block FP8 (act_fp8_applies); null: off. kv_b is
+  // never: attention absorbs it (its products are not a linear of its module's input).
+  const ActFp8* act = nullptr;
 };
 
 // The token-wise metadata of a step (backend memory).
@@ -188,6 +210,9 @@ struct MoeLayer {
   int64_t inter = 0;  // I (this rank's slice)
   const QuantWeight *shared_gate = nullptr, *shared_up = nullptr, *shared_down = nullptr;
   int64_t shared_inter = 0;
+  // Declared FP8 activations for the experts' and shared experts' linears where they are block FP8
+  // (act_fp8_applies); null: off. The router stays as it is (never FP8 in these checkpoints).
+  const ActFp8* act = nullptr;
 };
 
 // Scratch of the MoE blocks for M tokens (carved by the model; activation tensors in the run's dtype).
@@ -245,6 +270,28 @@ class Backend {
   // may be null).
   virtual void grouped_matmul(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const Tensor& x,
                               const Tensor& y, const Epilogue& ep = {}) = 0;
+  // ---------------- declared FP8 activations (ActFp8; docs/quantization.md §declared-activations) ----------------
+  // xq [M, K] F32 = x [M, K] (F32 or BF16) quantized as declared, its scales applied. Per row, per group of `group`
+  // columns (the last group of a row holds the K % group columns left, when K is not a multiple):
+  //   amax = max |x| over the group (fp32); s = amax / 448 (fp32 division; pow2_scale: the smallest power of two
+  //   >= that); s = 1 when s is 0 (an all-zero group, or amax below 448 · 2^-149);
+  //   q = e4m3fn(x / s) (fp32 division, round to nearest even, saturating at ±448); xq = q · s (one fp32 multiply).
+  // A group holding a NaN or ±Inf is NaN throughout (s = NaN). xq may not alias x. Default: the scalar host loop.
+  virtual void act_quant_fp8(const Tensor& x, int64_t group, bool pow2_scale, const Tensor& xq);
+  // The linear op with declared FP8 activations. w (and ep.glu[0]) block FP8 (act_fp8_applies); groups of
+  // g = w.block_cols columns, q_x / s_x as act_quant_fp8 makes them, q_w / s_w the stored codes and block scales:
+  //   y[m, o] = Σ_b (s_x[m, b] · s_w[o / block_rows, b]) · Σ_{k in group b} q_x[m, k] · q_w[o, k]
+  // (fp32 accumulation), then the epilogue (the SwiGLU gate product from the same q_x). Default: act_quant_fp8 of x
+  // into a.scratch, then matmul: the definition up to one fp32 rounding of each q·s and the order of the fp32
+  // sums (the ref backend computes the definition itself: exact code products, double sums).
+  virtual void matmul_act_fp8(const QuantWeight& w, const Tensor& x, const ActFp8& a, const Tensor& y,
+                              const Epilogue& ep = {});
+  // grouped_matmul with declared FP8 activations (every w[g], and ep.glu[g], block FP8 of one block_cols). All
+  // x.rows rows are quantized (rows outside the groups too: a.scratch holds x.rows · x.cols floats). Default:
+  // act_quant_fp8, then grouped_matmul.
+  virtual void grouped_matmul_act_fp8(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets,
+                                      const Tensor& x, const ActFp8& a, const Tensor& y, const Epilogue& ep = {});
+
   // out[m, :] = row ids[m] of table [V, D] (dequantized, rounded to out's dtype). ids must be in [0, V).
   virtual void embedding(const QuantWeight& table, const int32_t* ids, const Tensor& out) = 0;
 
@@ -345,6 +392,9 @@ class Backend {
                                             const KeySelection& sel, float scale, const Tensor& o);
 
   // ---------------- decode blocks (defaults in src/kernels/ref/default_blocks.cpp) ----------------
+  // With L.act set (declared FP8 activations) the defaults run the layer's block-FP8 linears through
+  // matmul_act_fp8 / grouped_matmul_act_fp8; a fused override that does not implement that must not be called then
+  // (the model calls the defaults, Backend::mla_qkv / Backend::moe_ffn, for such layers).
   // The query and latent path of MLA for the step's tokens (x [N, D] = the input-normed hidden states):
   //   cq = RMSNorm(x·W_q_aᵀ + b_q_a)            [N, dq]   (kept: the DSA indexer reads it)
   //   q  = cq·W_q_bᵀ, q_pe rotated               [N, H·(dn+dr)]

@@ -141,6 +141,7 @@ void register_fidelity(CLI::App& app) {
     ModelFlags model;
     std::string prompts, plot, plot_scale = "linear";
     std::vector<std::string> baseline, candidate;
+    std::string baseline_activations, candidate_activations;
     int64_t max_tokens = 32;
     int64_t mtp_drafts = -1;  // -1: the default (3 when the checkpoint has an MTP layer, else 0)
     bool json = false, chat = false;
@@ -154,6 +155,12 @@ void register_fidelity(CLI::App& app) {
                   std::string("Rule PATTERN=FORMAT of the candidate plan (repeatable; 'none': as stored; default: the "
                               "founding comparison ") +
                       kFoundingCandidate + ")");
+  cmd->add_option("--baseline-activations", o->baseline_activations,
+                  "Activations of the baseline plan: fp32 (default), bf16, or declared (the linears whose checkpoint "
+                  "declares dynamic FP8 activations quantize their input as declared; fp32 elsewhere)");
+  cmd->add_option("--candidate-activations", o->candidate_activations,
+                  "Activations of the candidate plan: fp32 (default), bf16 or declared (see --baseline-activations); "
+                  "with declared and no --candidate the candidate is the checkpoint as stored");
   cmd->add_option("--prompts", o->prompts, "File: one prompt per line, text or 'ids: 1 2 3'");
   cmd->add_flag("--chat", o->chat, "Render each text prompt as a user message through the chat template");
   cmd->add_option("--max-tokens", o->max_tokens, "Greedy continuation length (default 32)");
@@ -178,7 +185,13 @@ void register_fidelity(CLI::App& app) {
     fo.max_quant_error = shared.max_quant_error;
     fo.allow_lossy = shared.allow_lossy;
     fo.baseline = parse_rules(o->baseline, "--baseline");
-    const bool founding = o->candidate.empty();
+    for (const auto* a : {&o->baseline_activations, &o->candidate_activations})
+      if (!a->empty() && *a != "fp32" && *a != "bf16" && *a != "declared")
+        fail("--{}-activations must be fp32, bf16 or declared (got '{}')",
+             a == &o->baseline_activations ? "baseline" : "candidate", *a);
+    fo.baseline_activations = o->baseline_activations;
+    fo.candidate_activations = o->candidate_activations;
+    const bool founding = o->candidate.empty() && o->candidate_activations.empty() && o->baseline_activations.empty();
     fo.candidate = founding ? std::vector<QuantizeRule>{QuantizeRule::parse(kFoundingCandidate)}
                             : parse_rules(o->candidate, "--candidate");
     fo.max_tokens = o->max_tokens;
@@ -186,7 +199,11 @@ void register_fidelity(CLI::App& app) {
     fo.backend = o->model.backend_name();
 
     // The first line says what is compared, before the (possibly long) run.
-    const std::string base_txt = rules_text(fo.baseline), cand_txt = rules_text(fo.candidate);
+    auto with_act = [](std::string t, const std::string& a) {
+      return a.empty() || a == "fp32" ? t : t + " with --activations " + a;
+    };
+    const std::string base_txt = with_act(rules_text(fo.baseline), fo.baseline_activations),
+                      cand_txt = with_act(rules_text(fo.candidate), fo.candidate_activations);
     std::string line = founding ? fmt::format(
                                       "fidelity: the founding comparison (no --candidate given): candidate {} "
                                       "(bf16 kv_b_proj re-quantized to MXFP4, the transform latent was "

@@ -46,8 +46,10 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--hidden", o->hidden, "Also write per-layer hidden states float32 [L+1, T, D] .npy");
   cmd->add_option("--mtp-out", o->mtp_out,
                   "Also write the MTP layer's logits of every slot float32 [T, V] .npy (slot q predicts token q+1)");
-  cmd->add_option("--activations", o->activations,
-                  "fp32 or bf16 (round activations as HF bf16 runs do; default: bf16 on --device cuda, fp32 on cpu)");
+  cmd->add_option(
+      "--activations", o->activations,
+      "fp32 or bf16 (round activations as HF bf16 runs do; default: bf16 on --device cuda, fp32 on cpu), or "
+      "declared (FP8 activations where the checkpoint declares them, the default elsewhere)");
   cmd->add_option("--backend", o->backend, "ref (scalar oracle) or cpu (default)");
   cmd->add_option("--attention", o->attention,
                   "MLA form: auto (default: naive prefill, absorbed decode), naive, "
@@ -71,6 +73,7 @@ void register_logits(CLI::App& app) {
     auto be = make_backend(o->model.backend_name(o->backend), o->model.threads);
     ModelOptions mo;
     mo.bf16_activations = bf16;
+    mo.act_fp8_declared = o->model.act_fp8_declared(o->activations, *mf.plan);
     mo.disable_indexer = o->no_indexer;
     mo.attention = parse_form(o->attention);
     mo.mtp_layers = want_mtp ? 1 : 0;

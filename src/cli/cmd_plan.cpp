@@ -29,7 +29,7 @@ void register_plan(CLI::App& app) {
   opts->model.add_speculative_to(cmd);
   cmd->add_flag("--json", opts->json, "One JSON object per weight tensor");
   cmd->add_option("--activations", opts->activations,
-                  "fp32 or bf16: the activation mode the plan line reports "
+                  "fp32, bf16 or declared: the activation mode the plan reports per module "
                   "(default: bf16 on --device cuda, fp32 on cpu)");
   cmd->callback([opts]() {
     // Every flag is checked before the checkpoint is read, whatever the output form.
@@ -40,6 +40,9 @@ void register_plan(CLI::App& app) {
     const ModelConfig cfg = load_model_config(dir);
     const Checkpoint ckpt = Checkpoint::open(dir);
     const PrecisionPlan plan = PrecisionPlan::build(ckpt, cfg, popt);
+    PlanActivations run;
+    run.dtype = opts->model.bf16_activations(opts->activations) ? "bf16" : "fp32";
+    run.declared = opts->model.act_fp8_declared(opts->activations, plan);
     // As strict as the load: every tensor the config implies, with its shape (the check Model runs).
     resolve_weights(cfg, plan, popt.mtp_layers);
     std::vector<std::string> warnings = plan.warnings();
@@ -52,7 +55,7 @@ void register_plan(CLI::App& app) {
             cfg.num_nextn_predict_layers, mtp_missing.size(), mtp_missing.front()));
     }
     if (opts->json) {
-      nlohmann::json arr = plan_to_json(plan);
+      nlohmann::json arr = plan_to_json(plan, run);
       if (popt.allow_lossy)
         for (auto& o : arr)
           if (o["transform"] != "none" && o["rel_error"].get<double>() > popt.max_quant_error)
@@ -69,7 +72,7 @@ void register_plan(CLI::App& app) {
       for (const auto& w : warnings) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
     } else {
       const std::string sharding = pc.active() ? format_sharding_text(cfg, plan, pc) : "";  // may refuse: print after
-      std::printf("%s", format_plan_text(plan, cfg, dir, popt.allow_lossy).c_str());
+      std::printf("%s", format_plan_text(plan, cfg, dir, popt.allow_lossy, run).c_str());
       for (size_t i = plan.warnings().size(); i < warnings.size(); ++i)
         std::printf("warning      %s\n", warnings[i].c_str());
       std::printf("%s\n", activations_line.c_str());

@@ -55,7 +55,9 @@ void register_run(CLI::App& app) {
                                 "Number of tokens to generate (default 16; with --chat: up to the context)");
   cmd->add_option("--temperature", o->temperature, "0 = greedy (default)");
   cmd->add_option("--seed", o->seed, "Sampling seed");
-  cmd->add_option("--activations", o->activations, "fp32 or bf16 (default: bf16 on --device cuda, fp32 on cpu)");
+  cmd->add_option("--activations", o->activations,
+                  "fp32, bf16 (default: bf16 on --device cuda, fp32 on cpu) or declared (FP8 activations where the "
+                  "checkpoint declares them, the default elsewhere)");
   cmd->add_flag("--no-cuda-graphs", o->no_cuda_graphs, "--chat on --device cuda: run decode steps eagerly");
   cmd->add_flag("--host-sampling", o->host_sampling, "--chat on --device cuda: sample on the host, not the GPU");
   cmd->add_option("--backend", o->backend, "ref or cpu (default)");
@@ -73,6 +75,7 @@ void register_run(CLI::App& app) {
       so.threads = o->model.threads;
       so.backend = o->model.backend_name(o->backend);
       so.bf16_activations = bf16;
+      so.act_declared = ModelFlags::declared_activations(o->activations);
       so.cuda_graphs = !o->no_cuda_graphs;
       so.parallel = o->model.parallel();
       so.prefault = false;
@@ -108,6 +111,7 @@ void register_run(CLI::App& app) {
     for (const auto& w : mf.plan->warnings()) std::fprintf(stderr, "latent: warning: %s\n", w.c_str());
     ModelOptions mo;
     mo.bf16_activations = bf16;
+    mo.act_fp8_declared = o->model.act_fp8_declared(o->activations, *mf.plan);
     const ParallelConfig pc = o->model.parallel();
     std::unique_ptr<Backend> be;
     std::unique_ptr<Model> one;

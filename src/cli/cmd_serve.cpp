@@ -256,6 +256,7 @@ void run_serve(const ServeOpts& o) {
     mo.threads = o.model.threads;
     mo.backend = o.model.backend_name(o.backend);
     mo.bf16_activations = o.model.bf16_activations(o.activations);
+    mo.act_declared = ModelFlags::declared_activations(o.activations);
     mo.cuda_graphs = !o.no_cuda_graphs;
     mo.num_speculative_tokens = o.model.num_speculative_tokens();
     log::info("{}; decode steps {}", o.model.activations_line(o.activations),
@@ -294,9 +295,9 @@ void run_serve(const ServeOpts& o) {
     so.prefix_cache = o.prefix_cache;
     // What decides a cached block's contents besides its tokens: the checkpoint, the plan (transforms included)
     // and the activation / cache dtype.
-    so.prefix_cache_salt =
-        std::hash<std::string>{}(dir + "\n" + m->plan_text + "\n" + (mo.bf16_activations ? "bf16" : "fp32") + "\n" +
-                                 std::to_string(m->files.cfg->vocab_size));
+    so.prefix_cache_salt = std::hash<std::string>{}(
+        dir + "\n" + m->plan_text + "\n" + (mo.bf16_activations ? "bf16" : "fp32") +
+        (mo.act_declared ? " declared" : "") + "\n" + std::to_string(m->files.cfg->vocab_size));
     so.banned = &m->banned;
     so.device_sampling = !o.host_sampling;
     // A lost device context (a CUDA kernel fault): the step's requests were aborted with a 500; stop serving and
@@ -486,7 +487,9 @@ void register_serve(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_flag("--trust-request-chat-template", o->trust_template, "Accept `chat_template` in requests");
   cmd->add_option("--backend", o->backend, "Compute backend: cpu (default) or ref");
-  cmd->add_option("--activations", o->activations, "fp32 or bf16 (default: bf16 on --device cuda, fp32 on cpu)")
+  cmd->add_option("--activations", o->activations,
+                  "fp32, bf16 (default: bf16 on --device cuda, fp32 on cpu) or declared (FP8 activations where the "
+                  "checkpoint declares them, the default elsewhere)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_flag("--no-cuda-graphs", o->no_cuda_graphs, "--device cuda: run decode steps eagerly (no CUDA graphs)");
   cmd->add_flag("--host-sampling", o->host_sampling,

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace latent::cli {
 
@@ -112,14 +113,29 @@ ParallelConfig ModelFlags::parallel() const {
 }
 
 bool ModelFlags::bf16_activations(const std::string& activations) const {
-  if (activations.empty()) return device == "cuda";
+  if (activations.empty() || activations == "declared") return device == "cuda";
   if (activations != "fp32" && activations != "bf16")
-    fail("--activations must be fp32 or bf16 (got '{}')", activations);
+    fail("--activations must be fp32, bf16 or declared (got '{}')", activations);
   return activations == "bf16";
+}
+
+bool ModelFlags::act_fp8_declared(const std::string& activations, const PrecisionPlan& plan) const {
+  if (!declared_activations(activations)) return false;
+  if (plan.act_fp8_declared()) return true;
+  log::info(
+      "--activations declared: {}; no module runs declared FP8 activations, so every activation is {} (the "
+      "default)",
+      plan.activation_scheme(), bf16_activations(activations) ? "bf16" : "fp32");
+  return false;
 }
 
 std::string ModelFlags::activations_line(const std::string& activations) const {
   const bool bf16 = bf16_activations(activations);
+  if (declared_activations(activations))
+    return fmt::format(
+        "activations: declared (--activations declared): the linears whose checkpoint declares dynamic FP8 "
+        "activations quantize their input as declared (per token, 1x128 groups, e4m3); everything else {}",
+        bf16 ? "bf16 with fp32 accumulation (the default on --device cuda)" : "fp32 (the default on --device cpu)");
   if (!activations.empty())
     return fmt::format("activations: {} (--activations {})", bf16 ? "bf16" : "fp32", activations);
   return bf16 ? "activations: bf16 with fp32 accumulation (the default on --device cuda; --activations fp32 for the "

@@ -41,9 +41,15 @@ struct ModelFlags {
   int num_speculative_tokens_flag = -1;
   int speculative_disable_batch = -1;
 
-  // The activation mode of a command's --activations value: fp32 or bf16 as given; empty (not given): the device's
-  // default, bf16 (fp32 accumulation) on cuda, fp32 on cpu. Throws Error on another value.
+  // The activation mode of a command's --activations value: fp32 or bf16 as given; empty (not given) or declared:
+  // the device's default, bf16 (fp32 accumulation) on cuda, fp32 on cpu. Throws Error on another value.
   bool bf16_activations(const std::string& activations) const;
+  // --activations declared (docs/quantization.md §declared-activations): the linears whose checkpoint declares
+  // dynamic FP8 activations run them (ModelOptions::act_fp8_declared), the rest in the device's default dtype.
+  static bool declared_activations(const std::string& activations) { return activations == "declared"; }
+  // ModelOptions::act_fp8_declared for this plan: declared and some module of the checkpoint declares FP8
+  // activations latent runs; when declared but none does, says so in one log line (the run is the default one).
+  bool act_fp8_declared(const std::string& activations, const PrecisionPlan& plan) const;
   // One line for the plan / load log: the activation mode and where it came from.
   std::string activations_line(const std::string& activations) const;
 

@@ -108,7 +108,10 @@ struct Side {
 // its Linear weights overrides is dropped for this side (it has no effect here, and the loader would call it a
 // pattern that matches nothing). The guard applies to the tensors a shared rule decides.
 Side open_side(const std::string& dir, const std::vector<LinearName>& stored, const std::vector<QuantizeRule>& side,
-               const char* side_flag, const FidelityOptions& opt) {
+               const char* side_flag, const FidelityOptions& opt, const std::string& activations, std::string& act_text,
+               int64_t& declared_linears) {
+  if (!activations.empty() && activations != "fp32" && activations != "bf16" && activations != "declared")
+    fail("{}-activations must be fp32, bf16 or declared (got '{}')", side_flag, activations);
   PlanOptions po;
   size_t n_shared = 0;
   for (size_t i = 0; i < opt.shared.size(); ++i) {
@@ -152,6 +155,16 @@ Side open_side(const std::string& dir, const std::vector<LinearName>& stored, co
   s.backend = make_backend(opt.backend, opt.threads);
   ModelOptions mo;
   mo.mtp_layers = po.mtp_layers;
+  mo.bf16_activations = activations == "bf16";
+  declared_linears = 0;
+  if (activations == "declared")
+    for (const PlanEntry& e : s.files.plan->entries()) declared_linears += e.weight.act_fp8 ? 1 : 0;
+  mo.act_fp8_declared = declared_linears > 0;
+  act_text = mo.act_fp8_declared
+                 ? fmt::format("declared (fp8 dynamic activations on {} linears, fp32 elsewhere)", declared_linears)
+             : activations == "declared"
+                 ? "declared (" + s.files.plan->activation_scheme() + ": nothing to quantize; fp32)"
+                 : (mo.bf16_activations ? "bf16" : "fp32");
   s.model = std::make_unique<Model>(*s.files.cfg, *s.files.plan, *s.backend, mo);
   return s;
 }
@@ -165,14 +178,21 @@ FidelityReport run_fidelity(const std::string& model_dir, const std::vector<std:
   if (opt.mtp_drafts < 0 || opt.mtp_drafts > 16)
     fail("fidelity: MTP draft positions must be in [0, 16] (got {})", opt.mtp_drafts);
   if (!opt.shared.empty()) stored = linear_names(model_dir, opt.mtp_drafts > 0 ? 1 : 0);
-  Side base = open_side(model_dir, stored, opt.baseline, "--baseline", opt);
-  Side cand = open_side(model_dir, stored, opt.candidate, "--candidate", opt);
+  std::string base_act, cand_act;
+  int64_t base_n = 0, cand_n = 0;
+  Side base = open_side(model_dir, stored, opt.baseline, "--baseline", opt, opt.baseline_activations, base_act, base_n);
+  Side cand =
+      open_side(model_dir, stored, opt.candidate, "--candidate", opt, opt.candidate_activations, cand_act, cand_n);
   const ModelConfig& cfg = *base.files.cfg;
   const int64_t V = cfg.vocab_size;
 
   FidelityReport rep;
   rep.model_dir = model_dir;
   rep.max_quant_error = opt.max_quant_error;
+  rep.baseline_activations = base_act;
+  rep.candidate_activations = cand_act;
+  rep.baseline_declared_linears = base_n;
+  rep.candidate_declared_linears = cand_n;
   rep.baseline_transforms = base.transforms;
   rep.candidate_transforms = cand.transforms;
   rep.mean_layer_rel_error.assign(static_cast<size_t>(cfg.num_hidden_layers + 1), 0.0);
@@ -287,6 +307,7 @@ std::string fidelity_table(const FidelityReport& r) {
   };
   list("baseline ", r.baseline_transforms);
   list("candidate", r.candidate_transforms);
+  out += fmt::format("activations  baseline: {}   candidate: {}\n", r.baseline_activations, r.candidate_activations);
   out += "\nper-layer relative error of the residual stream (mean over prompts)\n";
   for (size_t l = 0; l < r.mean_layer_rel_error.size(); ++l) {
     const char* what = l == 0 ? "embeddings" : (l + 1 == r.mean_layer_rel_error.size() ? "final norm" : "");
@@ -383,6 +404,10 @@ nlohmann::json fidelity_json(const FidelityReport& r) {
   } else {
     j["mtp"] = nullptr;
   }
+  j["activations"] = {{"baseline", r.baseline_activations},
+                      {"candidate", r.candidate_activations},
+                      {"baseline_declared_linears", r.baseline_declared_linears},
+                      {"candidate_declared_linears", r.candidate_declared_linears}};
   return j;
 }
 

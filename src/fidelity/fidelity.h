@@ -27,7 +27,11 @@ struct FidelityOptions {
   // refused by the guard; tensors over max_quant_error are flagged in the report.
   std::vector<QuantizeRule> baseline;   // empty = as stored
   std::vector<QuantizeRule> candidate;  // empty = as stored
-  int64_t max_tokens = 32;              // greedy continuation length
+  // Each plan's activations: "" or "fp32" (the exactness mode), "bf16", or "declared" (fp32, and the linears whose
+  // checkpoint declares dynamic FP8 activations quantize their input as declared;
+  // docs/fidelity.md §declared-activations).
+  std::string baseline_activations, candidate_activations;
+  int64_t max_tokens = 32;  // greedy continuation length
   int threads = 0;
   std::string backend = "cpu";    // "cpu" or "cuda" (--device)
   std::vector<int64_t> stop_ids;  // greedy continuations end at one of these (EOS); empty = never
@@ -76,6 +80,10 @@ struct FidelityReport {
   std::vector<double> mean_layer_rel_error;   // over prompts
   int64_t mtp_drafts = 0;                     // 0: no MTP acceptance measured
   MtpAcceptance mtp_baseline, mtp_candidate;  // over all prompts
+  // Each plan's activations as run ("fp32", "bf16", "declared fp8 on N linears + fp32"), and the linears whose
+  // input the candidate / baseline quantizes as declared.
+  std::string baseline_activations = "fp32", candidate_activations = "fp32";
+  int64_t baseline_declared_linears = 0, candidate_declared_linears = 0;
 };
 
 // Builds both plans (the guard applies to opt.shared only: fidelity measures lossy side rules on purpose) and runs

@@ -219,8 +219,57 @@ bool cuda_mx_swizzled(const PlanEntry& e) {
 
 }  // namespace
 
+std::string activation_label(const PlanEntry& e, const PlanActivations& run) {
+  if (e.act_declared.empty()) return run.dtype + " (run default; the checkpoint declares nothing for it)";
+  if (run.declared && e.weight.act_fp8)
+    return e.act_declared + " (checkpoint declares it: " + e.act_declared_by + "; --activations declared)";
+  std::string s = run.dtype + " (run default, above the declared " + e.act_declared + " (" + e.act_declared_by + ")";
+  if (e.weight.act_fp8)
+    s += "; --activations declared runs it";
+  else if (!e.act_note.empty())
+    s += "; " + e.act_note;
+  return s + ")";
+}
+
+namespace {
+
+// The Linear entries' activation labels grouped by name pattern (layers and experts folded, as group_plan does).
+std::string format_activations(const PrecisionPlan& plan, const PlanActivations& run) {
+  struct Acc {
+    std::string pattern, label;
+    std::set<int64_t> layers;
+    size_t order = 0;
+  };
+  std::map<std::string, Acc> by_key;
+  size_t order = 0;
+  for (const PlanEntry& e : plan.entries()) {
+    if (!e.is_linear || e.skipped) continue;
+    const NameKey k = name_key(e.name);
+    const std::string label = activation_label(e, run);
+    auto [it, fresh] = by_key.try_emplace(k.pattern + "\x1f" + label);
+    if (fresh) it->second = Acc{k.pattern, label, {}, order++};
+    if (k.layer >= 0) it->second.layers.insert(k.layer);
+  }
+  std::vector<Acc> accs;
+  for (auto& [key, a] : by_key) {
+    if (!a.layers.empty()) {
+      const std::string r = ranges(a.layers);
+      a.pattern.replace(a.pattern.find("{L}"), 3, a.layers.size() == 1 ? r : "{" + r + "}");
+    }
+    accs.push_back(std::move(a));
+  }
+  std::stable_sort(accs.begin(), accs.end(), [](const Acc& x, const Acc& y) { return x.order < y.order; });
+  size_t w = 0;
+  for (const Acc& a : accs) w = std::max(w, a.pattern.size());
+  std::string out = "\nactivations per Linear module (input of the module)\n";
+  for (const Acc& a : accs) out += fmt::format("  {:<{}}  {}\n", a.pattern, w, a.label);
+  return out;
+}
+
+}  // namespace
+
 std::string format_plan_text(const PrecisionPlan& plan, const ModelConfig& cfg, const std::string& model_dir,
-                             bool allow_lossy) {
+                             bool allow_lossy, const PlanActivations& run) {
   std::string out;
   out += fmt::format("model     {}\narch      {} ({} layers, hidden {}, {} routed experts top-{})\n", model_dir,
                      arch_name(cfg.arch), cfg.num_hidden_layers, cfg.hidden_size, cfg.n_routed_experts,
@@ -263,6 +312,7 @@ std::string format_plan_text(const PrecisionPlan& plan, const ModelConfig& cfg, 
   out += fmt::format("  {:<20} {:>10} params  {:>12}\n", "all", human_count(all_p), human_bytes(all_b));
   if (skipped)
     out += fmt::format("  {} tensors not loaded (MTP layers / IndexShare), listed above as skipped\n", skipped);
+  out += format_activations(plan, run);
   out += fmt::format("\nactivations  {}\n", plan.activation_scheme());
   int64_t swizzled = 0;
   for (const PlanEntry& e : plan.entries()) swizzled += !e.skipped && cuda_mx_swizzled(e);
@@ -280,7 +330,7 @@ std::string format_plan_text(const PrecisionPlan& plan, const ModelConfig& cfg, 
   return out;
 }
 
-nlohmann::json plan_to_json(const PrecisionPlan& plan) {
+nlohmann::json plan_to_json(const PrecisionPlan& plan, const PlanActivations& run) {
   nlohmann::json arr = nlohmann::json::array();
   for (const PlanEntry& e : plan.entries()) {
     nlohmann::json o;
@@ -295,6 +345,17 @@ nlohmann::json plan_to_json(const PrecisionPlan& plan) {
     o["scheme"] = e.scheme;
     o["companions"] = e.companions;
     o["linear"] = e.is_linear;
+    if (e.is_linear && !e.skipped) {
+      const bool declared_runs = run.declared && e.weight.act_fp8;
+      o["activations"] = {
+          {"runs", declared_runs ? e.act_declared : run.dtype},
+          {"source", declared_runs ? "checkpoint (--activations declared)" : "run default"},
+          {"declared", e.act_declared.empty() ? nlohmann::json() : nlohmann::json(e.act_declared)},
+          {"declared_by", e.act_declared_by.empty() ? nlohmann::json() : nlohmann::json(e.act_declared_by)},
+          {"declared_runnable", e.weight.act_fp8},
+          {"note", e.act_note.empty() ? nlohmann::json() : nlohmann::json(e.act_note)},
+          {"label", activation_label(e, run)}};
+    }
     o["skipped"] = e.skipped;
     if (e.skipped) o["skip_reason"] = e.skip_reason;
     o["cuda_layout"] = cuda_mx_swizzled(e) ? "mxfp4_pair_swizzled" : "as_stored";

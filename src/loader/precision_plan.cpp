@@ -285,7 +285,30 @@ PrecisionPlan PrecisionPlan::build(const Checkpoint& ckpt, const ModelConfig& cf
       plan.warnings_.push_back(fmt::format("{}: scale tensor has no matching quantized weight; ignored", name));
 
   apply_quantize_rules(plan.entries_, opt, plan.owned_);
+  plan.act_fp8_pow2_ = qcfg.act_pow2;
+  for (PlanEntry& e : plan.entries_) {
+    if (!e.is_linear || e.skipped || !is_quantized(e.stored) || qcfg.act_declared.empty()) continue;
+    e.act_declared = qcfg.act_declared;
+    e.act_declared_by = qcfg.act_declared_by;
+    if (!qcfg.act_fp8_dynamic)
+      e.act_note = "not implemented: latent runs declared activations for fp8 dynamic 1x128 only";
+    else if (e.stored != WeightFormat::FP8_E4M3_BLOCK)
+      e.act_note = fmt::format("not implemented for {} weights", weight_format_name(e.stored));
+    else if (e.transform != "none")
+      e.act_note = "the weight is transformed (--quantize)";
+    else if (ends_with(e.module, ".kv_b_proj"))
+      e.act_note = "kv_b_proj is absorbed into attention (not a linear of its input), as in DeepSeek's inference";
+    else if (ends_with(e.module, "lm_head") || ends_with(e.module, ".shared_head.head") ||
+             ends_with(e.module, ".mlp.gate") || ends_with(e.module, "embed_tokens"))
+      e.act_note = "the head, router and embeddings run at the run's precision";
+    else
+      e.weight.act_fp8 = true;
+  }
   return plan;
+}
+
+bool PrecisionPlan::act_fp8_declared() const {
+  return std::any_of(entries_.begin(), entries_.end(), [](const PlanEntry& e) { return e.weight.act_fp8; });
 }
 
 const PlanEntry* PrecisionPlan::find(const std::string& tensor_name) const {

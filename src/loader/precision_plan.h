@@ -47,6 +47,13 @@ struct PlanEntry {
                                         // transformed codes + scales
   bool skipped = false;                 // MTP layer / unused tensor: not loaded
   std::string skip_reason;
+  // Activations (docs/quantization.md §declared-activations): what the checkpoint declares for this module's input
+  // ("" = nothing: an unquantized module or a weight-only checkpoint; e.g. "fp8 dynamic 1x128"), the config field
+  // that says so, and, when it declares something latent does not run as declared even with --activations
+  // declared, why (weight.act_fp8 is set where it does run it).
+  std::string act_declared;
+  std::string act_declared_by;
+  std::string act_note;
   bool is_linear = false;  // a Linear weight [out, in] usable as QuantWeight
   QuantWeight weight;      // view for compute (points into the mmap or into owned transform storage)
 };
@@ -70,6 +77,9 @@ class PrecisionPlan {
 
   const std::vector<std::string>& warnings() const { return warnings_; }
   std::string activation_scheme() const { return activation_scheme_; }
+  // Some module can run declared FP8 activations (weight.act_fp8); their scales are powers of two (ue8m0).
+  bool act_fp8_declared() const;
+  bool act_fp8_pow2() const { return act_fp8_pow2_; }
   bool lossy() const;  // any transform applied
 
  private:
@@ -79,6 +89,7 @@ class PrecisionPlan {
   std::map<std::string, size_t> by_module_;
   std::vector<std::string> warnings_;
   std::string activation_scheme_;
+  bool act_fp8_pow2_ = false;
   std::vector<std::shared_ptr<void>> owned_;  // storage of transformed weights
 };
 

@@ -83,9 +83,19 @@ QuantConfig QuantConfig::parse(const nlohmann::json& qc, const std::string& wher
       c.block_rows = b[0].get<int64_t>();
       c.block_cols = b[1].get<int64_t>();
     }
-    std::string act = qc.value("activation_scheme", std::string("dynamic"));
-    c.activation_scheme = "checkpoint declares fp8 " + act +
-                          " activations (per-token 1x128 groups); running W8A32: fp32 activations (more accurate)";
+    const std::string act = qc.contains("activation_scheme") && qc["activation_scheme"].is_string()
+                                ? qc["activation_scheme"].get<std::string>()
+                                : std::string("dynamic");
+    const std::string sfmt =
+        qc.contains("scale_fmt") && qc["scale_fmt"].is_string() ? qc["scale_fmt"].get<std::string>() : "";
+    c.act_fp8_dynamic = act == "dynamic";
+    c.act_pow2 = sfmt == "ue8m0";
+    c.act_declared = c.act_fp8_dynamic
+                         ? fmt::format("fp8 dynamic 1x{}{}", c.block_cols, c.act_pow2 ? ", ue8m0 scales" : "")
+                         : "fp8 " + act;
+    c.act_declared_by = "quantization_config.activation_scheme";
+    c.activation_scheme = "checkpoint declares " + c.act_declared + " activations (per token, " +
+                          std::to_string(c.block_cols) + "-channel groups)";
     c.exclude = string_list(qc, "ignored_layers", where);
     for (auto& s : string_list(qc, "modules_to_not_convert", where)) c.exclude.push_back(s);
   } else if (c.method == "quark") {
@@ -93,10 +103,11 @@ QuantConfig QuantConfig::parse(const nlohmann::json& qc, const std::string& wher
     const auto gq = qc.value("global_quant_config", nlohmann::json::object());
     const auto it = gq.is_object() ? gq.find("input_tensors") : gq.end();
     if (gq.is_object() && it != gq.end() && it->is_object()) {
-      c.activation_scheme = "checkpoint declares " + it->value("dtype", std::string("?")) +
-                            " dynamic activations (W4A4); running W4A32: fp32 activations (more accurate)";
+      c.act_declared = it->value("dtype", std::string("?")) + (it->value("is_dynamic", true) ? " dynamic" : " static");
+      c.act_declared_by = "quantization_config.global_quant_config.input_tensors";
+      c.activation_scheme = "checkpoint declares " + c.act_declared + " activations (W4A4)";
     } else {
-      c.activation_scheme = "weight-only (no input quantization declared); fp32 activations";
+      c.activation_scheme = "weight-only (no input quantization declared)";
     }
   } else if (c.method == "mxfp4") {
     c.exclude = string_list(qc, "modules_to_not_convert", where);

@@ -17,6 +17,14 @@ struct QuantConfig {
   int64_t block_rows = 128;  // fp8 weight_block_size
   int64_t block_cols = 128;
   std::string activation_scheme = "fp32 activations; weights dequantized in registers";
+  // What the checkpoint declares for the inputs of its quantized modules: "" (nothing: weight-only), "fp8 dynamic
+  // 1x128" (DeepSeek block FP8; "…, ue8m0 scales" with scale_fmt ue8m0), "fp8 static", "<dtype> dynamic" (Quark
+  // input_tensors); the config field it comes from; whether it is DeepSeek's dynamic per-group FP8 (the scheme
+  // --activations declared runs) and its scales are powers of two.
+  std::string act_declared;
+  std::string act_declared_by;
+  bool act_fp8_dynamic = false;
+  bool act_pow2 = false;
   std::vector<std::string> exclude;  // module patterns that stay unquantized (family semantics, see matches())
 
   static QuantConfig parse(const nlohmann::json& qc, const std::string& where);

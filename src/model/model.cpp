@@ -24,6 +24,11 @@ Model::Model(const ModelConfig& cfg, const PrecisionPlan& plan, Backend& backend
       w_(resolve_weights(cfg, plan, opt.mtp_layers)),
       rank_(rank) {
   if (opt.mtp_layers > 1) fail("speculative decoding: {} MTP layers asked for; one is supported", opt.mtp_layers);
+  // Declared FP8 activations: one rank only (a rank's slice of a row-split weight would quantize its own slice of
+  // x; the group boundaries are not checked against the split yet).
+  if (opt.act_fp8_declared && rank.parallel.active())
+    fail("--activations declared needs a single-rank model (no --tensor-parallel-size / --expert-parallel) for now");
+  act_fp8_.pow2_scale = plan.act_fp8_pow2();
   if (rank.parallel.active() && opt.mtp_layers > 0)
     fail("speculative decoding (MTP) needs a single-rank model (no --tensor-parallel-size / --expert-parallel)");
   if (rank.parallel.active()) {
@@ -170,6 +175,7 @@ void Model::build_block_args() {
     a.norm_eps = 1e-6f;
     a.rope = rp;
     a.softmax_scale = softmax_scale_;
+    a.act = act_fp8();
     if (!lw.is_moe) continue;
     MoeLayer& m = moe_[static_cast<size_t>(l)];
     const int64_t E = cfg_.n_routed_experts;
@@ -200,11 +206,14 @@ void Model::build_block_args() {
       m.shared_down = &lw.moe.shared.down;
       m.shared_inter = sd_.shared_inter;
     }
+    m.act = act_fp8();
   }
 }
 
 void Model::set_options(const ModelOptions& o) {
   drop_graphs();
+  if (o.act_fp8_declared != opt_.act_fp8_declared)  // the workspace holds the quantization scratch only when on
+    fail("model: act_fp8_declared is fixed at construction");
   opt_ = o;
 }
 
@@ -367,6 +376,16 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
     tensor(m.ed, N * K, D, A);
     tensor(m.sh, N, std::max<int64_t>(Im * c.n_shared_experts, 1), A);
   }
+  b.aq = nullptr;
+  b.aq_floats = 0;
+  if (opt_.act_fp8_declared) {  // the widest input of any linear: [N, cols] (experts: [N·K, cols])
+    int64_t w = std::max({2 * D, dq, H * dv, c.intermediate_size, D});
+    if (c.n_routed_experts > 0)
+      w = std::max({w, c.num_experts_per_tok * std::max(D, c.moe_intermediate_size),
+                    c.moe_intermediate_size * c.n_shared_experts});
+    b.aq_floats = N * w;
+    take(b.aq, b.aq_floats);
+  }
   tensor(b.hx, d.R, D, A);
   take(b.lg, d.R * std::max(c.vocab_size, sd_.vocab_chunk));
   b.lgall = nullptr;
@@ -457,8 +476,16 @@ void Model::mlp(const MlpWeights& w, const Tensor& x, int64_t inter, Buffers& b,
   const QuantWeight* gate = &w.gate;
   Epilogue glu;
   glu.glu = &gate;
-  be_.matmul(w.up, x, g, glu);
-  be_.matmul(w.down, g, y);
+  linear(w.up, x, g, glu);
+  linear(w.down, g, y);
+}
+
+void Model::linear(const QuantWeight& w, const Tensor& x, const Tensor& y, const Epilogue& ep) {
+  const QuantWeight* g = ep.glu ? ep.glu[0] : nullptr;
+  if (act_fp8_applies(act_fp8(), w, g))
+    be_.matmul_act_fp8(w, x, act_fp8_, y, ep);
+  else
+    be_.matmul(w, x, y, ep);
 }
 
 void Model::moe(int64_t l, const Meta& m, Buffers& b, const Tensor& y) {
@@ -491,7 +518,12 @@ void Model::moe(int64_t l, const Meta& m, Buffers& b, const Tensor& y) {
     }
     be_.upload(b.moe.ids, ids.data(), ids.size() * sizeof(int32_t));
     be_.upload(b.moe.weights, wts.data(), wts.size() * sizeof(float));
-    be_.moe_experts(L, x, b.moe, y, !ep_only);
+    if (L.act)  // a fused block need not implement declared activations: the default composition does
+      be_.Backend::moe_experts(L, x, b.moe, y, !ep_only);
+    else
+      be_.moe_experts(L, x, b.moe, y, !ep_only);
+  } else if (L.act) {
+    be_.Backend::moe_ffn(L, x, b.moe, y, !ep_only);
   } else {
     be_.moe_ffn(L, x, b.moe, y, !ep_only);
   }
@@ -506,10 +538,10 @@ void Model::moe(int64_t l, const Meta& m, Buffers& b, const Tensor& y) {
       const Tensor sh = b.moe.sh.with_rows(M);
       Epilogue sg;
       sg.glu = &L.shared_gate;
-      be_.matmul(*L.shared_up, x, sh, sg);
+      linear(*L.shared_up, x, sh, sg);
       Epilogue res;
       res.residual = &y;
-      be_.matmul(*L.shared_down, sh, y, res);
+      linear(*L.shared_down, sh, y, res);
     }
   }
   if (rank_.parallel.tensor) reduce_partial(y, b.yf.with_rows(M));  // routed + shared partials in one all-reduce
@@ -525,7 +557,7 @@ void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, b
 
   // Keys of the new tokens: LayerNorm(x·Wkᵀ), RoPE on the first dr dims; written to the pool.
   const Tensor ik = b.ik.with_rows(N);
-  be_.matmul(iw.wk, b.x.with_rows(N), ik);
+  linear(iw.wk, b.x.with_rows(N), ik);
   be_.layer_norm(ik, p.k_norm_w, p.k_norm_b, 1e-6f, ik);
   be_.rope(ik, 1, dI, b.pos, rp);
   const KvPool& pool = cache.index(l);
@@ -559,7 +591,7 @@ void Model::indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, b
   }
   sparse = true;
   const Tensor iq = b.iq.with_rows(N), iwt = b.iw.with_rows(N);
-  be_.matmul(iw.wq_b, b.cq.with_rows(N), iq);
+  linear(iw.wq_b, b.cq.with_rows(N), iq);
   be_.rope(iq, nI, dI, b.pos, rp);
   // The head weights: rounded like any linear output, then scaled by nI^-0.5 in fp32.
   if (act_ == DType::F32) {
@@ -592,7 +624,11 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
   const Tensor q(b.q.data, act_, N, H * dqk), o(b.o.data, act_, N, H * dv);  // this rank's heads
 
   // Query and latent path (q with rotated q_pe; c and k_pe into the pool).
-  be_.mla_qkv(L, b.x.with_rows(N), StepTokens{N, b.pos, b.slots}, pool, b.cq.with_rows(N), q, b.kv.with_rows(N));
+  if (L.act)  // a fused block need not implement declared activations: the default composition does
+    be_.Backend::mla_qkv(L, b.x.with_rows(N), StepTokens{N, b.pos, b.slots}, pool, b.cq.with_rows(N), q,
+                         b.kv.with_rows(N));
+  else
+    be_.mla_qkv(L, b.x.with_rows(N), StepTokens{N, b.pos, b.slots}, pool, b.cq.with_rows(N), q, b.kv.with_rows(N));
 
   // DSA selection: own indexer, shared (IndexShare: reuse the previous indexer layer's rows), or none.
   if (cfg_.has_indexer() && !opt_.disable_indexer) {
@@ -710,6 +746,8 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
   const Dims d = dims_for(N, S, sh.max_ctx, max_blocks, rows);
   ensure_workspace(d);
   carve(d, ws_, b);
+  act_fp8_.scratch = b.aq;
+  act_fp8_.scratch_floats = b.aq_floats;
 
   // The metadata arrays [b.tokens, b.slots + N) (and a draft pass's [b.mtp_idx, b.mtp_hrows + N) after them) are
   // consecutive in the workspace: staged as one host image and uploaded in one copy (every upload synchronizes
@@ -893,12 +931,12 @@ void Model::decoder_layer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers
   Epilogue ob;
   ob.bias = p.o_bias;
   if (rank_.parallel.tensor) {  // o_proj over this rank's heads: partial sums, reduced, then added
-    be_.matmul(lw.attn.o, o, y, ob);
+    linear(lw.attn.o, o, y, ob);
     reduce_partial(y, b.yf.with_rows(N));
     be_.add(h, y);
   } else {
     ob.residual = &h;
-    be_.matmul(lw.attn.o, o, h, ob);
+    linear(lw.attn.o, o, h, ob);
   }
   be_.rms_norm(h, p.post_attn_norm, eps, x);
   if (lw.is_moe) {
@@ -976,6 +1014,8 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool 
   }
   Buffers b{};
   carve(d, ws_, b);
+  act_fp8_.scratch = b.aq;
+  act_fp8_.scratch_floats = b.aq_floats;
   // Host image of the metadata bytes [b.tokens, b.slots + NB): the arrays are consecutive in the workspace.
   char* const base = reinterpret_cast<char*>(b.tokens);
   const size_t bytes = static_cast<size_t>(reinterpret_cast<char*>(b.slots + NB) - base);

@@ -39,7 +39,11 @@ struct ForwardDecisions {
 
 struct ModelOptions {
   bool bf16_activations = false;  // round activations to bf16 where HF bf16 runs do (docs/model.md §bf16)
-  bool disable_indexer = false;   // dense causal MLA on DSA layers (diagnostic: equals DSA when T <= index_topk)
+  // --activations declared (docs/quantization.md §declared-activations): the linears whose plan entry says the
+  // checkpoint declares dynamic FP8 activations (QuantWeight::act_fp8) run with x quantized as declared
+  // (Backend::matmul_act_fp8); everything else keeps the activation dtype above.
+  bool act_fp8_declared = false;
+  bool disable_indexer = false;  // dense causal MLA on DSA layers (diagnostic: equals DSA when T <= index_topk)
   AttentionForm attention = AttentionForm::Auto;
   // Auto: prompt rows at positions >= this take the absorbed form too (over the latent pages, like decode tokens),
   // so the naive form's expanded keys and values — [context, heads · (dn + dv)], 11.6 GB of bf16 at GLM-5's
@@ -241,6 +245,11 @@ class Model {
   }
   void indexer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   void mlp(const MlpWeights& w, const Tensor& x, int64_t inter, Buffers& b, const Tensor& y);
+  // A linear of the forward pass: with ModelOptions::act_fp8_declared and a weight whose checkpoint declares FP8
+  // activations (and, with a SwiGLU epilogue, its gate's) through matmul_act_fp8, else matmul.
+  void linear(const QuantWeight& w, const Tensor& x, const Tensor& y, const Epilogue& ep = {});
+  // The declared-activation argument of the blocks and linear ops (null when off); its scratch is the workspace's.
+  const ActFp8* act_fp8() const { return opt_.act_fp8_declared ? &act_fp8_ : nullptr; }
   void moe(int64_t l, const Meta& m, Buffers& b, const Tensor& y);
   const float* upload_vector(const std::vector<float>& v, const char* what);
   void reduce_partial(const Tensor& y, const Tensor& yf);  // all-reduce of a rank's partial sum (yf: F32 staging)
@@ -272,6 +281,7 @@ class Model {
   // The decode blocks' view of each layer (backend/backend.h), built once after the weights are prepared.
   std::vector<MlaLayer> mla_;
   std::vector<MoeLayer> moe_;
+  ActFp8 act_fp8_;  // scratch = the carved workspace's aq (set by every carve into ws_)
   std::vector<std::vector<const QuantWeight*>> expert_tables_;  // per MoE layer: gate [E], up [E], down [E]
   const float* final_norm_ = nullptr;
   const float* inv_freq_ = nullptr;  // backend memory

@@ -31,6 +31,8 @@ struct Model::Buffers {
   Tensor mtp_in, mtp_cat;  // MTP: [2N, D] enorm(embed) rows then hnorm(hidden) rows; their concat [N, 2D]
   int32_t *mtp_idx, *mtp_hrows;  // [2N] the concat's row order, [N] the hidden rows gathered
   int64_t score_rows;
+  float* aq;  // declared FP8 activations: the quantized inputs of a linear (ActFp8::scratch), fp32
+  int64_t aq_floats;
 };
 
 struct Model::Meta {

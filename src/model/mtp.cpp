@@ -68,7 +68,7 @@ void Model::mtp_pass(std::span<const MtpSequence> /*seqs*/, const void* hidden_s
   be_.rms_norm(hh, mp.hnorm, eps, hh);
   const Tensor cat(b.mtp_cat.data, act_, 2 * N, D);
   be_.gather_rows(in, b.mtp_idx, cat);
-  be_.matmul(mt.eh_proj, Tensor(b.mtp_cat.data, act_, N, 2 * D), b.h.with_rows(N));
+  linear(mt.eh_proj, Tensor(b.mtp_cat.data, act_, N, 2 * D), b.h.with_rows(N));
   // The recorded / forced decisions of the diagnostics cover the L main layers only.
   ForwardDecisions* rec = opt_.record_decisions;
   const ForwardDecisions* force = opt_.force_decisions;

@@ -1,6 +1,7 @@
 #include "quant/fp8.h"
 
 #include <cmath>
+#include <limits>
 
 namespace latent {
 
@@ -57,6 +58,35 @@ void quantize_fp8_channel(const float* w, int64_t rows, int64_t cols, uint8_t* c
     scales[r] = s;
     encode_window(w, cols, r, r + 1, 0, cols, s, codes);
   }
+}
+
+float act_fp8_scale_for_amax(float amax, bool pow2_scale) {
+  float s = amax / kE4M3FnMax;
+  if (pow2_scale && s > 0.0f) {
+    int e = 0;
+    const float m = std::frexp(s, &e);  // s = m · 2^e, m in [0.5, 1)
+    if (m != 0.5f) s = std::ldexp(1.0f, e);
+  }
+  return s == 0.0f ? 1.0f : s;
+}
+
+float quantize_act_fp8_group(const float* x, int64_t n, bool pow2_scale, uint8_t* codes) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (!(a <= std::numeric_limits<float>::max()))
+      finite = false;
+    else if (a > amax)
+      amax = a;
+  }
+  if (!finite) {
+    for (int64_t i = 0; i < n; ++i) codes[i] = 0x7F;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = act_fp8_scale_for_amax(amax, pow2_scale);
+  for (int64_t i = 0; i < n; ++i) codes[i] = f32_to_e4m3fn(x[i] / s, Overflow::Saturate);
+  return s;
 }
 
 }  // namespace latent

@@ -47,4 +47,12 @@ inline void dequant_row_fp8_block(const uint8_t* codes, const float* scale_row, 
   }
 }
 
+// Declared dynamic FP8 activations (docs/quantization.md §declared-activations; backend.h act_quant_fp8): one group
+// x[0..n) of a row (n <= the weight's block_cols) -> codes[0..n) e4m3fn; returns its scale s:
+//   amax = max |x| (fp32); s = amax / 448 (fp32 division; pow2_scale: the smallest power of two >= that, as
+//   DeepSeek's `scale_fmt: ue8m0` kernels round it); s = 1 when s is 0; code = e4m3fn(x / s), round to nearest
+//   even, saturating. A NaN or ±Inf in the group: s = NaN, every code NaN (0x7F).
+float act_fp8_scale_for_amax(float amax, bool pow2_scale);
+float quantize_act_fp8_group(const float* x, int64_t n, bool pow2_scale, uint8_t* codes);
+
 }  // namespace latent

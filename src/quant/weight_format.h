@@ -36,6 +36,9 @@ struct QuantWeight {
   // MXFP4 on the CUDA backend: each 32-bit word of codes in the pair-swizzled layout of kernels/cuda/mx_layout.h (set
   // by its prepare_weight; the same codes and values, only their bit order inside a word). Host views: false.
   bool mx_swizzled = false;
+  // The checkpoint declares dynamic 1 x block_cols FP8 activations for this module and latent can run them
+  // (PrecisionPlan: block FP8 as stored, a plain linear of its input); used only with --activations declared.
+  bool act_fp8 = false;
 
   int64_t scale_cols() const {  // scale entries per row of the scale tensor
     if (format == WeightFormat::FP8_E4M3_BLOCK) return (cols + block_cols - 1) / block_cols;

@@ -102,6 +102,12 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   if (progress) progress("model", 0, 0);
   ModelOptions mo;
   mo.bf16_activations = opt.bf16_activations;
+  mo.act_fp8_declared = opt.act_declared && m->files.plan->act_fp8_declared();
+  if (opt.act_declared && !mo.act_fp8_declared)
+    log::info(
+        "--activations declared: {}; no module runs declared FP8 activations, so every activation is {} (the "
+        "default)",
+        m->files.plan->activation_scheme(), opt.bf16_activations ? "bf16" : "fp32");
   mo.graphs = opt.cuda_graphs;
   mo.mtp_layers = opt.num_speculative_tokens > 0 ? 1 : 0;
   if (mo.mtp_layers > 0 && opt.plan.mtp_layers < 1)
@@ -117,7 +123,8 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
     m->model = std::make_unique<Model>(cfg, *m->files.plan, *m->backend, mo);
     m->engine = std::make_unique<ModelEngine>(*m->model);
   }
-  m->plan_text = format_plan_text(*m->files.plan, cfg, opt.model_dir, opt.plan.allow_lossy);
+  m->plan_text = format_plan_text(*m->files.plan, cfg, opt.model_dir, opt.plan.allow_lossy,
+                                  PlanActivations{opt.bf16_activations ? "bf16" : "fp32", mo.act_fp8_declared});
   if (opt.parallel.active()) m->plan_text += format_sharding_text(cfg, *m->files.plan, opt.parallel);
 
   // Ids the model can produce but the tokenizer cannot print are never sampled (docs/tokenizer.md §files).
@@ -154,6 +161,7 @@ std::unique_ptr<LoadedModel> load_serving_model(const ServeModelOptions& opt, co
   meta["architecture"] = arch_name(cfg.arch);
   meta["weight_quantization"] = weight_formats(summary);
   meta["activation_dtype"] = opt.bf16_activations ? "bf16" : "f32";
+  meta["declared_fp8_activations"] = mo.act_fp8_declared;
   meta["kv_cache_dtype"] = opt.bf16_activations ? "bf16" : "f32";
   meta["tensor_parallel_size"] = 1;
   meta["expert_parallel_size"] = 1;

@@ -23,8 +23,9 @@ struct ServeModelOptions {
   int threads = 0;
   std::string backend = "cpu";
   bool bf16_activations = false;
-  ParallelConfig parallel;  // ranks > 1: a ParallelModel (tensor / expert parallel, one thread per rank)
-  bool cuda_graphs = true;  // decode steps as CUDA graphs where the backend supports them (ModelOptions::graphs)
+  bool act_declared = false;  // --activations declared (ModelOptions::act_fp8_declared where the plan has any)
+  ParallelConfig parallel;    // ranks > 1: a ParallelModel (tensor / expert parallel, one thread per rank)
+  bool cuda_graphs = true;    // decode steps as CUDA graphs where the backend supports them (ModelOptions::graphs)
   int64_t num_speculative_tokens = 0;     // > 0: the MTP layer is loaded and drafts this many tokens per step
   std::vector<std::string> served_names;  // empty: the directory's name
   int64_t max_model_len = 0;              // 0: config max_position_embeddings

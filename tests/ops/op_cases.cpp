@@ -1302,6 +1302,152 @@ void moe_experts_case(CaseCtx& c, Fmt f, DType t) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Declared FP8 activations (backend.h ActFp8): act_quant_fp8 exact, matmul_act_fp8 / grouped_matmul_act_fp8
+// against the ref backend's definition (code products, s_x · s_w per group)
+// ---------------------------------------------------------------------------------------------------------------
+// x [M, K] with the groups (of `group` columns) that exercise the quantizer: row 0's first group all zeros (s = 1,
+// codes 0) and a -0; row 1 mixed magnitudes in one group (1e3 next to 1e-3: subnormal and zero codes); row 2 one
+// huge (3e30; `specials` only, else 30: a linear's outputs of that row would swamp the norm of the others) and one
+// tiny value; row 3 a whole-row 1e-30 scale (amax / 448 near the fp32 subnormals); with `specials`, row 4 holds a
+// NaN and row 5 an Inf in its last group (that group NaN; the linear's row NaN).
+std::vector<float> act_input(Rng& r, int64_t M, int64_t K, int64_t group, bool specials) {
+  std::vector<float> x = r.normals(M * K);
+  if (M > 0)
+    for (int64_t k = 0; k < std::min(group, K); ++k) x[k] = (k == 1 ? -0.0f : 0.0f);
+  if (M > 1 && K > 2) {
+    x[K] = 1000.0f;
+    x[K + 1] = 1e-3f;
+    x[K + 2] = -2e-6f;
+  }
+  if (M > 2 && K > 1) {
+    x[2 * K] = specials ? 3e30f : 30.0f;
+    x[2 * K + 1] = 1e-20f;
+  }
+  if (M > 3)
+    for (int64_t k = 0; k < K; ++k) x[3 * K + k] *= 1e-30f;
+  if (specials && M > 5) {
+    x[4 * K + K - 1] = kNaN;
+    x[5 * K + K - 1] = -kInf;
+  }
+  return x;
+}
+
+void act_quant_case(CaseCtx& c, DType t) {
+  for (bool pow2 : {false, true})
+    for (int64_t group : {128, 40, 32})
+      for (int64_t K : {1, 7, 40, 127, 128, 129, 300, 1031})
+        for (int64_t M : {1, 6, 33}) {
+          const std::vector<float> x = act_input(c.rng, M, K, group, true);
+          c.check("group " + S(group) + " K " + S(K) + " M " + S(M) + (pow2 ? " pow2" : ""), [&](Arena& A) {
+            const Tensor xt = A.up(x, t, M, K, K + 3), xq = A.tensor(DType::F32, M, K, K + 1);
+            A.be.act_quant_fp8(xt, group, pow2, xq);
+            return Outs{A.exact("xq", xq)};
+          });
+        }
+}
+
+void matmul_act_fp8_case(CaseCtx& c, Fmt f, Act a, bool pow2) {
+  ActFp8 act;
+  act.pow2_scale = pow2;
+  for (int64_t N : {1, 37, 129})
+    for (int64_t K : {1, 7, 128, 161, 1031}) {
+      const HostWeight w = make_weight(f, N, K, c.rng);
+      for (int64_t M : {1, 6, 17, 40}) {
+        const std::vector<float> x = act_input(c.rng, M, K, w.q.block_cols, false);
+        c.check("N " + S(N) + " K " + S(K) + " M " + S(M), [&](Arena& A) {
+          const QuantWeight wd = A.weight(w);
+          const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N);
+          ActFp8 ac = act;
+          ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+          ac.scratch_floats = M * K;
+          A.be.matmul_act_fp8(wd, xt, ac, y);
+          return Outs{A.result("y", y).with_floor(typical(w.rms, x, K))};
+        });
+      }
+    }
+}
+
+// NaN / Inf in x: the row's group is NaN, so its every output is NaN on every backend; NaN weight codes as matmul.
+void matmul_act_fp8_nan_case(CaseCtx& c, Act a) {
+  for (int64_t K : {7, 161, 300}) {
+    const HostWeight w = make_weight(Fmt::Fp8Block, 37, K, c.rng, true);
+    const int64_t M = 8;
+    std::vector<float> x = act_input(c.rng, M, K, 128, true);
+    x[2 * K] = 30.0f;  // (not 3e30: the norm of the finite rows would be that row's)
+    c.check("K " + S(K), [&](Arena& A) {
+      const QuantWeight wd = A.weight(w);
+      const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, w.q.rows);
+      ActFp8 ac;
+      ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+      A.be.matmul_act_fp8(wd, xt, ac, y);
+      return Outs{A.result("y", y).with_floor(typical(w.rms, x, K))};
+    });
+  }
+}
+
+// bias + SwiGLU (the gate from the same quantized x) + residual.
+void matmul_act_fp8_epilogue_case(CaseCtx& c, Act a) {
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{37, 161}, {130, 1031}}) {
+    const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng), wg = make_weight(Fmt::Fp8Block, N, K, c.rng);
+    for (int64_t M : {1, 17}) {
+      const std::vector<float> x = act_input(c.rng, M, K, 128, false), bias = c.rng.normals(N),
+                               res = c.rng.normals(M * N, 3.0f);
+      c.check("N " + S(N) + " K " + S(K) + " M " + S(M), [&, N = N, K = K](Arena& A) {
+        const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
+        const QuantWeight* gp[1] = {&wgd};
+        const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
+        Epilogue e;
+        e.bias = A.up(bias);
+        e.glu = gp;
+        e.residual = &rt;
+        ActFp8 ac;
+        ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+        A.be.matmul_act_fp8(wd, xt, ac, y, e);
+        const double typ = typical(w.rms, x, K);
+        return Outs{A.result("y", y).with_floor(typ * typical(wg.rms, x, K))};
+      });
+    }
+  }
+}
+
+// Expert groups (offsets from row 2, an empty group, one of 65 rows), with and without SwiGLU.
+void grouped_act_fp8_case(CaseCtx& c, Act a, bool glu) {
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{37, 160}, {64, 1031}}) {
+    const std::vector<int64_t> counts = {3, 0, 17, 1, 65};
+    const int64_t G = static_cast<int64_t>(counts.size());
+    std::vector<HostWeight> ws, wg;
+    for (int64_t g = 0; g < G; ++g) {
+      ws.push_back(make_weight(g % 2 ? Fmt::Fp8BlockFnuz : Fmt::Fp8Block, N, K, c.rng));
+      wg.push_back(make_weight(Fmt::Fp8Block, N, K, c.rng));
+    }
+    std::vector<int64_t> off(static_cast<size_t>(G + 1), 2);
+    for (int64_t g = 0; g < G; ++g) off[static_cast<size_t>(g + 1)] = off[static_cast<size_t>(g)] + counts[g];
+    const int64_t R = off.back();
+    const std::vector<float> x = act_input(c.rng, R, K, 128, false);
+    c.check("N " + S(N) + " K " + S(K) + (glu ? " glu" : ""), [&, N = N, K = K](Arena& A) {
+      std::vector<QuantWeight> wd(static_cast<size_t>(G)), gd(static_cast<size_t>(G));
+      std::vector<const QuantWeight*> wp(static_cast<size_t>(G)), gp(static_cast<size_t>(G));
+      for (int64_t g = 0; g < G; ++g) {
+        wd[g] = A.weight(ws[g]);
+        gd[g] = A.weight(wg[g]);
+        wp[g] = &wd[g];
+        gp[g] = &gd[g];
+      }
+      const Tensor xt = A.up(x, a.x, R, K), y = A.tensor(a.y, R, N);
+      Epilogue e;
+      if (glu) e.glu = gp.data();
+      ActFp8 ac;
+      ac.scratch = A.out<float>(static_cast<size_t>(R * K));
+      A.be.grouped_matmul_act_fp8(wp.data(), G, A.up(off), xt, ac, y, e);
+      double wr = 0.0;
+      for (const HostWeight& h : ws) wr = std::max(wr, h.rms);
+      const double typ = typical(wr, x, K);
+      return Outs{A.result("y", y).with_floor(glu ? typ * typ : typ)};
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // The list
 // ---------------------------------------------------------------------------------------------------------------
 std::vector<OpCase> build() {
@@ -1337,6 +1483,21 @@ std::vector<OpCase> build() {
   for (Act a : kActs) {
     add(std::string("grouped_matmul/mxfp4_k128/") + a.name, [a](CaseCtx& c) { grouped_mxfp4_case(c, a); });
     add(std::string("grouped_matmul/k128/") + a.name, [a](CaseCtx& c) { grouped_k128_case(c, a); });
+  }
+
+  for (DType t : kDtypes) add("act_quant_fp8/" + dn(t), [t](CaseCtx& c) { act_quant_case(c, t); });
+  for (Fmt f : {Fmt::Fp8Block, Fmt::Fp8BlockOdd, Fmt::Fp8BlockFnuz})
+    for (Act a : kActs)
+      for (bool pow2 : {false, true})
+        add(std::string("matmul_act_fp8/") + fmt_name(f) + (pow2 ? "_pow2/" : "/") + a.name,
+            [f, a, pow2](CaseCtx& c) { matmul_act_fp8_case(c, f, a, pow2); });
+  for (Act a : {kActF32, kActBf16}) {
+    add(std::string("matmul_act_fp8/nan/") + a.name, [a](CaseCtx& c) { matmul_act_fp8_nan_case(c, a); });
+    add(std::string("matmul_act_fp8/bias+glu+residual/") + a.name,
+        [a](CaseCtx& c) { matmul_act_fp8_epilogue_case(c, a); });
+    for (bool glu : {false, true})
+      add(std::string("grouped_matmul_act_fp8/") + (glu ? "glu/" : "plain/") + a.name,
+          [a, glu](CaseCtx& c) { grouped_act_fp8_case(c, a, glu); });
   }
 
   for (Fmt f : kAllFmts) add(std::string("embedding/") + fmt_name(f), [f](CaseCtx& c) { embedding_case(c, f); });

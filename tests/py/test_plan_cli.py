@@ -542,7 +542,7 @@ def test_mtp_layer_announced_but_absent_without_speculation_is_a_warning(tmp_pat
                                   ["--expert-parallel-size", "2"]], ids=["text", "json", "json-ep2", "text-ep2"])
 def test_plan_flags_are_checked_in_every_output_form(tmp_path, form):
     d = make_model(tmp_path / "m")
-    for bad, msg in [(["--activations", "bogus"], "--activations must be fp32 or bf16 (got 'bogus')"),
+    for bad, msg in [(["--activations", "bogus"], "--activations must be fp32, bf16 or declared (got 'bogus')"),
                      (["--max-quant-error", "-1"], "--max-quant-error must be"),
                      (["--num-speculative-tokens", "99"], "--num-speculative-tokens must be in [0, 16]")]:
         p = run("plan", "--model", d, *form, *bad)

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -124,3 +125,50 @@ TEST(Fp8, FnuzIsLosslessConversion) {
 
 }  // namespace
 }  // namespace latent
+
+// Declared dynamic FP8 activations, one group (docs/quantization.md §declared-activations): s = amax / 448,
+// codes e4m3fn(x / s) to nearest even with saturation; an all-zero group s = 1; pow2: s rounded up to 2^k; a NaN or
+// Inf makes the group NaN.
+TEST(Fp8, ActivationGroupVectors) {
+  using latent::quantize_act_fp8_group;
+  uint8_t c[4] = {};
+  const float a[4] = {448.0f, 1.0f, -0.5f, 0.0f};
+  EXPECT_EQ(quantize_act_fp8_group(a, 4, false, c), 1.0f);
+  EXPECT_EQ(c[0], 0x7E);
+  EXPECT_EQ(c[1], 0x38);
+  EXPECT_EQ(c[2], 0xB0);
+  EXPECT_EQ(c[3], 0x00);
+
+  const float b[2] = {896.0f, 3.0f};  // s = 2: 448 -> 0x7E, 1.5 -> 0x3C
+  EXPECT_EQ(quantize_act_fp8_group(b, 2, false, c), 2.0f);
+  EXPECT_EQ(c[0], 0x7E);
+  EXPECT_EQ(c[1], 0x3C);
+
+  const float z[3] = {0.0f, -0.0f, 0.0f};  // all zero: s = 1, codes 0 (and -0)
+  EXPECT_EQ(quantize_act_fp8_group(z, 3, false, c), 1.0f);
+  EXPECT_EQ(c[0], 0x00);
+  EXPECT_EQ(c[1], 0x80);
+
+  const float p[2] = {500.0f, -1.0f};  // 500 / 448 = 1.116 -> pow2 s = 2: 250 -> 256 (0x78), -0.5 -> 0xB0
+  EXPECT_EQ(quantize_act_fp8_group(p, 2, true, c), 2.0f);
+  EXPECT_EQ(c[0], 0x78);
+  EXPECT_EQ(c[1], 0xB0);
+  EXPECT_FLOAT_EQ(quantize_act_fp8_group(p, 2, false, c), 500.0f / 448.0f);
+  EXPECT_EQ(c[0], 0x7E);  // exactly amax / s rounds to 448 (saturating where s rounded down)
+
+  const float e[2] = {896.0f, 1.0f};  // 896 / 448 = 2 exactly: pow2 keeps it
+  EXPECT_EQ(quantize_act_fp8_group(e, 2, true, c), 2.0f);
+
+  const float n[3] = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f};
+  EXPECT_TRUE(std::isnan(quantize_act_fp8_group(n, 3, false, c)));
+  EXPECT_EQ(c[0], 0x7F);
+  EXPECT_EQ(c[2], 0x7F);
+  const float i[2] = {1.0f, -std::numeric_limits<float>::infinity()};
+  EXPECT_TRUE(std::isnan(quantize_act_fp8_group(i, 2, false, c)));
+  EXPECT_EQ(c[0], 0x7F);
+
+  // amax / 448 below the fp32 subnormals: s = 1, codes 0.
+  const float t[1] = {1e-44f};
+  EXPECT_EQ(quantize_act_fp8_group(t, 1, false, c), 1.0f);
+  EXPECT_EQ(c[0], 0x00);
+}

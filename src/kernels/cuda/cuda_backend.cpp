@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/cuda_act_quant.h"
 #include "kernels/cuda/cuda_lt.h"
 #include "kernels/cuda/cuda_mla_decode.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -355,6 +356,12 @@ class CudaBackend final : public Backend {
   void embedding(const QuantWeight& table, const int32_t* ids, const Tensor& out) override {
     cuda::launch_embedding(cuda::make_wdesc(table), ids, out.rows, cuda::tview(out), stream_);
     check_launch("embedding");
+  }
+
+  // Declared FP8 activations (cuda_act_quant.cu); the linear ops take the default composition over it.
+  void act_quant_fp8(const Tensor& x, int64_t group, bool pow2_scale, const Tensor& xq) override {
+    cuda::launch_act_quant_fp8(cuda::tview(x), x.rows, x.cols, group, pow2_scale, xq.f32(), xq.ld, stream_);
+    check_launch("act_quant_fp8");
   }
 
   // ---------------- norms / elementwise ----------------

@@ -157,7 +157,6 @@ class HostTyped : public Backend {
     return v.data();
   }
 
- private:
   Derived& self() { return static_cast<Derived&>(*this); }
   host::SiluMulFn silu() {
     return [this](const float* g, const float* u, int64_t n, float* o, bool b) { self().silu_mul_f32(g, u, n, o, b); };

@@ -22,10 +22,18 @@ class RefBackend final : public HostTyped<RefBackend> {
                    int32_t* count) override;
   void router(const float* logits, const float* bias, int64_t M, const RouterParams& p, int32_t* ids,
               float* weights) override;
+  // Declared FP8 activations: the definition of backend.h itself (ref_act_fp8.cpp), not the default composition —
+  // codes of x times codes of W exactly (double), times s_x · s_w per group, summed in double, rounded once.
+  void matmul_act_fp8(const QuantWeight& w, const Tensor& x, const ActFp8& a, const Tensor& y,
+                      const Epilogue& ep = {}) override;
+  void grouped_matmul_act_fp8(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const Tensor& x,
+                              const ActFp8& a, const Tensor& y, const Epilogue& ep = {}) override;
 
   // The fp32 implementations behind the typed ops (host_typed.h): contiguous fp32 arrays; `bf16` = the output is
   // BF16 (round at the op's bf16 points).
   void matmul_f32(const QuantWeight& w, const float* x, int64_t M, float* y);
+  // y [M, w.rows] = the declared-FP8 product of x [M, w.cols] (backend.h matmul_act_fp8), fp32 accumulators.
+  void matmul_act_fp8_f32(const QuantWeight& w, const float* x, int64_t M, bool pow2_scale, float* y);
   void grouped_matmul_f32(const QuantWeight* const* w, int64_t n_groups, const int64_t* offsets, const float* x,
                           float* y);
   void embedding_f32(const QuantWeight& table, const int32_t* ids, int64_t M, float* out);
