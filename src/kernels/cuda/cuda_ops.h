@@ -56,8 +56,9 @@ struct LinEpi {
   TView gate{}, residual{};
 };
 constexpr int64_t kSmallMaxRows = 16;
-// mx_tc: the weights (every listed one) pass mx_tc_ok — MXFP4, cols % 128 == 0, 16-byte aligned — and take the
-// tensor-core skinny kernels when x is bf16 (16-byte aligned rows); else the exact warp/block kernels.
+// mx_tc: the weights (every listed one) pass mx_tc_ok — MXFP4 pair-swizzled by prepare_weight (mx_layout.h),
+// cols % 128 == 0, 16-byte aligned — and take the tensor-core skinny kernels when x is bf16 (16-byte aligned rows);
+// else the exact warp/block kernels.
 bool mx_tc_ok(const WDesc& w);
 void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st,
                          bool mx_tc = false);
