@@ -7,6 +7,7 @@
 // double and the result is rounded to fp32 once.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/ref/ref_backend.h"
@@ -30,14 +31,15 @@ void RefBackend::matmul_act_fp8_f32(const QuantWeight& w, const float* x, int64_
   });
   const float* table = w.fnuz ? kE4M3FnuzToF32.data() : kE4M3FnToF32.data();
   const auto* codes_w = static_cast<const uint8_t*>(w.data);
-  const auto* scale_w = static_cast<const float*>(w.scale);
+  const auto* scale_w = static_cast<const uint8_t*>(w.scale);  // a mapped checkpoint's scales need not be aligned
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K * M));
   pool_.parallel_for(N, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<float> qw(static_cast<size_t>(K));
+    std::vector<float> qw(static_cast<size_t>(K)), sw(static_cast<size_t>(G));
     for (int64_t o = r0; o < r1; ++o) {
       const uint8_t* cw = codes_w + o * K;
       for (int64_t k = 0; k < K; ++k) qw[k] = table[cw[k]];
-      const float* sw = scale_w + (o / w.block_rows) * G;
+      std::memcpy(sw.data(), scale_w + sizeof(float) * static_cast<size_t>((o / w.block_rows) * G),
+                  sizeof(float) * static_cast<size_t>(G));
       for (int64_t m = 0; m < M; ++m) {
         const float* qxm = qx.data() + m * K;
         double acc = 0.0;
