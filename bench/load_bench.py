@@ -79,6 +79,16 @@ def one_request(url, args, rng, prompt_words=None, max_tokens=None):
     return {"ttft": ttft, "itl": itl, "e2e": end - t0, "usage": usage, "t0": t0, "end": end, "stamps": stamps}
 
 
+def report(summary, errors, as_json):
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        for k, v in summary.items():
+            print(f"{k:22s} {v}")
+        for e in errors[:5]:
+            print("error:", e)
+
+
 def pct(xs, p):
     if not xs:
         return float("nan")
@@ -148,13 +158,7 @@ def main():
                    "mean": round(statistics.mean(itl) * 1e3, 2) if itl else None},
         "e2e_s": {"p50": round(pct(e2e, 50), 3), "p95": round(pct(e2e, 95), 3), "p99": round(pct(e2e, 99), 3)},
     }
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        for k, v in summary.items():
-            print(f"{k:22s} {v}")
-        for e in errors[:5]:
-            print("error:", e)
+    report(summary, errors, args.json)
 
 
 def interference(args):
@@ -219,13 +223,7 @@ def interference(args):
     if alone and during:
         summary["ratio_p50"] = round(pct(during, 50) / pct(alone, 50), 2)
         summary["ratio_p99"] = round(pct(during, 99) / pct(alone, 99), 2)
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        for k, v in summary.items():
-            print(f"{k:22s} {v}")
-        for e in errors[:5]:
-            print("error:", e)
+    report(summary, errors, args.json)
 
 
 if __name__ == "__main__":

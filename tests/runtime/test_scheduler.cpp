@@ -219,6 +219,16 @@ class CollectSink : public GenerationSink {
     abort_msg = m;
     cv.notify_all();
   }
+  // Polls until choice 0 has at least n tokens (or the time is up): a request that is decoding.
+  void wait_tokens(size_t n, std::chrono::milliseconds t) {
+    for (auto until = std::chrono::steady_clock::now() + t; std::chrono::steady_clock::now() < until;) {
+      {
+        std::lock_guard lk(mu);
+        if (toks[0].size() >= n) return;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  }
   bool wait(size_t n_choices, std::chrono::milliseconds t = 5000ms) {
     std::unique_lock lk(mu);
     return cv.wait_for(lk, t, [&] { return reasons.size() >= n_choices || aborted.has_value(); });
@@ -395,13 +405,7 @@ TEST(Scheduler, ChunkedPrefillDoesNotStallDecoding) {
   auto a = std::make_shared<CollectSink>(1);
   s.submit(make_req(prompt_of(8, 1), 400, a));
   // Wait until `a` decodes, then send a long prompt.
-  for (int i = 0; i < 200; ++i) {
-    {
-      std::lock_guard lk(a->mu);
-      if (a->toks[0].size() >= 3) break;
-    }
-    std::this_thread::sleep_for(1ms);
-  }
+  a->wait_tokens(3, 200ms);
   auto b = std::make_shared<CollectSink>(1);
   s.submit(make_req(prompt_of(600, 2), 5, b));
   ASSERT_TRUE(b->wait(1));
@@ -440,13 +444,7 @@ TEST(Scheduler, ChunkAsLargeAsTheBudgetIsSplitNotStarved) {
   s.start();
   auto a = std::make_shared<CollectSink>(1);
   s.submit(make_req(prompt_of(8, 1), 400, a));
-  for (int i = 0; i < 200; ++i) {
-    {
-      std::lock_guard lk(a->mu);
-      if (a->toks[0].size() >= 3) break;
-    }
-    std::this_thread::sleep_for(1ms);
-  }
+  a->wait_tokens(3, 200ms);
   auto b = std::make_shared<CollectSink>(1);
   s.submit(make_req(prompt_of(300, 2), 5, b));
   ASSERT_TRUE(b->wait(1));
@@ -494,13 +492,7 @@ TEST(Scheduler, MixedStepFactorBoundsPromptTokensBesideDecodes) {
     s.start();
     auto a = std::make_shared<CollectSink>(1);
     s.submit(make_req(prompt_of(8, 1), 300, a));
-    for (int i = 0; i < 400; ++i) {
-      {
-        std::lock_guard lk(a->mu);
-        if (a->toks[0].size() >= 8) break;  // a few decode-only steps measured
-      }
-      std::this_thread::sleep_for(1ms);
-    }
+    a->wait_tokens(8, 400ms);  // a few decode-only steps measured
     auto b = std::make_shared<CollectSink>(1);
     s.submit(make_req(prompt_of(600, 2), 3, b));
     ASSERT_TRUE(b->wait(1));

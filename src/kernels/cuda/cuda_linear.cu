@@ -439,15 +439,14 @@ __device__ __forceinline__ void mx_tc_step(int s, const uint4& wa, const uint4& 
   for (int n = 0; n < NT; ++n) mma_bf16_16816(c[n], a0, a1, a2, a3, xr[n][2 * s], xr[n][2 * s + 1]);
 }
 
-// One pass of the tokens mb .. min(mb + 8·NT, m1) (of a group's m0 .. m1) over the 128-column chunks
-// [kb_begin, kb_end) of the 16-row tile at rbase: its fp32 accumulators c and, GLU (wg non-null), cg of the same
-// tile of the gate weight wg (same shape).
+// One pass of the tokens mb .. min(mb + 8·NT, m1) (of a group's m0 .. m1) over all of K for the 16-row tile at
+// rbase: its fp32 accumulators c and, GLU (wg non-null), cg of the same tile of the gate weight wg (same shape).
 template <int NT, bool GLU>
 __device__ __forceinline__ void mx_tc_pass(const WDesc& w, int64_t m0, int64_t m1, int64_t mb, int64_t rbase,
-                                           const uint16_t* x, int64_t ldx, int lane, const WDesc* wg, int64_t kb_begin,
-                                           int64_t kb_end, float (&c)[NT][4], float (&cg)[NT][4]) {
+                                           const uint16_t* x, int64_t ldx, int lane, const WDesc* wg, float (&c)[NT][4],
+                                           float (&cg)[NT][4]) {
   const int g = lane >> 2, t = lane & 3;
-  const int64_t N = w.rows;
+  const int64_t N = w.rows, nkb = w.cols / 128;
   const int64_t ra = rbase + g < N ? rbase + g : N - 1, rb = rbase + g + 8 < N ? rbase + g + 8 : N - 1;
   const uint4* pa = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + ra * w.row_bytes) + t;
   const uint4* pb = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + rb * w.row_bytes) + t;
@@ -473,12 +472,12 @@ __device__ __forceinline__ void mx_tc_pass(const WDesc& w, int64_t m0, int64_t m
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) c[n][e] = cg[n][e] = 0.0f;
-  for (int64_t kb0 = kb_begin; kb0 < kb_end; kb0 += kMxChunks) {
+  for (int64_t kb0 = 0; kb0 < nkb; kb0 += kMxChunks) {
     uint4 wa[kMxChunks], wb[kMxChunks], ga[GLU ? kMxChunks : 1], gb[GLU ? kMxChunks : 1];
     uint32_t ea[kMxChunks], eb[kMxChunks], fa[GLU ? kMxChunks : 1], fb[GLU ? kMxChunks : 1];
 #pragma unroll
     for (int j = 0; j < kMxChunks; ++j) {
-      const int64_t kb = kb0 + j < kb_end ? kb0 + j : kb_end - 1;  // clamped: loads stay in bounds, results unused
+      const int64_t kb = kb0 + j < nkb ? kb0 + j : nkb - 1;  // clamped: loads stay in bounds, results unused
       wa[j] = __ldcs(pa + 4 * kb);
       wb[j] = __ldcs(pb + 4 * kb);
       ea[j] = __ldg(sa + 4 * kb);
@@ -492,7 +491,7 @@ __device__ __forceinline__ void mx_tc_pass(const WDesc& w, int64_t m0, int64_t m
     }
 #pragma unroll
     for (int j = 0; j < kMxChunks; ++j) {
-      if (kb0 + j >= kb_end) break;
+      if (kb0 + j >= nkb) break;
       uint32_t xr[NT][16];
 #pragma unroll
       for (int n = 0; n < NT; ++n)
@@ -560,7 +559,7 @@ __device__ __forceinline__ void mx_tc_rows(const WDesc& w, int64_t m0, int64_t m
                                            int64_t ldx, const SmallOut& out, int lane, const WDesc* wg = nullptr) {
   for (int64_t mb = m0; mb < m1; mb += 8 * NT) {
     float c[NT][4], cg[NT][4];
-    mx_tc_pass<NT, GLU>(w, m0, m1, mb, rbase, x, ldx, lane, wg, 0, w.cols / 128, c, cg);
+    mx_tc_pass<NT, GLU>(w, m0, m1, mb, rbase, x, ldx, lane, wg, c, cg);
     mx_tc_store<NT, GLU>(w.rows, m1, mb, rbase, out, lane, c, cg);
   }
 }

@@ -13,11 +13,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define LATENT_HD __host__ __device__ __forceinline__
-#else
-#define LATENT_HD inline
-#endif
+#include "core/host_device.h"
 
 namespace latent::cuda {
 

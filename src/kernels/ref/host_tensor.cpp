@@ -61,6 +61,21 @@ void store_out(const Tensor& t, const float* v) {
   }
 }
 
+void finish_linear_rows(const float* acc, const float* gacc, const Tensor& yr, const Epilogue& ep, int64_t r0,
+                        const SiluMulFn& silu) {
+  Epilogue e = ep;
+  Tensor gate_r, res_r;
+  if (ep.gate) {
+    gate_r = ep.gate->row_slice(r0, yr.rows);
+    e.gate = &gate_r;
+  }
+  if (ep.residual) {
+    res_r = ep.residual->row_slice(r0, yr.rows);
+    e.residual = &res_r;
+  }
+  finish_linear(acc, gacc, yr, e, silu);
+}
+
 void finish_linear(const float* acc, const float* gacc, const Tensor& y, const Epilogue& ep, const SiluMulFn& silu) {
   const int64_t M = y.rows, N = y.cols;
   const DType t = y.dtype;

@@ -32,5 +32,9 @@ using SiluMulFn = std::function<void(const float* g, const float* u, int64_t n, 
 // The epilogue of a linear op over fp32 accumulators acc [M, N] (the product of the main weight) and, with ep.glu,
 // gacc [M, N] (the product of the gate weight): writes y (backend.h "Epilogue").
 void finish_linear(const float* acc, const float* gacc, const Tensor& y, const Epilogue& ep, const SiluMulFn& silu);
+// The same for rows r0 .. r0 + n of a grouped op: yr = those rows of y, the epilogue's gate and residual sliced to
+// them.
+void finish_linear_rows(const float* acc, const float* gacc, const Tensor& yr, const Epilogue& ep, int64_t r0,
+                        const SiluMulFn& silu);
 
 }  // namespace latent::host

@@ -51,17 +51,7 @@ class HostTyped : public Backend {
       gacc = tl_ptr(2, (r1 - r0) * N);
       self().grouped_matmul_f32(ep.glu, n_groups, rel.data(), xf, gacc);
     }
-    Epilogue e = ep;
-    Tensor gate_r, res_r;
-    if (ep.gate) {
-      gate_r = ep.gate->row_slice(r0, r1 - r0);
-      e.gate = &gate_r;
-    }
-    if (ep.residual) {
-      res_r = ep.residual->row_slice(r0, r1 - r0);
-      e.residual = &res_r;
-    }
-    host::finish_linear(acc, gacc, yr, e, silu());
+    host::finish_linear_rows(acc, gacc, yr, ep, r0, silu());
   }
 
   void embedding(const QuantWeight& table, const int32_t* ids, const Tensor& out) override {

@@ -85,17 +85,7 @@ void RefBackend::grouped_matmul_act_fp8(const QuantWeight* const* w, int64_t n_g
     matmul_act_fp8_f32(*w[g], xf + a0 * K, rows, a.pow2_scale, acc + a0 * N);
     if (gacc) matmul_act_fp8_f32(*ep.glu[g], xf + a0 * K, rows, a.pow2_scale, gacc + a0 * N);
   }
-  Epilogue e = ep;
-  Tensor gate_r, res_r;
-  if (ep.gate) {
-    gate_r = ep.gate->row_slice(r0, r1 - r0);
-    e.gate = &gate_r;
-  }
-  if (ep.residual) {
-    res_r = ep.residual->row_slice(r0, r1 - r0);
-    e.residual = &res_r;
-  }
-  host::finish_linear(acc, gacc, yr, e, silu());
+  host::finish_linear_rows(acc, gacc, yr, ep, r0, silu());
 }
 
 }  // namespace latent
