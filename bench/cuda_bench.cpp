@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include "backend/backend.h"
 
@@ -311,6 +312,55 @@ void bench_copy(Backend& be) {
   be.dealloc(b);
 }
 
+// One MoE layer's SwiGLU experts as the model calls them (gate and up [rows, cols] each, MXFP4, bf16 x): `active`
+// experts with `tpe` tokens each, a different set every call.
+void bench_grouped_glu(Backend& be, int64_t E, int64_t active, int64_t rows, int64_t cols, int64_t tpe) {
+  const HostWeight h = make(WeightFormat::MXFP4, rows, cols);
+  std::vector<QuantWeight> up, gate;
+  for (int64_t e = 0; e < E; ++e) {
+    up.push_back(be.prepare_weight(h.q));
+    gate.push_back(be.prepare_weight(h.q));
+  }
+  std::vector<const QuantWeight*> up_p, gate_p;
+  for (int64_t e = 0; e < E; ++e) {
+    up_p.push_back(&up[static_cast<size_t>(e)]);
+    gate_p.push_back(&gate[static_cast<size_t>(e)]);
+  }
+  const int sets = static_cast<int>(E / active);
+  std::vector<int64_t*> offs;
+  for (int k = 0; k < sets; ++k) {
+    std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
+    for (int64_t e = 0; e < E; ++e)
+      off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? tpe : 0);
+    auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
+    be.upload(d, off.data(), off.size() * 8);
+    offs.push_back(d);
+  }
+  const int64_t n = active * tpe;
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (float& v : x) v = next_normalish();
+  const Tensor xd = upload_act(be, x, n, cols, DType::BF16);
+  const Tensor yd(be.alloc(static_cast<size_t>(n * rows) * 2, "y"), DType::BF16, n, rows);
+  Epilogue ep;
+  ep.glu = gate_p.data();
+  for (int i = 0; i < 3; ++i) be.grouped_matmul(up_p.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd, ep);
+  be.sync();
+  const int iters = 64;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) be.grouped_matmul(up_p.data(), E, offs[static_cast<size_t>(i % sets)], xd, yd, ep);
+  be.sync();
+  const double t = seconds_since(t0) / iters, bytes = 2.0 * static_cast<double>(active) * h.bytes();
+  std::printf(
+      "grouped SwiGLU mxfp4 x bf16 %lld experts, %lld active x %lld token(s), 2 x [%lld x %lld]: %.2f us, "
+      "%.0f GB/s (%.1f%%)\n",
+      static_cast<long long>(E), static_cast<long long>(active), static_cast<long long>(tpe),
+      static_cast<long long>(rows), static_cast<long long>(cols), t * 1e6, bytes / t / 1e9,
+      100.0 * bytes / t / 1e9 / 4310.0);
+  for (void* p : offs) be.dealloc(p);
+  be.dealloc(xd.data);
+  be.dealloc(yd.data);
+}
+
 // One MoE layer's routed experts at decode: E experts of [rows, cols], `active` of them with `tpe` tokens each
 // (a different set every call, so that the selected weights come from HBM). bf16 activations: the MXFP4
 // tensor-core skinny kernels (the default) and, for comparison, the exact kernels (tensor-core dispatch off).
@@ -600,6 +650,10 @@ std::vector<std::pair<std::string, bench::CountingBackend::Detail>> slowest_ops(
   return d;
 }
 
+// cuda_bench ctx --profiler-step: one more graph-replayed decode step per (batch, ctx) between cudaProfilerStart and
+// cudaProfilerStop, so that `ncu --profile-from-start off` reads the kernels of exactly one step.
+bool g_profiler_step = false;
+
 struct CtxResult {
   double step_s = 0, bytes = 0, flops = 0;
   int64_t kernels = 0;
@@ -666,6 +720,13 @@ CtxResult bench_decode_ctx(const std::string& dir, Model& m, bench::CountingBack
   cb.sync();
   r.step_s = seconds_since(t0) / static_cast<double>(steps);
   r.kernels = m.graph_kernels(decode_graph_bucket(batch));
+  if (g_profiler_step) {  // one more graph step inside the profiler's range (ncu --profile-from-start off)
+    cb.sync();
+    cudaProfilerStart();
+    step();
+    cb.sync();
+    cudaProfilerStop();
+  }
   return r;
 }
 
@@ -1056,16 +1117,19 @@ int main(int argc, char** argv) {
   // at batch 1 and 64; --no-stc turns the BF16 / FP8 tensor-core skinny and tiled kernels off (the paths they
   // replace), --no-tile the tiled kernel only (the skinny kernels then take FP8 up to 2,048 rows, as before it);
   // --mla-split-keys N the fewest keys per split of the MLA decode attention (default: 32 at one (token, head
-  // tile) item, else 128).
+  // tile) item, else 128); --glu-fused-rows N the most (token, expert) pairs whose MXFP4 gate and up run in one pass;
+  // --profiler-step one more step in the CUDA profiler's range (for ncu).
   if (argc > 2 && std::string(argv[1]) == "ctx") {
     std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
     bool profile = false;
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--profile") profile = true;
+      if (a == "--profiler-step") g_profiler_step = true;
       if (a == "--no-stc") bench_no_stc(*be);
       if (a == "--no-tile") bench_no_tile(*be);
       if (a == "--mla-split-keys" && i + 1 < argc) cuda_set_mla_split_keys(*be, std::stoi(argv[++i]));
+      if (a == "--glu-fused-rows" && i + 1 < argc) cuda_set_glu_fused_rows(*be, std::stoll(argv[++i]));
       if (a == "--batch" && i + 1 < argc) batches = int_list(argv[++i]);
       if (a == "--ctx" && i + 1 < argc) ctxs = int_list(argv[++i]);
     }
@@ -1195,6 +1259,14 @@ int main(int argc, char** argv) {
     }
     bench_grouped(*be, WeightFormat::MXFP4, 256, 128, 4096, 6144, DType::BF16, 4);
     bench_grouped(*be, WeightFormat::MXFP4, 256, 128, 6144, 2048, DType::BF16, 4);
+    // One layer's SwiGLU experts as the model calls them: gate and up in one pass (the default up to 32 pairs), and
+    // at 128 pairs both routes (64 / 128 experts: every set of active ones still several times the L2; the backend
+    // keeps what it uploads).
+    bench_grouped_glu(*be, 64, 8, 2048, 6144, 1);
+    bench_grouped_glu(*be, 128, 64, 2048, 6144, 2);
+    cuda_set_glu_fused_rows(*be, 1024);
+    bench_grouped_glu(*be, 128, 64, 2048, 6144, 2);
+    cuda_set_glu_fused_rows(*be, 32);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "matmul") {  // only the decode GEMV timings, bf16 activations

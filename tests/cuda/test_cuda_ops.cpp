@@ -380,9 +380,9 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
     EXPECT_EQ(cuda_mx_tc_matmuls(gpu()), n0) << "fp32 x took the bf16 tensor-core kernel";
   }
   // Grouped (decode experts): every group MXFP4 takes it; one BF16 weight in the table keeps the exact kernels;
-  // (variant 2) every scale byte at most 128 but one expert's; 256 and 1,152 columns (2 and 9 chunks of 128), the
-  // groups of 9 tokens in two passes.
-  for (int64_t cols : {int64_t{256}, int64_t{1152}})
+  // (variant 2) every scale byte at most 128 but one expert's; 256, 1,152 and 6,144 columns (2, 9 and 48 chunks of
+  // 128), the groups of 9 tokens in two passes.
+  for (int64_t cols : {int64_t{256}, int64_t{1152}, int64_t{6144}})
     for (int variant = 0; variant < 3; ++variant) {
       const bool mixed = variant == 1;
       const int64_t G = 6, rows = 40;
@@ -430,6 +430,12 @@ TEST(CudaDispatch, Mxfp4SkinnyTensorCores) {
       gpu().grouped_matmul(wp.data(), G, A.up(off), xd, yu, eu);
       const std::vector<float> a = A.down(yg), b = A.down(yu);
       EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what << " SwiGLU fused != unfused";
+      // The backend's own unfused route (cuda_set_glu_fused_rows below this call's 31 pairs) gives the same bits.
+      cuda_set_glu_fused_rows(gpu(), 0);
+      gpu().grouped_matmul(wp.data(), G, A.up(off), xd, yg, e);
+      cuda_set_glu_fused_rows(gpu(), 32);
+      const std::vector<float> c = A.down(yg);
+      EXPECT_EQ(0, std::memcmp(c.data(), a.data(), c.size() * sizeof(float))) << what << " SwiGLU unfused route";
     }
 }
 

@@ -320,14 +320,14 @@ class CudaBackend final : public Backend {
         // Gate and up in one pass for the smallest steps (batch 1 at top-8: 3.66 -> 3.48 ms per GLM-5-shape step on
         // the H200); from 64 pairs on its 156 registers (one block per SM) cost more than the second pass saves
         // (batch 32: 10.8 -> 11.3 ms). Both paths give the same bits.
-        if (gtable && gr == rows && gc == cols && R <= kGluFusedMaxRows && mx_tc(x, mx && gmx)) {
-          cuda::launch_grouped_small_glu(table, gtable, n_groups, rows, offsets, cuda::tview(x), cuda::tview(y), e,
+        if (gtable && gr == rows && gc == cols && R <= glu_fused_rows && mx_tc(x, mx && gmx)) {
+          cuda::launch_grouped_small_glu(table, gtable, n_groups, rows, R, offsets, cuda::tview(x), cuda::tview(y), e,
                                          cuda::tview(g), scratch, stream_, tile_grouped, tile_format(w, n_groups),
                                          tile_format(ep.glu, n_groups));
           check_launch("grouped_matmul (SwiGLU)");
           return;
         }
-        cuda::launch_grouped_small(gtable, n_groups, gr, gc, offsets, cuda::tview(x), cuda::tview(g), cuda::LinEpi{},
+        cuda::launch_grouped_small(gtable, n_groups, gr, R, offsets, cuda::tview(x), cuda::tview(g), cuda::LinEpi{},
                                    scratch, stream_, mx_tc(x, gmx, false), gstc, tile_grouped,
                                    tile_format(ep.glu, n_groups));
         check_launch("grouped_matmul (SwiGLU gate)");
@@ -335,8 +335,8 @@ class CudaBackend final : public Backend {
       }
       if (stc) ++stc_calls;
       if (big_stc) ++tile_calls;
-      cuda::launch_grouped_small(table, n_groups, rows, cols, offsets, cuda::tview(x), cuda::tview(y), e, scratch,
-                                 stream_, mx_tc(x, mx), stc, tile_grouped, tile_format(w, n_groups));
+      cuda::launch_grouped_small(table, n_groups, rows, R, offsets, cuda::tview(x), cuda::tview(y), e, scratch, stream_,
+                                 mx_tc(x, mx), stc, tile_grouped, tile_format(w, n_groups));
       check_launch("grouped_matmul");
       return;
     }
@@ -568,8 +568,9 @@ class CudaBackend final : public Backend {
   bool tile_grouped = true;
   bool flash_prefill = true;  // cuda_set_flash_prefill (cuda_backend.h)
   int64_t flash_calls = 0;
-  bool tc_indexer = true;  // cuda_set_tc_indexer (cuda_backend.h)
-  int mla_split_keys = 0;  // cuda_set_mla_split_keys (cuda_backend.h); 0: mla_decode_splits' rule
+  bool tc_indexer = true;       // cuda_set_tc_indexer (cuda_backend.h)
+  int mla_split_keys = 0;       // cuda_set_mla_split_keys (cuda_backend.h); 0: mla_decode_splits' rule
+  int64_t glu_fused_rows = 32;  // cuda_set_glu_fused_rows (cuda_backend.h): 4 decode tokens x top-8
   int64_t tc_indexer_calls = 0;
   static constexpr int64_t kTileDefaults[4] = {1, 0, 33, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
   int64_t tile_bf16_min = kTileDefaults[0], tile_bf16_max = kTileDefaults[1], tile_fp8_min = kTileDefaults[2],
@@ -666,7 +667,6 @@ class CudaBackend final : public Backend {
   // ---- typed-tensor scratch ----
   enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpTile, kTmpMask, kTmpSlots };
   static constexpr int64_t kWarpGroupedMaxRows = 1024;  // 128 decode tokens x top-8
-  static constexpr int64_t kGluFusedMaxRows = 32;       // 4 decode tokens x top-8
   // Device scratch slot of at least n floats (grow-only; a growth during a graph capture is an engine error: the
   // eager step at the graph's shape grows every slot first).
   float* tmp_f32(int slot, int64_t n, const char* what) {
@@ -920,6 +920,10 @@ void cuda_set_flash_prefill(Backend& be, bool on) {
 int64_t cuda_flash_prefill_calls(const Backend& be) {
   const auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->flash_calls : -1;
+}
+
+void cuda_set_glu_fused_rows(Backend& be, int64_t rows) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->glu_fused_rows = rows > 0 ? rows : 0;
 }
 
 void cuda_set_mla_split_keys(Backend& be, int keys) {

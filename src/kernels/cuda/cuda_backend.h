@@ -70,6 +70,10 @@ void cuda_set_tc_indexer(Backend& be, bool on);
 // (token, head tile) item, else 128): fewer means more blocks for short contexts at small batch. The same results up
 // to the order of the splits' fp32 merge.
 void cuda_set_mla_split_keys(Backend& be, int keys);
+// SwiGLU expert calls of MXFP4 gate and up weights (bf16 x) with at most `rows` (token, expert) pairs read both
+// weights in one pass (default 32: 4 decode tokens at top-8); above, the gate and then up with the gate epilogue.
+// The same bits either way.
+void cuda_set_glu_fused_rows(Backend& be, int64_t rows);
 int64_t cuda_tc_indexer_calls(const Backend& be);
 
 }  // namespace latent

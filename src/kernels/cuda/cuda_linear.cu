@@ -31,6 +31,7 @@ __host__ __device__ constexpr int rows_per_block() {
   return MC == 1 ? 4 : 2;
 }
 constexpr int64_t kSmallRows = 16;
+static_assert(!may_have_class2(kSmallRows) && may_have_class2(kSmallRows + 1), "class 2: groups above kSmallRows");
 // Matrices of kWarpKernelMinRows .. kWarpKernelMaxRows rows take a warp per row (more independent work items than a
 // block per 4 rows); fewer rows (kv_a's 576, the router's 256, the DSA indexer's 32 / 128) a block per 4 rows, each
 // row split over the block's 8 warps (as for kWarpKernelMaxRows rows and more): a warp per row keeps too few
@@ -439,6 +440,51 @@ __device__ __forceinline__ void mx_tc_step(int s, const uint4& wa, const uint4& 
   for (int n = 0; n < NT; ++n) mma_bf16_16816(c[n], a0, a1, a2, a3, xr[n][2 * s], xr[n][2 * s + 1]);
 }
 
+// The activations of 128-column chunk kb for the lanes' tokens (zero where a lane's token is past the pass).
+template <int NT>
+__device__ __forceinline__ void mx_tc_load_x(const uint4* const (&xp)[NT], const bool (&has)[NT], int64_t kb,
+                                             uint32_t (&xr)[NT][16]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = has[n] ? __ldg(xp[n] + 16 * kb + q) : make_uint4(0u, 0u, 0u, 0u);
+      xr[n][4 * q] = v.x;
+      xr[n][4 * q + 1] = v.y;
+      xr[n][4 * q + 2] = v.z;
+      xr[n][4 * q + 3] = v.w;
+    }
+}
+
+// One 128-column chunk: the 8 mma steps of the up (or only) weight's slices wa / wb (scale bytes ea / eb), and with
+// GLU of the gate's ga / gb (fa / fb) into cg.
+template <int NT, bool GLU>
+__device__ __forceinline__ void mx_tc_chunk(const uint4& wa, const uint4& wb, uint32_t ea, uint32_t eb, const uint4& ga,
+                                            const uint4& gb, uint32_t fa, uint32_t fb, const uint32_t (&xr)[NT][16],
+                                            float (&c)[NT][4], float (&cg)[NT][4]) {
+  uint32_t posta, postb;
+  const uint32_t ma = mx_mult(ea, posta), mbm = mx_mult(eb, postb);
+  // (One token pass only: two copies of the steps cost the NT = 2 kernel its second block per SM.)
+  if (NT > 1 || __any_sync(0xFFFFFFFFu, (posta | postb) != 0u)) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, wa, wb, ma, posta, mbm, postb, xr, c);
+  } else {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, wa, wb, ma, posta, mbm, postb, xr, c);
+  }
+  if constexpr (GLU) {
+    uint32_t pga, pgb;
+    const uint32_t mga = mx_mult(fa, pga), mgb = mx_mult(fb, pgb);
+    if (NT > 1 || __any_sync(0xFFFFFFFFu, (pga | pgb) != 0u)) {
+#pragma unroll
+      for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, ga, gb, mga, pga, mgb, pgb, xr, cg);
+    } else {
+#pragma unroll
+      for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, ga, gb, mga, pga, mgb, pgb, xr, cg);
+    }
+  }
+}
+
 // One pass of the tokens mb .. min(mb + 8·NT, m1) (of a group's m0 .. m1) over all of K for the 16-row tile at
 // rbase: its fp32 accumulators c and, GLU (wg non-null), cg of the same tile of the gate weight wg (same shape).
 template <int NT, bool GLU>
@@ -493,37 +539,10 @@ __device__ __forceinline__ void mx_tc_pass(const WDesc& w, int64_t m0, int64_t m
     for (int j = 0; j < kMxChunks; ++j) {
       if (kb0 + j >= nkb) break;
       uint32_t xr[NT][16];
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 v = has[n] ? __ldg(xp[n] + 16 * (kb0 + j) + q) : make_uint4(0u, 0u, 0u, 0u);
-          xr[n][4 * q] = v.x;
-          xr[n][4 * q + 1] = v.y;
-          xr[n][4 * q + 2] = v.z;
-          xr[n][4 * q + 3] = v.w;
-        }
-      uint32_t posta, postb;
-      const uint32_t ma = mx_mult(ea[j], posta), mbm = mx_mult(eb[j], postb);
-      // (One token pass only: two copies of the steps cost the NT = 2 kernel its second block per SM.)
-      if (NT > 1 || __any_sync(0xFFFFFFFFu, (posta | postb) != 0u)) {
-#pragma unroll
-        for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
-      } else {
-#pragma unroll
-        for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, wa[j], wb[j], ma, posta, mbm, postb, xr, c);
-      }
-      if constexpr (GLU) {
-        uint32_t pga, pgb;
-        const uint32_t mga = mx_mult(fa[j], pga), mgb = mx_mult(fb[j], pgb);
-        if (NT > 1 || __any_sync(0xFFFFFFFFu, (pga | pgb) != 0u)) {
-#pragma unroll
-          for (int s = 0; s < 8; ++s) mx_tc_step<NT, true>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
-        } else {
-#pragma unroll
-          for (int s = 0; s < 8; ++s) mx_tc_step<NT, false>(s, ga[j], gb[j], mga, pga, mgb, pgb, xr, cg);
-        }
-      }
+      mx_tc_load_x<NT>(xp, has, kb0 + j, xr);
+      constexpr bool kG = GLU;  // (the gate arrays have one element without GLU: index 0 then, unused)
+      mx_tc_chunk<NT, GLU>(wa[j], wb[j], ea[j], eb[j], ga[kG ? j : 0], gb[kG ? j : 0], fa[kG ? j : 0], fb[kG ? j : 0],
+                           xr, c, cg);
     }
   }
 }
@@ -1097,15 +1116,16 @@ void matmul_small_t(const WDesc& w, const XT* x, int64_t ldx, int64_t M, const S
 
 template <class XT>
 void grouped_small_t(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, const XT* x,
-                     int64_t ldx, const SmallOut& out, int32_t* lists, int32_t* counts, cudaStream_t st) {
+                     int64_t ldx, const SmallOut& out, int32_t* lists, int32_t* counts, bool class2, cudaStream_t st) {
   const unsigned grid = static_cast<unsigned>(sm_count() * 16);
   // Class 0 (one token), 1 (2 .. 16), 2 (more): a warp per (group, 2 or 4 rows). Several rows per warp share each
   // load of the activations (one row per warp re-read x once per weight row: more bytes than the weights).
   warp_grouped_kernel<1, XT, 2><<<grid, 256, 0, st>>>(table, offsets, lists, counts, (rows + 1) / 2, x, ldx, out);
   warp_grouped_kernel<4, XT, 4>
       <<<grid, 256, 0, st>>>(table, offsets, lists + n_groups, counts + 1, (rows + 3) / 4, x, ldx, out);
-  warp_grouped_kernel<8, XT, 4>
-      <<<grid, 256, 0, st>>>(table, offsets, lists + 2 * n_groups, counts + 2, (rows + 3) / 4, x, ldx, out);
+  if (class2)
+    warp_grouped_kernel<8, XT, 4>
+        <<<grid, 256, 0, st>>>(table, offsets, lists + 2 * n_groups, counts + 2, (rows + 3) / 4, x, ldx, out);
 }
 }  // namespace
 
@@ -1135,15 +1155,15 @@ void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinE
     matmul_small_t(w, static_cast<const float*>(x.p), x.ld, M, out, st);
 }
 
-void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows,
+void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows, int64_t pairs,
                               const int64_t* offsets, TView x, TView y, const LinEpi& e, TView gtmp, void* scratch,
                               cudaStream_t st, bool tile, int tile_fmt, int gate_tile_fmt) {
   if (n_groups <= 0 || rows <= 0) return;
   if (!mx_tc_x(x)) {  // activations the tensor-core loads cannot take: the two passes on the exact kernels
-    launch_grouped_small(gtable, n_groups, rows, 0, offsets, x, gtmp, LinEpi{}, scratch, st, false);
+    launch_grouped_small(gtable, n_groups, rows, pairs, offsets, x, gtmp, LinEpi{}, scratch, st, false);
     LinEpi eu = e;
     eu.gate = gtmp;
-    launch_grouped_small(table, n_groups, rows, 0, offsets, x, y, eu, scratch, st, false);
+    launch_grouped_small(table, n_groups, rows, pairs, offsets, x, y, eu, scratch, st, false);
     return;
   }
   int32_t* lists = static_cast<int32_t*>(scratch);
@@ -1157,6 +1177,7 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
   // equals the unfused pair (gate rows, then up with the gate epilogue) bit for bit.
   mx_tc_grouped_kernel<1, true>
       <<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 0, 2, tiles, xb, x.ld, small_out(y, e), gtable);
+  if (!may_have_class2(pairs)) return;
   auto class2 = [&](const WDesc* t, int fmt, const SmallOut& o) {
     if (!tile || fmt != kFmtMxfp4 || !stc_x_ok(x) ||
         !launch_grouped_tile(t, n_groups, rows, offsets, x, o, lists, counts, st, kFmtMxfp4))
@@ -1168,10 +1189,9 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
   class2(table, tile_fmt, small_out(y, eu));
 }
 
-void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
+void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t pairs, const int64_t* offsets,
                           TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc, bool stc,
                           bool tile, int tile_fmt) {
-  (void)cols;
   if (n_groups <= 0 || rows <= 0) return;
   int32_t* lists = static_cast<int32_t*>(scratch);
   int32_t* counts = lists + 3 * n_groups;
@@ -1182,7 +1202,7 @@ void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, in
     const auto* xb = static_cast<const uint16_t*>(x.p);
     warp_grouped_kernel<1, uint16_t, 2><<<static_cast<unsigned>(sm_count() * 16), 256, 0, st>>>(
         table, offsets, lists, counts, (rows + 1) / 2, xb, x.ld, small_out(y, e));
-    launch_grouped_stc(table, n_groups, rows, offsets, x, y, e, lists, counts, st, tile, tile_fmt);
+    launch_grouped_stc(table, n_groups, rows, offsets, x, y, e, lists, counts, st, tile, tile_fmt, pairs);
     return;
   }
   const SmallOut out = small_out(y, e);
@@ -1192,6 +1212,7 @@ void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, in
     const auto* xb = static_cast<const uint16_t*>(x.p);
     const int64_t tiles = (rows + 15) / 16;
     mx_tc_grouped_kernel<1><<<grid, 256, 0, st>>>(table, offsets, lists, counts, n_groups, 0, 2, tiles, xb, x.ld, out);
+    if (!may_have_class2(pairs)) return;
     if (!tile || tile_fmt != kFmtMxfp4 || !stc_x_ok(x) ||
         !launch_grouped_tile(table, n_groups, rows, offsets, x, out, lists, counts, st, kFmtMxfp4))
       mx_tc_grouped_kernel<2>
@@ -1199,9 +1220,11 @@ void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, in
     return;
   }
   if (x.bf16)
-    grouped_small_t(table, n_groups, rows, offsets, static_cast<const uint16_t*>(x.p), x.ld, out, lists, counts, st);
+    grouped_small_t(table, n_groups, rows, offsets, static_cast<const uint16_t*>(x.p), x.ld, out, lists, counts,
+                    may_have_class2(pairs), st);
   else
-    grouped_small_t(table, n_groups, rows, offsets, static_cast<const float*>(x.p), x.ld, out, lists, counts, st);
+    grouped_small_t(table, n_groups, rows, offsets, static_cast<const float*>(x.p), x.ld, out, lists, counts,
+                    may_have_class2(pairs), st);
 }
 
 void launch_embedding(const WDesc& table, const int32_t* ids, int64_t M, TView out, cudaStream_t st) {

@@ -62,18 +62,21 @@ constexpr int64_t kSmallMaxRows = 16;
 bool mx_tc_ok(const WDesc& w);
 void launch_matmul_small(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, cudaStream_t st,
                          bool mx_tc = false);
+// pairs: the grouped call's (token, expert) rows in all, or -1 when not known: at most 16 cannot make a group of more
+// than 16 tokens, so the launches of that class are left out (3 empty kernels per MoE layer at batch 1).
+constexpr bool may_have_class2(int64_t pairs) { return pairs < 0 || pairs > 16; }
 // SwiGLU over MXFP4 experts with bf16 x (every weight of table and gtable passing mx_tc_ok): y = SiLU(x·Gᵀ) ·
 // (x·Uᵀ) with e's bias / residual, as launch_grouped_small of the gate into gtmp and then of up with gate = gtmp
 // computes it, bit for bit; groups of ≤ 16 tokens read both weights in one pass (gtmp untouched), larger ones
 // through gtmp ([R, N], y's dtype) on the kernels launch_grouped_small takes for them (tile, tile_fmt and
 // gate_tile_fmt as it gets them for the up and the gate table).
-void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows,
+void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n_groups, int64_t rows, int64_t pairs,
                               const int64_t* offsets, TView x, TView y, const LinEpi& e, TView gtmp, void* scratch,
                               cudaStream_t st, bool tile, int tile_fmt, int gate_tile_fmt);
 // stc: every listed weight passes stc_ok and x passes stc_x_ok: the BF16 / FP8 tensor-core kernels below; with
 // tile, its groups of more than 16 tokens on the tiled kernel (any number of rows: prefill too); tile_fmt: the
 // table's one weight format (WeightFormat; FP8 per tensor and per channel count as one), or -2 when it mixes them.
-void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t cols, const int64_t* offsets,
+void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t pairs, const int64_t* offsets,
                           TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc = false,
                           bool stc = false, bool tile = false, int tile_fmt = -2);
 // ---- BF16 / FP8 tensor-core skinny kernels (cuda_skinny_tc.cu) ----
@@ -95,7 +98,7 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
 // of more than one token; launch_grouped_small runs class 0 on the warp kernel).
 void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x, TView y,
                         const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st, bool tile,
-                        int tile_fmt);
+                        int tile_fmt, int64_t pairs = -1);
 // Tensor-core matmul for the bf16 activation mode (x values bf16): formats whose values or codes are exact bf16
 // values (tc_format: BF16, MXFP4, FP8 with block scales in 16×32 multiples, per tensor or per channel); FP8 scales
 // are applied to fp32 partial sums, never to the weights.

@@ -635,7 +635,7 @@ bool launch_grouped_tile(const WDesc* table, int64_t n_groups, int64_t rows, con
 
 void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x, TView y,
                         const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st, bool tile,
-                        int tile_fmt) {
+                        int tile_fmt, int64_t pairs) {
   SmallOut out;
   out.y = y;
   out.bias = e.bias;
@@ -654,6 +654,7 @@ void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, cons
   else
     stc_grouped_kernel<2>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 1, 2, tiles, xb, x.ld, out);
+  if (!may_have_class2(pairs)) return;
   if (!tile || !launch_grouped_tile(table, n_groups, rows, offsets, x, out, lists, counts, st, tile_fmt))
     stc_grouped_kernel<4>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
