@@ -1,8 +1,9 @@
-// Decode graphs on the CPU: the model's graph logic (capture at a padded fixed shape, one metadata upload, replay)
-// through RecordingBackend (recording_backend.h: the CPU backend with CUDA-graph semantics: recorded ops replayed
-// over the pointers they were recorded with, no memory traffic inside a recording). Graphs on equal graphs off bit for
-// bit (the CPU kernels are batch invariant, so padding changes nothing), and the counters say which steps ran from
-// graphs. The CUDA twins are in tests/cuda/test_cuda_model.cpp and tests/cuda/test_cuda_mtp.cpp.
+// Decode graphs and MTP draft graphs on the CPU: the model's graph logic (Model::run_graph — capture at a padded
+// fixed shape, one metadata upload, replay) through RecordingBackend (recording_backend.h: the CPU backend with
+// CUDA-graph semantics: recorded ops replayed over the pointers they were recorded with, no memory traffic inside a
+// recording). Graphs on equal graphs off bit for bit (the CPU kernels are batch invariant, so padding changes
+// nothing), and the counters say which steps and draft passes ran from graphs. The CUDA twins are in
+// tests/cuda/test_cuda_model.cpp and tests/cuda/test_cuda_mtp.cpp.
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "draft_graph_check.h"
 #include "model/model.h"
 #include "recording_backend.h"
 
@@ -43,8 +45,6 @@ std::unique_ptr<GraphPair> load_graph_pair(const std::string& name, int64_t mtp_
   p->e = std::make_unique<Model>(*p->files.cfg, *p->files.plan, *p->cpu, o);
   return p;
 }
-
-int32_t argmax_of(const float* r, int64_t V) { return static_cast<int32_t>(std::max_element(r, r + V) - r); }
 
 std::string graph_case_name(const ::testing::TestParamInfo<std::string>& i) {
   std::string m = i.param;
@@ -110,7 +110,7 @@ TEST_P(DecodeGraphs, EqualEagerBitForBit) {
       me.step(Step{tokens, seqs}, ce, le.data());
       ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), static_cast<size_t>(n * V) * sizeof(float))) << at << ": prefill";
       std::vector<int32_t> last(static_cast<size_t>(n));
-      for (int64_t s = 0; s < n; ++s) last[s] = argmax_of(le.data() + s * V, V);
+      for (int64_t s = 0; s < n; ++s) last[s] = testing::argmax_of(le.data() + s * V, V);
       const int64_t replays0 = mg.graph_replays(), captures0 = mg.graph_captures();
       for (int64_t step = 0; step < steps; ++step) {
         tokens.clear();
@@ -126,7 +126,7 @@ TEST_P(DecodeGraphs, EqualEagerBitForBit) {
         mg.step(Step{tokens, seqs}, cg, lg.data());
         me.step(Step{tokens, seqs}, ce, le.data());
         ASSERT_EQ(0, std::memcmp(lg.data(), le.data(), lg.size() * sizeof(float))) << at << ", step " << step;
-        for (int64_t s = 0; s < n; ++s) last[s] = argmax_of(le.data() + (s * T + T - 1) * V, V);
+        for (int64_t s = 0; s < n; ++s) last[s] = testing::argmax_of(le.data() + (s * T + T - 1) * V, V);
       }
       const int64_t caps = mg.graph_captures() - captures0;
       EXPECT_GE(caps, 1) << at;
@@ -142,6 +142,25 @@ TEST_P(DecodeGraphs, EqualEagerBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DecodeGraphs,
                          ::testing::Values("glm5-tiny", "v3-tiny", "v32-tiny", "glm5-tiny-mxfp4", "v3-tiny-fp8"),
+                         graph_case_name);
+
+// MTP draft passes in graphs (draft_graph_check.h): ids, logits and the draft layer's cache rows equal the eager
+// passes bit for bit, and exactly the eligible passes ran from graphs.
+class DraftGraphs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DraftGraphs, EqualEagerBitForBit) {
+  auto p = load_graph_pair(GetParam(), 1);
+  const testing::DraftGraphStats st = testing::check_draft_graphs(*p->g, *p->e, GetParam());
+  EXPECT_EQ(st.shapes, 15);
+  EXPECT_EQ(p->rec->violations(), 0);
+  std::printf(
+      "[graphs] %-20s draft passes in graphs = eager bit for bit: %lld draft steps, %lld passes graphed "
+      "(%lld captures, %lld replays)\n",
+      GetParam().c_str(), static_cast<long long>(st.draft_calls), static_cast<long long>(st.graphed_expected),
+      static_cast<long long>(p->g->draft_graph_captures()), static_cast<long long>(p->g->draft_graph_replays()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DraftGraphs, ::testing::Values("glm5-tiny-mtp", "v3-tiny-mtp", "glm5-tiny-mxfp4-mtp"),
                          graph_case_name);
 
 }  // namespace
