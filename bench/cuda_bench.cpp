@@ -855,6 +855,7 @@ void bench_prefill_model(Model& m, bench::CountingBackend& be, const std::vector
 struct VerifyResult {
   double decode_s = 0, verify_s = 0, draft_s = 0;
   int64_t verify_replays = 0, steps = 0;
+  int64_t draft_passes = 0, draft_replays = 0;  // the timed draft steps' passes, and those replayed from a graph
 };
 VerifyResult bench_verify_one(Model& m, Backend& be, int64_t batch, int64_t ctx, int64_t k) {
   const ModelConfig& c = m.config();
@@ -918,7 +919,7 @@ VerifyResult bench_verify_one(Model& m, Backend& be, int64_t batch, int64_t ctx,
     if (mtp) draft();
   }
   be.sync();
-  const int64_t rep0 = m.graph_replays();
+  const int64_t rep0 = m.graph_replays(), dpass0 = m.draft_passes(), drep0 = m.draft_graph_replays();
   double tv = 0, td = 0;
   for (int64_t i = 0; i < steps; ++i) {
     const auto a = std::chrono::steady_clock::now();
@@ -929,6 +930,8 @@ VerifyResult bench_verify_one(Model& m, Backend& be, int64_t batch, int64_t ctx,
     td += seconds_since(b);
   }
   r.verify_replays = m.graph_replays() - rep0;
+  r.draft_passes = m.draft_passes() - dpass0;
+  r.draft_replays = m.draft_graph_replays() - drep0;
   r.verify_s = tv / static_cast<double>(steps);
   r.draft_s = td / static_cast<double>(steps);
   return r;
@@ -955,16 +958,17 @@ void bench_verify(const std::string& dir, Backend& be, const std::vector<int64_t
     for (int64_t k : ks)
       for (int64_t batch : batches) {
         const VerifyResult r = bench_verify_one(m, be, batch, ctx, k);
-        std::printf("%-28s %5lld %6lld %3lld %10.3f %10.3f %7.3fx %10.3f %13.3fx %8s\n", dir.c_str(),
+        const char* draft_graphed = r.draft_passes == 0 ? "-" : r.draft_replays >= r.draft_passes ? "yes" : "NO";
+        std::printf("%-28s %5lld %6lld %3lld %10.3f %10.3f %7.3fx %10.3f %13.3fx %4s/%-3s\n", dir.c_str(),
                     static_cast<long long>(batch), static_cast<long long>(ctx), static_cast<long long>(k),
                     r.decode_s * 1e3, r.verify_s * 1e3, r.verify_s / r.decode_s, r.draft_s * 1e3,
-                    (r.verify_s + r.draft_s) / r.decode_s, r.verify_replays >= r.steps ? "yes" : "NO");
+                    (r.verify_s + r.draft_s) / r.decode_s, r.verify_replays >= r.steps ? "yes" : "NO", draft_graphed);
         std::fflush(stdout);
       }
   std::printf(
       "ratio: a verify step of k + 1 tokens per sequence over a decode step (goal <= 1.15x at k = 1, batch 1, "
-      "GLM-5 shape); verify+draft: with the MTP draft step after it; graphed: every timed verify step "
-      "replayed a CUDA graph\n");
+      "GLM-5 shape); verify+draft: with the MTP draft step after it; graphed: every timed verify step / every pass "
+      "of the timed draft steps replayed a CUDA graph (- : no MTP layer)\n");
 }
 
 // Sampling: Backend::sample_rows on the device against the host path (download [rows, V] fp32 logits, then the

@@ -414,7 +414,7 @@ void Model::reserve(int64_t max_tokens, int64_t max_seqs, int64_t max_ctx, int64
   res_blocks_ = std::max(res_blocks_, d.MB);
   // What the backend's matmuls need for every weight the step multiplies (the head, the router, every linear) at
   // up to the step's tokens; kv_b at up to max(tokens, naive keys) rows (it expands the keys of the naive form).
-  if (!w_.mtp.empty()) ensure_mtp_buffers(d.N, d.S);
+  if (!w_.mtp.empty()) ensure_mtp_buffers(d.N, decode_graph_bucket(d.S));  // (a draft graph's padded rows)
   std::vector<const QuantWeight*> ws{&w_.lm_head}, kvb;
   for (const MtpWeights& mt : w_.mtp) ws.insert(ws.end(), {&mt.eh_proj, &mt.head});
   auto mlp = [&](const MlpWeights& m) { ws.insert(ws.end(), {&m.gate, &m.up, &m.down}); };
@@ -740,8 +740,9 @@ Model::StepShape Model::validate_step(const Step& st, const PagedKvCache& cache,
 }
 
 Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b,
-                              std::span<const int32_t> mtp_hrows) {
+                              std::span<const int32_t> mtp_hrows, int64_t n_real) {
   const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
+  if (n_real < 0) n_real = S;
   const int64_t bt = cache.block_tokens(), max_blocks = sh.max_blocks, rows = sh.rows;
   const Dims d = dims_for(N, S, sh.max_ctx, max_blocks, rows);
   ensure_workspace(d);
@@ -782,16 +783,17 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
   int64_t at = 0, r = 0;
   for (int64_t s = 0; s < S; ++s) {
     const StepSequence& q = st.seqs[s];
+    const bool pad = s >= n_real;
     h_qb[s] = static_cast<int32_t>(at);
-    h_ctx[s] = static_cast<int32_t>(q.start + q.n_tokens);
+    h_ctx[s] = pad ? 1 : static_cast<int32_t>(q.start + q.n_tokens);
     h_lqb[2 * s] = static_cast<int32_t>(at + naive_rows(q.start, q.n_tokens));
     h_lqb[2 * s + 1] = static_cast<int32_t>(at + q.n_tokens);
-    const int64_t need = (q.start + q.n_tokens + bt - 1) / bt;
+    const int64_t need = pad ? 1 : (q.start + q.n_tokens + bt - 1) / bt;
     for (int64_t j = 0; j < max_blocks; ++j) h_bt[s * max_blocks + j] = j < need ? q.blocks[j] : 0;
     for (int64_t i = 0; i < q.n_tokens; ++i) {
       const int64_t p = q.start + i;
-      h_pos[at + i] = p;
-      h_slot[at + i] = static_cast<int64_t>(q.blocks[p / bt]) * bt + p % bt;
+      h_pos[at + i] = pad ? 0 : p;
+      h_slot[at + i] = pad ? -1 : static_cast<int64_t>(q.blocks[p / bt]) * bt + p % bt;
     }
     if (q.logits == LogitRows::All)
       for (int64_t i = 0; i < q.n_tokens; ++i) h_rows[r++] = static_cast<int32_t>(at + i);
@@ -829,12 +831,12 @@ void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector
                     smp_ids_);
     be_.download(ids, smp_ids_, sizeof(int32_t) * static_cast<size_t>(rows));
   };
-  const GraphShape gs = graph_eligible(st, sh.max_ctx, sh.max_blocks, logits, hidden);
+  const GraphShape gs = graph_eligible(st, sh, logits, hidden);
   if (!w_.mtp.empty()) ensure_mtp_buffers(std::max(N, gs.B * gs.T), 1);
   kept_rows_ = 0;
 
   if (gs.B > 0) {
-    graph_step(st, cache, logits, sh.any_long, gs, rows);
+    graph_step(st, cache, logits, sh, gs);
     sample();
     if (!w_.mtp.empty()) kept_rows_ = N;
     return;
@@ -954,129 +956,98 @@ void Model::decoder_layer(int64_t l, const Meta& m, PagedKvCache& cache, Buffers
 // ---------------------------------------------------------------------------------------------------------------
 // Decode graphs
 // ---------------------------------------------------------------------------------------------------------------
-Model::GraphShape Model::graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
-                                        const std::vector<float>* hidden) const {
+Model::GraphShape Model::graph_shape(const Step& st, const StepShape& sh, GraphKind kind) const {
   // Single rank only: the in-process communicator cannot be recorded in a graph (NCCL could; not done yet).
-  if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || (!logits && !sampling_step_) || hidden ||
-      rank_.parallel.ranks > 1 || st.seqs.empty())
+  if (!opt_.graphs || !be_.graphs_supported() || res_ctx_ <= 0 || rank_.parallel.ranks > 1 || st.seqs.empty())
     return {};
   if (opt_.record_decisions || opt_.force_decisions || opt_.attention == AttentionForm::Naive) return {};
-  if (max_ctx > res_ctx_ || max_blocks > res_blocks_) return {};  // (DSA selection runs in the graph too)
-  // Every sequence decodes T tokens: T = 1 wanting its last row, or a verify step (the last token and T - 1
-  // drafts) wanting every row.
+  if (sh.max_ctx > res_ctx_ || sh.max_blocks > res_blocks_) return {};  // (DSA selection runs in the graph too)
   const int64_t T = st.seqs.front().n_tokens;
   if (T < 1) return {};
-  for (const StepSequence& q : st.seqs) {
-    if (!q.decode || q.n_tokens != T || q.start < 1) return {};
-    if (T == 1 ? q.logits == LogitRows::None : q.logits != LogitRows::All) return {};
-  }
+  // A step: T = 1 wanting its last row, or a verify step (the last token and T - 1 drafts) wanting every row. A
+  // draft pass: the draft after the last slot.
+  auto rows_recorded = [&](LogitRows r) {
+    if (kind != GraphKind::Step) return r == LogitRows::Last;
+    return T == 1 ? r != LogitRows::None : r == LogitRows::All;
+  };
+  for (const StepSequence& q : st.seqs)
+    if (!q.decode || q.n_tokens != T || q.start < 1 || !rows_recorded(q.logits)) return {};
   const int64_t B = graph_seqs_for(static_cast<int64_t>(st.seqs.size()), T);
   if (B > res_seqs_ || B * T > res_tokens_) return {};
   return {B, T};
 }
 
+Model::GraphShape Model::graph_eligible(const Step& st, const StepShape& sh, const float* logits,
+                                        const std::vector<float>* hidden) const {
+  if ((!logits && !sampling_step_) || hidden) return {};
+  return graph_shape(st, sh, GraphKind::Step);
+}
+
 void Model::drop_graphs() {
   for (const GraphEntry& g : graphs_) be_.graph_release(g.id);
   graphs_.clear();
-  graph_ws_ = nullptr;
-  graph_pools_.clear();
+  graph_ptrs_.clear();
 }
 
-int64_t Model::graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
-  int64_t n = 0;  // the DSA-selection graph when there is one (the longer step)
+void Model::keep_graphs_valid(const PagedKvCache& cache) {
+  graph_ptrs_now_.clear();
+  graph_ptrs_now_.insert(graph_ptrs_now_.end(), {ws_, kept_, mtp_prev_, mtp_ids_dev_, mtp_params_dev_});
+  for (int64_t l = 0; l < cache.num_layers(); ++l) {
+    graph_ptrs_now_.push_back(cache.latent(l).data);
+    graph_ptrs_now_.push_back(cache.index(l).data);
+  }
+  if (graph_ptrs_now_ == graph_ptrs_) return;
+  drop_graphs();
+  graph_ptrs_.swap(graph_ptrs_now_);
+}
+
+int64_t Model::graph_kernels_of(bool draft, int64_t seqs, int64_t rows_per_seq) const {
+  int64_t n = 0;  // the largest graph of the shape (with the DSA selection, a first draft pass)
   for (const GraphEntry& g : graphs_)
-    if (g.B == seqs && g.T == rows_per_seq) n = std::max(n, be_.graph_kernels(g.id));
+    if ((g.kind != GraphKind::Step) == draft && g.B == seqs && g.T == rows_per_seq)
+      n = std::max(n, be_.graph_kernels(g.id));
   return n;
 }
+int64_t Model::graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
+  return graph_kernels_of(false, seqs, rows_per_seq);
+}
+int64_t Model::draft_graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
+  return graph_kernels_of(true, seqs, rows_per_seq);
+}
 
-// A decode step of S sequences of T tokens each in the graph of B = graph_seqs_for(S, T) sequences: the workspace
-// is carved at the graph's fixed shape (B · T tokens, B sequences, the reserved context and block-table width), the
-// metadata of the S real sequences and of B − S padding sequences (T copies of sequence 0's first key at position
-// 0, nothing stored: slot −1) is uploaded in one copy, then the graph is replayed. The real rows come first in the
-// flat order, as in the eager step: the logits rows (and the head-input rows kept for the MTP draft step) of the
-// real sequences are the first rows of the graph's. The first step of a shape runs eagerly at that shape (every
-// one-time setup of the ops happens there) and is then recorded.
-void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long, GraphShape g, int64_t rows) {
-  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = g.B, T = g.T, NB = B * T, V = cfg_.vocab_size;
-  const int64_t bt = cache.block_tokens(), MB = res_blocks_;
-  const Dims d = dims_for(NB, B, res_ctx_, MB, NB);
-  ensure_workspace(d);
-  thread_local std::vector<const void*> pools;
-  pools.clear();
-  for (int64_t l = 0; l < cache.num_layers(); ++l) {
-    pools.push_back(cache.latent(l).data);
-    pools.push_back(cache.index(l).data);
-  }
-  if (ws_ != graph_ws_ || pools != graph_pools_) {
-    drop_graphs();
-    graph_ws_ = ws_;
-    graph_pools_ = pools;
-  }
-  Buffers b{};
-  carve(d, ws_, b);
-  act_fp8_.scratch = b.aq;
-  act_fp8_.scratch_floats = b.aq_floats;
-  // Host image of the metadata bytes [b.tokens, b.slots + NB): the arrays are consecutive in the workspace.
-  char* const base = reinterpret_cast<char*>(b.tokens);
-  const size_t bytes = static_cast<size_t>(reinterpret_cast<char*>(b.slots + NB) - base);
-  if (graph_meta_.size() < bytes) graph_meta_.resize(bytes);
-  std::fill(graph_meta_.begin(), graph_meta_.begin() + static_cast<std::ptrdiff_t>(bytes), char{0});
-  auto at = [&](auto* dev) {
-    return reinterpret_cast<decltype(dev)>(graph_meta_.data() + (reinterpret_cast<char*>(dev) - base));
-  };
-  int32_t *h_tok = at(b.tokens), *h_qb = at(b.q_begin), *h_ctx = at(b.ctx_len), *h_bt = at(b.btab);
-  int32_t* h_rows = at(b.lrows);
-  int64_t *h_pos = at(b.pos), *h_slot = at(b.slots);
-  pad_seqs_.assign(static_cast<size_t>(B), StepSequence{});
-  for (int64_t s = 0; s < B; ++s) {
-    const bool real = s < S;
-    const StepSequence& q = st.seqs[real ? s : 0];
-    const int64_t need = real ? (q.start + T + bt - 1) / bt : 1;
-    for (int64_t j = 0; j < need; ++j) h_bt[s * MB + j] = q.blocks[j];
-    h_qb[s] = static_cast<int32_t>(s * T);
-    h_ctx[s] = real ? static_cast<int32_t>(q.start + T) : 1;
-    for (int64_t i = 0; i < T; ++i) {
-      const int64_t r = s * T + i, p = q.start + i;
-      h_rows[r] = static_cast<int32_t>(r);
-      h_tok[r] = real ? st.tokens[static_cast<size_t>(r)] : 0;
-      h_pos[r] = real ? p : 0;
-      h_slot[r] = real ? static_cast<int64_t>(q.blocks[p / bt]) * bt + p % bt : -1;
-    }
-    StepSequence& ps = pad_seqs_[static_cast<size_t>(s)];
-    ps.start = h_pos[s * T];
-    ps.n_tokens = T;
-    ps.decode = true;
-    ps.logits = LogitRows::All;
-  }
-  h_qb[B] = static_cast<int32_t>(NB);
-  be_.upload(base, graph_meta_.data(), bytes);
-
-  const Step pst{std::span<const int32_t>(h_tok, static_cast<size_t>(NB)), pad_seqs_};
-  Meta m(pst, NB, B, res_ctx_, MB, NB, any_long, h_qb, h_ctx, b);
+// A step of S sequences of T tokens each in the graph of B sequences (graph_shape): the real sequences first, as in
+// the eager step, so that the logits rows (and the head-input rows kept for the MTP draft step) of the real
+// sequences are the first rows of the graph's; then B − S padding sequences of T tokens (token 0 at position 0
+// over the first key of sequence 0's first block, nothing stored; a draft pass gathers row pad_hrow for them).
+Model::Meta Model::stage_graph_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, GraphShape g,
+                                    Buffers& b, std::span<const int32_t> mtp_hrows, int32_t pad_hrow) {
+  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = g.B, T = g.T;
+  pad_tokens_.assign(st.tokens.begin(), st.tokens.end());
+  pad_tokens_.resize(static_cast<size_t>(B * T), 0);
+  pad_seqs_.assign(st.seqs.begin(), st.seqs.end());
+  StepSequence pad = st.seqs.front();
+  pad.start = 0;
+  pad.blocks = pad.blocks.first(1);
+  pad_seqs_.resize(static_cast<size_t>(B), pad);
+  pad_hrows_.assign(mtp_hrows.begin(), mtp_hrows.end());
+  if (!mtp_hrows.empty()) pad_hrows_.resize(static_cast<size_t>(B * T), pad_hrow);
+  StepShape gs = sh;
+  gs.max_ctx = res_ctx_;
+  gs.max_blocks = res_blocks_;
+  gs.rows = st.seqs.front().logits == LogitRows::All ? B * T : B;
+  pad_step_ = Step{pad_tokens_, pad_seqs_};
+  Meta m = stage_step(pad_step_, cache, gs, b, pad_hrows_, S);
   m.graph = true;
-  int id = -1;
-  for (const GraphEntry& e : graphs_)
-    if (e.B == B && e.T == T && e.any_long == any_long) id = e.id;
-  if (id < 0) {
-    forward_step(pst, cache, m, b, nullptr, nullptr, true);  // eager at the graph's shape (logits in b.lg)
-    be_.sync();
-    be_.graph_begin();
-    try {
-      forward_step(pst, cache, m, b, nullptr, nullptr, true);
-    } catch (...) {
-      try {
-        be_.graph_end();
-      } catch (...) {
-      }
-      throw;
-    }
-    graphs_.push_back({B, T, any_long, be_.graph_end()});
-    ++graph_captures_;
-  } else {
-    be_.graph_replay(id);
-    ++graph_replays_;
-  }
-  if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(rows * V));
+  return m;
+}
+
+// A decode or verify step in its graph; the logits stay in the workspace (downloaded when asked, else sampled).
+void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, const StepShape& sh, GraphShape g) {
+  Buffers b{};
+  const Meta m = stage_graph_step(st, cache, sh, g, b);
+  run_graph(GraphKind::Step, g, sh.any_long, cache,
+            [&] { forward_step(pad_step_, cache, m, b, nullptr, nullptr, true); });
+  if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(sh.rows * cfg_.vocab_size));
   last_lg_ = b.lg;
 }
 

@@ -54,7 +54,9 @@ struct ModelOptions {
   // Decode steps as backend graphs (CUDA graphs) where the backend supports them: a step of n decode sequences of
   // t tokens each (t = 1: each wanting its last row of logits; t > 1, a speculative verify step of the last token
   // and t - 1 drafts: every row), within the reserve() limits, runs in the graph captured for
-  // graph_seqs_for(n, t) sequences of t tokens, padded. Outputs equal the eager run's bit for bit.
+  // graph_seqs_for(n, t) sequences of t tokens, padded. The passes of an MTP draft step (Model::mtp_draft) whose
+  // sequences all fill t slots and draft (t = n_slots in the first pass, 1 in the later ones) run in graphs of their
+  // own, shaped alike. Outputs equal the eager run's bit for bit.
   bool graphs = true;
   // Diagnostics: fill *record_decisions during forward(); or replay *force_decisions (recorded by a call with the
   // same tokens and cache length) instead of routing / top-k selection. Routing weights are still computed from
@@ -178,6 +180,13 @@ class Model {
   int64_t graph_captures() const { return graph_captures_; }
   int64_t graph_replays() const { return graph_replays_; }
   int64_t graph_kernels(int64_t seqs, int64_t rows_per_seq = 1) const;
+  // The same for the passes of the MTP draft steps (mtp_draft): passes run (eager or graphed), graphs captured,
+  // passes replayed from a graph, kernel launches in the draft graph of `seqs` sequences of `rows_per_seq` slots
+  // (the largest of the first-pass and later-pass graphs of that shape).
+  int64_t draft_passes() const { return draft_passes_; }
+  int64_t draft_graph_captures() const { return draft_graph_captures_; }
+  int64_t draft_graph_replays() const { return draft_graph_replays_; }
+  int64_t draft_graph_kernels(int64_t seqs, int64_t rows_per_seq = 1) const;
   int64_t workspace_bytes() const { return static_cast<int64_t>(ws_cap_); }
   // The cache dtype of this model's activation mode (F32, or BF16 with bf16 activations).
   DType cache_dtype() const { return opt_.bf16_activations ? DType::BF16 : DType::F32; }
@@ -208,24 +217,44 @@ class Model {
   // capture: record the ops into a backend graph (logits stay in the workspace, nothing is downloaded).
   void forward_step(const Step& st, PagedKvCache& cache, const Meta& m, Buffers& b, float* logits,
                     std::vector<float>* hidden, bool capture = false);
-  // The graph shape of a step: B sequences of T tokens each (B = 0: the step runs eagerly).
-  struct GraphShape {
-    int64_t B = 0, T = 0;
-  };
-  GraphShape graph_eligible(const Step& st, int64_t max_ctx, int64_t max_blocks, const float* logits,
-                            const std::vector<float>* hidden) const;
-  void graph_step(const Step& st, PagedKvCache& cache, float* logits, bool any_long, GraphShape g, int64_t rows);
-  void drop_graphs();
   // Shape of a validated step: max context, max block-table length, logits rows, some DSA selection needed.
   struct StepShape {
     int64_t max_ctx = 0, max_blocks = 1, rows = 0;
     bool any_long = false;
   };
   StepShape validate_step(const Step& st, const PagedKvCache& cache, int64_t layers_needed) const;
+  // What a graph runs: a decode or verify step of the main model (Model::step), or a pass of the MTP draft step
+  // that gathers its hidden rows from the last step's head-input rows (the first) or from the previous pass's
+  // normed rows (the later ones): the two read different buffers, so each has graphs of its own.
+  enum class GraphKind : uint8_t { Step, DraftFromStep, DraftFromDraft };
+  // The graph shape of a step: B sequences of T tokens each (B = 0: the step runs eagerly).
+  struct GraphShape {
+    int64_t B = 0, T = 0;
+  };
+  // The graph a step runs in (B = 0: eagerly): graphs on and supported, a single rank, no diagnostics, every
+  // sequence a decode sequence of the same T tokens wanting the rows `kind` records (a step: its last row, or every
+  // row of a verify step; a draft pass: its last row), within the reserve() limits at graph_seqs_for(S, T).
+  GraphShape graph_shape(const Step& st, const StepShape& sh, GraphKind kind) const;
+  GraphShape graph_eligible(const Step& st, const StepShape& sh, const float* logits,
+                            const std::vector<float>* hidden) const;
+  void graph_step(const Step& st, PagedKvCache& cache, float* logits, const StepShape& sh, GraphShape g);
+  // Carves the workspace at the graph's fixed shape (B · T tokens, B sequences, the reserved context and block-table
+  // width) and uploads the metadata of the step padded to B sequences (stage_step; padding hidden rows: pad_hrow).
+  Meta stage_graph_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, GraphShape g, Buffers& b,
+                        std::span<const int32_t> mtp_hrows = {}, int32_t pad_hrow = 0);
+  // Runs body() (the ops of a step staged by stage_graph_step) from the graph of its key; returns whether it was
+  // replayed (model_internal.h).
+  template <class Body>
+  bool run_graph(GraphKind kind, GraphShape g, bool any_long, const PagedKvCache& cache, Body&& body);
+  void keep_graphs_valid(const PagedKvCache& cache);  // drops them when a buffer they recorded has moved
+  int64_t graph_kernels_of(bool draft, int64_t seqs, int64_t rows_per_seq) const;
+  void drop_graphs();
   // Carves the workspace for the step and uploads its metadata (tokens, positions, slots, block tables, rows; for
   // an MTP draft pass also the hidden rows it gathers, one per token, and the concat's row order) in one copy.
+  // Sequences from n_real on are a graph's padding (stage_graph_step): their tokens sit at position 0 over one key
+  // (the first key of their block table) and are not stored (slot -1).
   Meta stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b,
-                  std::span<const int32_t> mtp_hrows = {});
+                  std::span<const int32_t> mtp_hrows = {}, int64_t n_real = -1);
   // Decoder layer l over the step's residual stream b.h: x = norm(h) unless `input_normed` (the previous layer
   // fused it), h += o_proj(attention(x)), x = norm(h), h += ffn(x) — fused with the next norm into x when
   // next_norm is given.
@@ -233,9 +262,12 @@ class Model {
                      const float* next_norm);
   // MTP: backend buffers for the kept head-input rows ([rows + 1, D], the last row zero) and the draft hidden rows.
   void ensure_mtp_buffers(int64_t rows, int64_t seqs);
-  void mtp_pass(std::span<const MtpSequence> seqs, const void* hidden_src, std::span<const int32_t> hrows,
-                std::span<const int32_t> tokens, std::span<const StepSequence> sseqs, PagedKvCache& cache, int32_t* ids,
-                float* logits, const std::vector<bool>* banned);
+  // One pass of the draft step: the MTP layer over `tokens` (slots sseqs), its hidden rows gathered from the last
+  // step's head-input rows (from_step) or the previous pass's normed rows; ids [rows] get the greedy drafts.
+  void mtp_pass(bool from_step, std::span<const int32_t> hrows, std::span<const int32_t> tokens,
+                std::span<const StepSequence> sseqs, PagedKvCache& cache, int32_t* ids, float* logits);
+  // The device ops of a draft pass over its staged metadata (graphed or not).
+  void mtp_ops(const Meta& m, Buffers& b, const void* hidden_src, PagedKvCache& cache);
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   // Prompt rows: of n rows from position p0, how many take the naive form (the rest: absorbed).
   int64_t naive_limit() const { return std::max<int64_t>(1, opt_.naive_max_context); }
@@ -300,16 +332,21 @@ class Model {
   // pointers into (a new workspace or KV pool drops them).
   int64_t res_tokens_ = 0, res_seqs_ = 0, res_ctx_ = 0, res_blocks_ = 0;
   struct GraphEntry {
+    GraphKind kind = GraphKind::Step;
     int64_t B = 0, T = 0;
     bool any_long = false;  // with the DSA selection
     int id = -1;            // backend graph id
   };
   std::vector<GraphEntry> graphs_;
-  const void* graph_ws_ = nullptr;
-  std::vector<const void*> graph_pools_;  // every pool's data pointer
+  // Every buffer the graphs recorded pointers into: the workspace, the MTP buffers, every pool's data; and the
+  // same list for the step being run (compared, then swapped: no allocation once warm).
+  std::vector<const void*> graph_ptrs_, graph_ptrs_now_;
   int64_t graph_captures_ = 0, graph_replays_ = 0;
+  int64_t draft_passes_ = 0, draft_graph_captures_ = 0, draft_graph_replays_ = 0;
+  // The padded step of a graph (stage_graph_step): its tokens, sequences and draft hidden rows.
+  std::vector<int32_t> pad_tokens_, pad_hrows_;
   std::vector<StepSequence> pad_seqs_;
-  std::vector<char> graph_meta_;  // host image of the metadata bytes of a graph step
+  Step pad_step_;
   // Sampling on the backend: the batch's arrays in one grow-only backend buffer (params, edits, allow, ids), the
   // banned bitmask uploaded once per distinct list, and the head's output of the step being run.
   void upload_sampling(const SampleBatch& s);

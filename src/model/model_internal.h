@@ -1,4 +1,5 @@
-// The step workspace layout and step metadata of Model (model.cpp), shared with the MTP draft step (mtp.cpp).
+// The step workspace layout, step metadata and graph runner of Model (model.cpp), shared with the MTP draft step
+// (mtp.cpp).
 // Private to src/model.
 #pragma once
 #include <cstdint>
@@ -58,5 +59,36 @@ struct Model::Meta {
         seqs{s, b.q_begin, b.ctx_len, b.btab, blocks_max, ctx_max},
         step(&st) {}
 };
+
+// Runs body() — the ops of a step staged by stage_graph_step at shape g — from the backend graph of its key (kind,
+// shape, with the DSA selection or not): the first time eagerly at that shape (every one-time setup of the ops
+// happens there, and its results are the step's), then recorded (not run); later replayed. Returns whether it
+// was replayed.
+template <class Body>
+bool Model::run_graph(GraphKind kind, GraphShape g, bool any_long, const PagedKvCache& cache, Body&& body) {
+  keep_graphs_valid(cache);
+  const bool draft = kind != GraphKind::Step;
+  for (const GraphEntry& e : graphs_)
+    if (e.kind == kind && e.B == g.B && e.T == g.T && e.any_long == any_long) {
+      be_.graph_replay(e.id);
+      ++(draft ? draft_graph_replays_ : graph_replays_);
+      return true;
+    }
+  body();
+  be_.sync();
+  be_.graph_begin();
+  try {
+    body();
+  } catch (...) {
+    try {
+      be_.graph_end();
+    } catch (...) {
+    }
+    throw;
+  }
+  graphs_.push_back({kind, g.B, g.T, any_long, be_.graph_end()});
+  ++(draft ? draft_graph_captures_ : graph_captures_);
+  return false;
+}
 
 }  // namespace latent

@@ -4,7 +4,10 @@
 // the token at q; x = eh_proj(concat(enorm(embed), hnorm(hidden))) goes through the layer's decoder block (MLA,
 // DSA indexer, MoE: Model::decoder_layer with l = L, over the layer's own pools in the paged cache), then
 // shared_head.norm and the head; the draft is the head's argmax (Backend::sample_rows, greedy: only ids leave the
-// backend). Draft j + 1 applies the layer to its own normed output at draft j's slot.
+// backend). Draft j + 1 applies the layer to its own normed output at draft j's slot. A pass runs in a backend graph
+// (CUDA graph) when the main model's steps would (ModelOptions::graphs, within the reserve() limits) and every
+// sequence fills the same number of slots and drafts: the first pass of a step after a verify that every sequence
+// accepted alike, and every later pass (one slot per sequence).
 #include <algorithm>
 #include <cstring>
 
@@ -17,8 +20,8 @@ namespace latent {
 void Model::ensure_mtp_buffers(int64_t rows, int64_t seqs) {
   const int64_t D = cfg_.hidden_size;
   const size_t esz = Tensor::size_of(act_);
+  // (Graphs that recorded a buffer moved here are dropped before the next runs: Model::keep_graphs_valid.)
   if (rows > kept_cap_) {
-    drop_graphs();  // decode graphs record the copy into kept_
     if (kept_) be_.dealloc(kept_);
     kept_ = nullptr;
     const int64_t cap = std::max(rows, kept_cap_ * 2);
@@ -45,30 +48,15 @@ void Model::ensure_mtp_buffers(int64_t rows, int64_t seqs) {
   }
 }
 
-void Model::mtp_pass(std::span<const MtpSequence> /*seqs*/, const void* hidden_src, std::span<const int32_t> hrows,
-                     std::span<const int32_t> tokens, std::span<const StepSequence> sseqs, PagedKvCache& cache,
-                     int32_t* ids, float* logits, const std::vector<bool>* banned) {
-  const int64_t L = cfg_.num_hidden_layers, D = cfg_.hidden_size, V = cfg_.vocab_size;
-  const int64_t N = static_cast<int64_t>(tokens.size());
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  const MtpWeights& mt = w_.mtp.front();
-  const MtpParams& mp = mtp_p_.front();
+// A pass in a graph when every sequence fills the same number of slots and drafts (graph_shape). Padding sequences
+// gather the zero row of the kept rows, or the previous pass's first row (both hold finite values). The drafts'
+// greedy rows (no edits, bans or temperature) leave the head's logits as they are (Backend::sample_rows writes the
+// final scores), so the diagnostics' logits are read after the pass, graphed or not.
+void Model::mtp_pass(bool from_step, std::span<const int32_t> hrows, std::span<const int32_t> tokens,
+                     std::span<const StepSequence> sseqs, PagedKvCache& cache, int32_t* ids, float* logits) {
+  const int64_t L = cfg_.num_hidden_layers;
   const Step st{tokens, sseqs};
   const StepShape sh = validate_step(st, cache, L + 1);
-  ensure_mtp_buffers(0, sh.rows);
-  Buffers b{};
-  // The metadata with the hidden rows and the concat's row gather (stage_step), in one upload: the concat
-  // [enorm rows; hnorm rows] gathered as row 2i = row i, row 2i+1 = row N + i (the [2N, D] result read as [N, 2D]).
-  const Meta m = stage_step(st, cache, sh, b, hrows);
-  const Tensor in = b.mtp_in.with_rows(2 * N), e = in.row_slice(0, N), hh = in.row_slice(N, N);
-  const Tensor src(const_cast<void*>(hidden_src), act_, std::max(kept_cap_, mtp_prev_cap_) + 1, D);
-  be_.embedding(mt.embed, b.tokens, e);
-  be_.gather_rows(src, b.mtp_hrows, hh);
-  be_.rms_norm(e, mp.enorm, eps, e);
-  be_.rms_norm(hh, mp.hnorm, eps, hh);
-  const Tensor cat(b.mtp_cat.data, act_, 2 * N, D);
-  be_.gather_rows(in, b.mtp_idx, cat);
-  linear(mt.eh_proj, Tensor(b.mtp_cat.data, act_, N, 2 * D), b.h.with_rows(N));
   // The recorded / forced decisions of the diagnostics cover the L main layers only.
   ForwardDecisions* rec = opt_.record_decisions;
   const ForwardDecisions* force = opt_.force_decisions;
@@ -83,19 +71,51 @@ void Model::mtp_pass(std::span<const MtpSequence> /*seqs*/, const void* hidden_s
       o.force_decisions = f;
     }
   } restore{opt_, rec, force};
+  const GraphKind kind = from_step ? GraphKind::DraftFromStep : GraphKind::DraftFromDraft;
+  const GraphShape g = graph_shape(st, sh, kind);
+  const void* src = from_step ? kept_ : mtp_prev_;
+  ++draft_passes_;
+  Buffers b{};
+  if (g.B > 0) {
+    const Meta m = stage_graph_step(st, cache, sh, g, b, hrows, from_step ? static_cast<int32_t>(kept_cap_) : 0);
+    run_graph(kind, g, sh.any_long, cache, [&] { mtp_ops(m, b, src, cache); });
+  } else {
+    const Meta m = stage_step(st, cache, sh, b, hrows);
+    mtp_ops(m, b, src, cache);
+  }
+  const size_t rows = static_cast<size_t>(sh.rows);
+  if (logits && rows > 0) be_.download(logits, b.lg, sizeof(float) * rows * static_cast<size_t>(cfg_.vocab_size));
+  if (rows > 0) be_.download(ids, mtp_ids_dev_, sizeof(int32_t) * rows);
+  be_.sync();
+}
+
+// x = eh_proj(concat(enorm(embed(tokens)), hnorm(hidden rows))), the MTP decoder layer over its pools with
+// shared_head.norm fused at its end, then for the rows that draft: the head's logits, the normed rows kept for the
+// next pass (mtp_prev_) and the greedy ids (mtp_ids_dev_).
+void Model::mtp_ops(const Meta& m, Buffers& b, const void* hidden_src, PagedKvCache& cache) {
+  const int64_t L = cfg_.num_hidden_layers, D = cfg_.hidden_size, V = cfg_.vocab_size, N = m.N;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const MtpWeights& mt = w_.mtp.front();
+  const MtpParams& mp = mtp_p_.front();
+  // The concat [enorm rows; hnorm rows] gathered as row 2i = row i, row 2i+1 = row N + i (the [2N, D] result read
+  // as [N, 2D]); the row order and the hidden rows came with the metadata (stage_step).
+  const Tensor in = b.mtp_in.with_rows(2 * N), e = in.row_slice(0, N), hh = in.row_slice(N, N);
+  const Tensor src(const_cast<void*>(hidden_src), act_, std::max(kept_cap_, mtp_prev_cap_) + 1, D);
+  be_.embedding(mt.embed, b.tokens, e);
+  be_.gather_rows(src, b.mtp_hrows, hh);
+  be_.rms_norm(e, mp.enorm, eps, e);
+  be_.rms_norm(hh, mp.hnorm, eps, hh);
+  const Tensor cat(b.mtp_cat.data, act_, 2 * N, D);
+  be_.gather_rows(in, b.mtp_idx, cat);
+  linear(mt.eh_proj, Tensor(b.mtp_cat.data, act_, N, 2 * D), b.h.with_rows(N));
   bool sparse = false;
   decoder_layer(L, m, cache, b, sparse, false, mp.head_norm);  // x = shared_head.norm(h) at the end
-  if (m.rows > 0) {
-    const Tensor hx = b.hx.with_rows(m.rows);
-    be_.gather_rows(b.x.with_rows(N), b.lrows, hx);
-    be_.matmul(mt.head, hx, Tensor(b.lg, DType::F32, m.rows, V));
-    be_.copy(mtp_prev_, hx.data, static_cast<size_t>(m.rows * D) * hx.elem_size());
-    if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(m.rows * V));
-    (void)banned;  // a draft of a banned id is rejected by the target like any other wrong draft
-    be_.sample_rows(b.lg, m.rows, V, mtp_params_dev_, nullptr, nullptr, nullptr, mtp_ids_dev_);
-    be_.download(ids, mtp_ids_dev_, sizeof(int32_t) * static_cast<size_t>(m.rows));
-  }
-  be_.sync();
+  if (m.rows == 0) return;
+  const Tensor hx = b.hx.with_rows(m.rows);
+  be_.gather_rows(b.x.with_rows(N), b.lrows, hx);
+  be_.matmul(mt.head, hx, Tensor(b.lg, DType::F32, m.rows, V));
+  be_.copy(mtp_prev_, hx.data, static_cast<size_t>(m.rows * D) * hx.elem_size());
+  be_.sample_rows(b.lg, m.rows, V, mtp_params_dev_, nullptr, nullptr, nullptr, mtp_ids_dev_);
 }
 
 void Model::mtp_draft(std::span<const MtpSequence> seqs, PagedKvCache& cache, int32_t* drafts,
@@ -123,6 +143,10 @@ void Model::mtp_draft(std::span<const MtpSequence> seqs, PagedKvCache& cache, in
     max_draft = std::max<int64_t>(max_draft, q.n_draft);
   }
   if (seqs.empty()) return;
+  // Room for every pass's rows, padded to a graph's sequences, before the first pass: a later pass must not move
+  // the rows the previous one left.
+  ensure_mtp_buffers(0, decode_graph_bucket(static_cast<int64_t>(seqs.size())));
+  (void)banned;  // a draft of a banned id is rejected by the target like any other wrong draft
   std::vector<int64_t> out_at(seqs.size());  // where each sequence's drafts go
   {
     int64_t at = 0;
@@ -156,7 +180,7 @@ void Model::mtp_draft(std::span<const MtpSequence> seqs, PagedKvCache& cache, in
     lg.resize(row_seq.size() * static_cast<size_t>(V));
     lrow = lg.data();
   }
-  mtp_pass(seqs, kept_, hrows, toks, ss, cache, ids.data(), lrow, banned);
+  mtp_pass(true, hrows, toks, ss, cache, ids.data(), lrow);
   std::vector<int32_t> last(seqs.size(), -1);
   auto put = [&](size_t r, int64_t j) {
     const size_t i = row_seq[r];
@@ -194,7 +218,7 @@ void Model::mtp_draft(std::span<const MtpSequence> seqs, PagedKvCache& cache, in
       lrow = lg.data();
     }
     ids.resize(row_seq.size());
-    mtp_pass(seqs, mtp_prev_, hrows, toks, ss, cache, ids.data(), lrow, banned);
+    mtp_pass(false, hrows, toks, ss, cache, ids.data(), lrow);
     for (size_t r = 0; r < row_seq.size(); ++r) put(r, j);
     prev_rows = next;
   }

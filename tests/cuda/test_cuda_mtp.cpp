@@ -4,6 +4,9 @@
 //    backend's bf16 emulation with the main model's bf16 criterion (test_cuda_model.cpp);
 //  * verify steps (k + 1 decode tokens per sequence, every row's logits) in CUDA graphs equal the eager steps bit
 //    for bit, and so do the head-input rows the draft step reads after them;
+//  * the MTP draft passes in CUDA graphs equal the eager passes bit for bit (draft ids, draft logits, the draft
+//    layer's cache rows; tests/model/draft_graph_check.h, the CPU test's check), and exactly the eligible passes
+//    ran from graphs;
 //  * the scheduler + ModelEngine on the device in fp32 (rows sampled there, only ids back): greedy output with
 //    speculation equals the output without it, token for token, at k = 1, 2, 3, alone and 4 sequences batched;
 //  * rejection sampling at temperature > 0 with the verify rows sampled by Backend::sample_rows on the device keeps
@@ -27,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "../model/draft_graph_check.h"
 #include "../runtime/speculative_harness.h"
 #include "../runtime/truncated_softmax.h"
 #include "core/npy.h"
@@ -347,6 +351,9 @@ TEST_P(CudaVerifyGraphs, EqualEagerBitForBit) {
         EXPECT_EQ(mg.graph_replays() - replays0 + caps, steps) << "batch " << n << " T " << T;
         EXPECT_GT(mg.graph_kernels(graph_seqs_for(n, T), T), 0) << "batch " << n << " T " << T;
         EXPECT_EQ(me.graph_replays(), 0);
+        if (mtp) {
+          EXPECT_GT(mg.draft_graph_replays(), 0) << "batch " << n << " T " << T << ": no draft pass replayed";
+        }
         ++checked;
       }
     }
@@ -358,6 +365,34 @@ TEST_P(CudaVerifyGraphs, EqualEagerBitForBit) {
         static_cast<long long>(mg.graph_replays()));
   }
 }
+
+// MTP draft passes in CUDA graphs against eager ones (graphs off), both activation modes: the first pass of a
+// draft step when every sequence fills the same slots (k + 1 or fewer), the later passes of one slot each, at batch
+// 1, 3, 5, 8, 20; ragged first passes and a sequence that does not draft run eagerly (draft_graph_check.h).
+class CudaDraftGraphs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaDraftGraphs, EqualEagerBitForBit) {
+  const std::string name = GetParam();
+  for (bool bf16 : {false, true}) {
+    auto g = load_mtp(name, "cuda", bf16, true, 1);
+    ModelOptions oe = g->model->options();
+    oe.graphs = false;
+    Model me(*g->files.cfg, *g->files.plan, *g->backend, oe);
+    const std::string what = name + (bf16 ? " bf16" : " fp32");
+    const testing::DraftGraphStats st = testing::check_draft_graphs(*g->model, me, what);
+    std::printf(
+        "[cuda model] %-20s %s MTP draft passes in graphs = eager bit for bit (ids, logits, draft-layer cache) at "
+        "batch 1/3/5/8/20, k + 1 = 2/3/4 slots: %lld draft steps, %lld passes graphed (%lld captures, %lld replays), "
+        "%lld kernels in the one-slot graph of 1 sequence\n",
+        name.c_str(), bf16 ? "bf16" : "fp32", static_cast<long long>(st.draft_calls),
+        static_cast<long long>(st.graphed_expected), static_cast<long long>(g->model->draft_graph_captures()),
+        static_cast<long long>(g->model->draft_graph_replays()),
+        static_cast<long long>(g->model->draft_graph_kernels(1, 1)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, CudaDraftGraphs,
+                         ::testing::Values("glm5-tiny-mtp", "v3-tiny-mtp", "glm5-tiny-mxfp4-mtp"), param_name);
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaVerifyGraphs,
                          ::testing::Values("glm5-tiny", "v3-tiny", "v32-tiny", "glm5-tiny-mxfp4", "v3-tiny-fp8",
@@ -372,6 +407,7 @@ using spec_test::Sink;
 struct SpecResult {
   std::vector<std::vector<int32_t>> toks;
   int64_t proposed = 0, accepted = 0, kv_used = -1, sampled_steps = 0, replays = 0, verify_kernels = 0;
+  int64_t draft_replays = 0;
 };
 
 // Every step of at most 16 tokens (prefill chunks of 8): the fp32 linears then always take the skinny kernels, whose
@@ -410,6 +446,7 @@ SpecResult run_spec(const std::string& name, int64_t k, bool batched, const Cont
   }
   r.sampled_steps = oe.sampled_steps;
   r.replays = model.graph_replays();
+  r.draft_replays = model.draft_graph_replays();
   if (k > 0) r.verify_kernels = model.graph_kernels(1, k + 1);
   EXPECT_EQ(model.workspace_grows(), 0) << name << " k " << k;
   return r;
@@ -445,6 +482,8 @@ TEST_P(CudaSpeculative, Fp32GreedyOutputEqualsPlainAloneAndBatched) {
       EXPECT_LT(orc.accepted, orc.proposed) << what;
       EXPECT_EQ(orc.kv_used, 0) << what;
       EXPECT_GT(orc.replays, 0) << what << ": no step replayed a graph";
+      EXPECT_GT(own.draft_replays, 0) << what << ": no draft pass replayed a graph";
+      EXPECT_GT(orc.draft_replays, 0) << what << ": no draft pass replayed a graph";
       if (!batched) {
         EXPECT_GT(orc.verify_kernels, 0) << what << ": no verify graph of 1 sequence of " << k + 1 << " tokens";
       }

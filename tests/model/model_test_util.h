@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,19 @@ inline std::vector<float> prefill_then_decode(Model& m, const std::vector<int32_
   m.forward(std::span<const int32_t>(ids.data(), k), cache, out.data(), true);
   for (size_t t = k; t < ids.size(); ++t)
     m.forward(std::span<const int32_t>(ids.data() + t, 1), cache, out.data() + t * V, true);
+  return out;
+}
+
+// The bytes of the rows at positions [0, len) of a sequence (block table `blocks`) in a KV pool, through the
+// backend (device pools too).
+inline std::vector<char> pool_rows(Backend& be, const KvPool& pool, std::span<const int32_t> blocks, int64_t len) {
+  const size_t row = static_cast<size_t>(pool.width) * ::latent::Tensor::size_of(pool.dtype);
+  std::vector<char> out(row * static_cast<size_t>(len));
+  for (int64_t p = 0; p < len && pool.data; ++p) {
+    const int64_t slot = static_cast<int64_t>(blocks[static_cast<size_t>(p / pool.block_tokens)]) * pool.block_tokens +
+                         p % pool.block_tokens;
+    be.download(out.data() + row * static_cast<size_t>(p), static_cast<const char*>(pool.data) + row * slot, row);
+  }
   return out;
 }
 

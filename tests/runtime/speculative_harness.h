@@ -53,8 +53,16 @@ class OracleEngine : public Engine {
   int64_t draft_layers() const override { return e_.draft_layers(); }
   void draft(std::span<const EngineDraftItem> items, int32_t* drafts) override {
     e_.draft(items, drafts);
-    if (!truth_) return;
     int64_t at = 0;
+    for (const auto& d : items) {
+      std::vector<int32_t> entry{static_cast<int32_t>(d.seq), static_cast<int32_t>(d.start),
+                                 static_cast<int32_t>(d.tokens.size())};
+      entry.insert(entry.end(), drafts + at, drafts + at + d.n_draft);
+      draft_log.push_back(std::move(entry));
+      at += d.n_draft;
+    }
+    if (!truth_) return;
+    at = 0;
     for (const auto& d : items) {
       std::vector<int32_t> h = hist_[d.seq];
       h.resize(static_cast<size_t>(d.start));
@@ -71,6 +79,9 @@ class OracleEngine : public Engine {
     }
   }
   int64_t sampled_steps = 0;
+  // Per drafting sequence of every draft step: {seq, first slot, slots, the model's drafts ...} (before any
+  // replacement by the continuation).
+  std::vector<std::vector<int32_t>> draft_log;
 
  private:
   void record(std::span<const EngineStepItem> items) {
