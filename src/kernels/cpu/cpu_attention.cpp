@@ -50,7 +50,7 @@ struct Call {
   std::vector<Tok> toks;
   std::vector<Item> items;
   std::vector<int32_t> keys, tmp;
-  AlignedVec<float> qcat, olat, part, pstat, tstat, scores;
+  AlignedVec<float> qcat, qt, olat, part, pstat, tstat, scores;
 };
 Call& call_scratch() {
   thread_local Call c;
@@ -83,11 +83,14 @@ void chunking(int64_t n, bool bf16, int64_t& per, int64_t& nc) {
 
 float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
+// Lanes per x row of the transposed queries (Call::qt): the heads padded to a whole 512-bit vector.
+int64_t qt_lanes(int64_t H) { return (H + 15) / 16 * 16; }
+
 struct Ctx {
   const Kernels& k;
   const AbsorbedCall& a;
   Call& cl;
-  int64_t H, dc, dr, dq2, N, m0;
+  int64_t H, dc, dr, dq2, N, m0, ldt;
 };
 
 // Key idx of token tk (an index into its causal range or its selection list): its latent row (c, then k_pe in a
@@ -147,13 +150,14 @@ struct NextItem {
 
 bool keys_bf16(const Ctx& cx) { return cx.a.pool && cx.a.pool_bf16; }
 
-void qk(const Ctx& cx, const float* q, int64_t nr, int64_t nk, Work& w, float* s) {
+// Scores of nr heads (their transposed queries at qt) against the sub-block's keys.
+void qk(const Ctx& cx, const float* qt, int64_t nr, int64_t nk, Work& w, float* s) {
   if (keys_bf16(cx))
-    cx.k.dot_rows_bf16(q, cx.dq2, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()),
-                       reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
+    cx.k.dot_rows_t_bf16(qt, cx.ldt, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()),
+                         reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
   else
-    cx.k.dot_rows_f32(q, cx.dq2, nr, reinterpret_cast<const float* const*>(w.pc.data()),
-                      reinterpret_cast<const float* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
+    cx.k.dot_rows_t_f32(qt, cx.ldt, nr, reinterpret_cast<const float* const*>(w.pc.data()),
+                        reinterpret_cast<const float* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
 }
 
 void pv(const Ctx& cx, const float* p, int64_t nr, int64_t nk, Work& w, float* acc, bool accumulate) {
@@ -211,7 +215,7 @@ void run_item(const Ctx& cx, const Item& it, Mode mode, NextItem& after) {
   float* acc = sized(w.acc, nr * dc);
   float* m = sized(w.m, nr);
   float* l = sized(w.l, nr);
-  const float* q = cl.qcat.data() + (tm * H + it.h0) * cx.dq2;
+  const float* q = cl.qt.data() + tm * cx.dq2 * cx.ldt + it.h0;  // heads h0.. in lanes 0..
   const bool bf16 = a.bf16;
   float* scores = bf16 ? cl.scores.data() + tk.score_off : nullptr;  // [H, n_keys]
   for (int64_t i = 0; i < nr; ++i) {
@@ -354,7 +358,8 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
   const int64_t m0 = a.q_begin[0], N = a.q_begin[a.n_seqs] - m0;
   if (N <= 0) return;
   Call& cl = call_scratch();
-  const Ctx cx{k, a, cl, H, dc, dr, dq2, N, m0};
+  const int64_t ldt = qt_lanes(H);
+  const Ctx cx{k, a, cl, H, dc, dr, dq2, N, m0, ldt};
   const bool bf16 = a.bf16;
 
   // The tokens, their keys and chunks.
@@ -398,7 +403,9 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
       base_items += t.n_chunks;
     }
   }
-  float* qcat = sized(cl.qcat, N * H * dq2);                       // [N, H, dc + dr]
+  float* qcat = sized(cl.qcat, N * H * dq2);  // [N, H, dc + dr]
+  // [N, dc + dr, ldt] and one vector of slack: an item's heads h0.. are read as whole vectors from lane h0.
+  float* qt = sized(cl.qt, N * dq2 * ldt + 16);
   float* olat = sized(cl.olat, H * N * std::max<int64_t>(dc, 1));  // [H, N, dc]
   sized(cl.part, slots * H * std::max<int64_t>(dc, 1));            // [slot, H, dc]
   sized(cl.pstat, slots * H * 2);                                  // [slot, H, (max, sum)]
@@ -435,6 +442,18 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
       }
     }
   });
+
+  // The queries transposed (heads in the lanes of each x row) for the scores kernel, once per call; lanes past H
+  // and the slack zero (they are read, and their results dropped).
+  pool.parallel_for(N * dq2, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t m = r / dq2, x = r % dq2;
+      float* row = qt + r * ldt;
+      for (int64_t h = 0; h < H; ++h) row[h] = qcat[(m * H + h) * dq2 + x];
+      std::fill(row + H, row + ldt, 0.0f);
+    }
+  });
+  std::fill_n(qt + N * dq2 * ldt, 16, 0.0f);
 
   // Phase 2: items (token, chunk, heads). Heads are grouped only to give every thread work when there are few
   // chunks (a row's arithmetic does not depend on its group).
