@@ -86,6 +86,20 @@ float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 // Lanes per x row of the transposed queries (Call::qt): the heads padded to a whole 512-bit vector.
 int64_t qt_lanes(int64_t H) { return (H + 15) / 16 * 16; }
 
+// qt rows [x0, x0 + kQtBlock) of token m from qcat [N, H, dq2]: each head's run of x read contiguously and
+// written across the block's rows (a 1-4 KiB block in L1); an element-at-a-time gather with stride dq2 cost ~85 us
+// per call at 16 tokens, a fifth of a layer's attention at context 0.
+constexpr int64_t kQtBlock = 16;
+void transpose_q(const float* qcat, int64_t m, int64_t x0, int64_t H, int64_t dq2, int64_t ldt, float* qt) {
+  const int64_t nx = std::min(kQtBlock, dq2 - x0);
+  float* dst = qt + (m * dq2 + x0) * ldt;
+  for (int64_t h = 0; h < H; ++h) {
+    const float* src = qcat + (m * H + h) * dq2 + x0;
+    for (int64_t k = 0; k < nx; ++k) dst[k * ldt + h] = src[k];
+  }
+  for (int64_t k = 0; k < nx; ++k) std::fill(dst + k * ldt + H, dst + (k + 1) * ldt, 0.0f);
+}
+
 struct Ctx {
   const Kernels& k;
   const AbsorbedCall& a;
@@ -445,13 +459,9 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
 
   // The queries transposed (heads in the lanes of each x row) for the scores kernel, once per call; lanes past H
   // and the slack zero (they are read, and their results dropped).
-  pool.parallel_for(N * dq2, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t m = r / dq2, x = r % dq2;
-      float* row = qt + r * ldt;
-      for (int64_t h = 0; h < H; ++h) row[h] = qcat[(m * H + h) * dq2 + x];
-      std::fill(row + H, row + ldt, 0.0f);
-    }
+  const int64_t xblocks = (dq2 + kQtBlock - 1) / kQtBlock;
+  pool.parallel_for(N * xblocks, 4, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) transpose_q(qcat, u / xblocks, u % xblocks * kQtBlock, H, dq2, ldt, qt);
   });
   std::fill_n(qt + N * dq2 * ldt, 16, 0.0f);
 

@@ -168,9 +168,9 @@ LTI void vec_dott_part(const float* qt, int64_t ldt, const B* const* b, int64_t 
   const B* bp[RB];
 #pragma GCC unroll 16
   for (int j = 0; j < RB; ++j) bp[j] = b[j];
-  // Two x per step (a bf16 key gives both from one 32-bit broadcast; one x per step spent a scalar load, shift and
-  // broadcast per element, AVX-512 bf16 scores 92 -> 73 GFLOP/s), one prefetch line per step: the 64-key
-  // sub-block's tiles of 4-6 keys issue the next sub-block's lines about once over.
+  // Two x per step: a bf16 key gives both from one 32-bit broadcast (one x per step, with a scalar load, shift and
+  // broadcast per element, ran AVX-512 bf16 scores at 73 GFLOP/s against ~100 for this). One prefetch line per
+  // step: the 64-key sub-block's tiles of 4-6 keys issue the next sub-block's lines about once over.
   int64_t x = 0;
   for (; x + 2 <= n; x += 2) {
     pf_step(pf);
