@@ -164,8 +164,23 @@ struct NextItem {
 
 bool keys_bf16(const Ctx& cx) { return cx.a.pool && cx.a.pool_bf16; }
 
-// Scores of nr heads (their transposed queries at qt) against the sub-block's keys.
-void qk(const Ctx& cx, const float* qt, int64_t nr, int64_t nk, Work& w, float* s) {
+// A token with fewer keys than one sub-block takes its scores from its query rows (dot_rows): transposing its
+// queries would cost more than the scores (at 16 tokens of one key each, ~45 us per layer on a 2-core Zen 4). A
+// function of the token's own key count, so its bits never depend on the other tokens of the step.
+bool scores_transposed(const Tok& tk) { return tk.n_keys >= kSub; }
+
+// Scores of nr heads against the sub-block's keys: from their transposed queries at qt, or (!transposed) their
+// query rows at q (stride dq2).
+void qk(const Ctx& cx, bool transposed, const float* q, const float* qt, int64_t nr, int64_t nk, Work& w, float* s) {
+  if (!transposed) {
+    if (keys_bf16(cx))
+      cx.k.dot_rows_bf16(q, cx.dq2, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()),
+                         reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
+    else
+      cx.k.dot_rows_f32(q, cx.dq2, nr, reinterpret_cast<const float* const*>(w.pc.data()),
+                        reinterpret_cast<const float* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
+    return;
+  }
   if (keys_bf16(cx))
     cx.k.dot_rows_t_bf16(qt, cx.ldt, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()),
                          reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
@@ -229,7 +244,9 @@ void run_item(const Ctx& cx, const Item& it, Mode mode, NextItem& after) {
   float* acc = sized(w.acc, nr * dc);
   float* m = sized(w.m, nr);
   float* l = sized(w.l, nr);
-  const float* q = cl.qt.data() + tm * cx.dq2 * cx.ldt + it.h0;  // heads h0.. in lanes 0..
+  const float* q = cl.qcat.data() + (tm * H + it.h0) * cx.dq2;
+  const float* qt = cl.qt.data() + tm * cx.dq2 * cx.ldt + it.h0;  // heads h0.. in lanes 0..
+  const bool transposed = scores_transposed(tk);
   const bool bf16 = a.bf16;
   float* scores = bf16 ? cl.scores.data() + tk.score_off : nullptr;  // [H, n_keys]
   for (int64_t i = 0; i < nr; ++i) {
@@ -255,7 +272,7 @@ void run_item(const Ctx& cx, const Item& it, Mode mode, NextItem& after) {
       const int64_t nk = std::min(kSub, c1 - k0);
       key_ptrs(cx, tk, k0, nk, w);
       aim_next(k0, nk);
-      qk(cx, q, nr, nk, w, s);
+      qk(cx, transposed, q, qt, nr, nk, w, s);
       for (int64_t i = 0; i < nr; ++i) {
         float* row = s + i * kSub;
         scale_scores(cx, row, nk);
@@ -457,11 +474,13 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
     }
   });
 
-  // The queries transposed (heads in the lanes of each x row) for the scores kernel, once per call; lanes past H
+  // The queries of the tokens with transposed scores (heads in the lanes of each x row), once per call; lanes past H
   // and the slack zero (they are read, and their results dropped).
   const int64_t xblocks = (dq2 + kQtBlock - 1) / kQtBlock;
   pool.parallel_for(N * xblocks, 4, [&](int64_t u0, int64_t u1) {
-    for (int64_t u = u0; u < u1; ++u) transpose_q(qcat, u / xblocks, u % xblocks * kQtBlock, H, dq2, ldt, qt);
+    for (int64_t u = u0; u < u1; ++u)
+      if (scores_transposed(cl.toks[static_cast<size_t>(u / xblocks)]))
+        transpose_q(qcat, u / xblocks, u % xblocks * kQtBlock, H, dq2, ldt, qt);
   });
   std::fill_n(qt + N * dq2 * ldt, 16, 0.0f);
 
