@@ -477,11 +477,13 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
   // The queries of the tokens with transposed scores (heads in the lanes of each x row), once per call; lanes past H
   // and the slack zero (they are read, and their results dropped).
   const int64_t xblocks = (dq2 + kQtBlock - 1) / kQtBlock;
-  pool.parallel_for(N * xblocks, 4, [&](int64_t u0, int64_t u1) {
-    for (int64_t u = u0; u < u1; ++u)
-      if (scores_transposed(cl.toks[static_cast<size_t>(u / xblocks)]))
-        transpose_q(qcat, u / xblocks, u % xblocks * kQtBlock, H, dq2, ldt, qt);
-  });
+  const bool any_transposed = std::any_of(cl.toks.begin(), cl.toks.end(), scores_transposed);
+  if (any_transposed)
+    pool.parallel_for(N * xblocks, 4, [&](int64_t u0, int64_t u1) {
+      for (int64_t u = u0; u < u1; ++u)
+        if (scores_transposed(cl.toks[static_cast<size_t>(u / xblocks)]))
+          transpose_q(qcat, u / xblocks, u % xblocks * kQtBlock, H, dq2, ldt, qt);
+    });
   std::fill_n(qt + N * dq2 * ldt, 16, 0.0f);
 
   // Phase 2: items (token, chunk, heads). Heads are grouped only to give every thread work when there are few
