@@ -11,7 +11,8 @@
 //      place, other formats dequantized once into a panel);
 //   2. per (token, chunk of its keys, group of heads): the scores of all heads of the token against the chunk's
 //      keys as a small GEMM (keys read in place from the pool rows, fp32 or bf16; the heads in the vector lanes,
-//      from the queries transposed once per call, so each key element is broadcast once per tile of heads),
+//      from the queries transposed once per call, so each key element is broadcast once per tile of heads; a
+//      token with fewer than 64 keys from its query rows, where the transposition would cost more),
 //      softmax, and P·c as another, in sub-blocks of 64 keys (online softmax); a context is split into chunks (a
 //      function of the token's own key count and the call's activation mode only: >= 128 keys each in fp32, >= 512 in
 //      bf16, at most 16) that run on different threads and are combined in chunk order — the split never depends on the
