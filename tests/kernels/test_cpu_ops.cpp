@@ -453,5 +453,67 @@ TEST(CpuKernels, SmallGemmsAndPrefetchCursor) {
   }
 }
 
+// The decode attention's transposed-query scores (dot_rows_t: heads in the vector lanes) of every ISA level against
+// the scalar dot_rows on the same queries: head counts below, at and past whole vectors and register tiles (1, 5,
+// 13, 16, 50: a partly filled last vector, several vector groups), key counts that leave a tail after the key
+// tiles (1, 7, 37, 64), a second part (k_pe) or none, fp32 and bf16 keys, and lanes of qt past na holding garbage
+// (dropped, never mixed into a row). Each row's bits must not depend on the tile its head falls in: the same head
+// alone (na = 1, at its own lane 0) gives the same bits.
+TEST(CpuKernels, TransposedScoresMatchScalar) {
+  Rng rng(37);
+  std::vector<const cpu::Kernels*> levels = {&cpu::kernels_scalar()};
+  if (cpu_isa_supported(CpuIsa::Avx2)) levels.push_back(cpu::kernels_avx2());
+  if (cpu_isa_supported(CpuIsa::Avx512)) levels.push_back(cpu::kernels_avx512());
+  const cpu::Kernels& sc = cpu::kernels_scalar();
+  for (int64_t na : {1, 5, 13, 16, 50})
+    for (int64_t nb : {1, 7, 37, 64})
+      for (int64_t n2 : {0, 19}) {
+        const int64_t n1 = 70, nx = n1 + n2, ldt = (na + 15) / 16 * 16 + 16;  // room for a shifted head
+        std::vector<float> a(static_cast<size_t>(na * nx)), keys(static_cast<size_t>(nb * (nx + 1)));
+        for (float& v : a) v = rng.normal();
+        for (float& v : keys) v = rng.normal();
+        std::vector<float> qt(static_cast<size_t>(nx * ldt + 16));
+        for (float& v : qt) v = rng.normal() * 1e30f;  // lanes past na: garbage that must not leak
+        for (int64_t x = 0; x < nx; ++x)
+          for (int64_t i = 0; i < na; ++i) qt[static_cast<size_t>(x * ldt + i)] = a[static_cast<size_t>(i * nx + x)];
+        std::vector<uint16_t> keys_b(keys.size());
+        for (size_t i = 0; i < keys.size(); ++i) keys_b[i] = f32_to_bf16(keys[i]);
+        std::vector<const float*> b1(nb), b2(nb);
+        std::vector<const uint16_t*> h1(nb), h2(nb);
+        for (int64_t j = 0; j < nb; ++j) {
+          // Odd element offsets: bf16 rows 2-byte aligned only, as in a pool row.
+          b1[static_cast<size_t>(j)] = keys.data() + j * (nx + 1) + 1;
+          b2[static_cast<size_t>(j)] = b1[static_cast<size_t>(j)] + n1;
+          h1[static_cast<size_t>(j)] = keys_b.data() + j * (nx + 1) + 1;
+          h2[static_cast<size_t>(j)] = h1[static_cast<size_t>(j)] + n1;
+        }
+        for (bool bf : {false, true}) {
+          std::vector<float> want(static_cast<size_t>(na * nb));
+          if (bf)
+            sc.dot_rows_bf16(a.data(), nx, na, h1.data(), h2.data(), n1, n2, nb, want.data(), nb, nullptr);
+          else
+            sc.dot_rows_f32(a.data(), nx, na, b1.data(), b2.data(), n1, n2, nb, want.data(), nb, nullptr);
+          for (const cpu::Kernels* k : levels) {
+            SCOPED_TRACE(std::string(k->name) + " na " + std::to_string(na) + " nb " + std::to_string(nb) + " n2 " +
+                         std::to_string(n2) + " bf16 " + std::to_string(bf));
+            auto run = [&](const float* q, int64_t rows, float* s) {
+              if (bf)
+                k->dot_rows_t_bf16(q, ldt, rows, h1.data(), h2.data(), n1, n2, nb, s, nb, nullptr);
+              else
+                k->dot_rows_t_f32(q, ldt, rows, b1.data(), b2.data(), n1, n2, nb, s, nb, nullptr);
+            };
+            std::vector<float> got(want.size(), -7.0f);
+            run(qt.data(), na, got.data());
+            EXPECT_LE(ops::norm_err(got.data(), want.data(), want.size()), 1e-5);
+            // The last head alone, read from its own lane (an item whose heads start mid-vector).
+            std::vector<float> alone(static_cast<size_t>(nb));
+            run(qt.data() + (na - 1), 1, alone.data());
+            EXPECT_EQ(std::memcmp(alone.data(), got.data() + (na - 1) * nb, sizeof(float) * static_cast<size_t>(nb)),
+                      0);
+          }
+        }
+      }
+}
+
 }  // namespace
 }  // namespace latent

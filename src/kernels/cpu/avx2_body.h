@@ -622,6 +622,23 @@ struct V8 {
   LTI static F zero() { return _mm256_setzero_ps(); }
   LTI static F set1(float v) { return _mm256_set1_ps(v); }
   LTI static F bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  LTI static void bcast2(const float* p, F& b0, F& b1) {
+    b0 = bcast(p);
+    b1 = bcast(p + 1);
+  }
+  // Two bf16 values from one 32-bit broadcast: the low half shifted up, the high half masked (p may be unaligned).
+  LTI static void bcast2(const uint16_t* p, F& b0, F& b1) {
+    int32_t d;
+    std::memcpy(&d, p, 4);
+    const __m256i v = _mm256_set1_epi32(d);
+    b0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    b1 = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  LTI static F bcast(const uint16_t* p) {  // a bf16 value (p may be unaligned: a checkpoint or pool row)
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(h) << 16)));
+  }
   LTI static F load(const float* p) { return _mm256_loadu_ps(p); }
   LTI static F load(const uint16_t* p) {
     const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

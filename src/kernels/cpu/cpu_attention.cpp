@@ -50,7 +50,7 @@ struct Call {
   std::vector<Tok> toks;
   std::vector<Item> items;
   std::vector<int32_t> keys, tmp;
-  AlignedVec<float> qcat, olat, part, pstat, tstat, scores;
+  AlignedVec<float> qcat, qt, olat, part, pstat, tstat, scores;
 };
 Call& call_scratch() {
   thread_local Call c;
@@ -83,11 +83,28 @@ void chunking(int64_t n, bool bf16, int64_t& per, int64_t& nc) {
 
 float bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
+// Lanes per x row of the transposed queries (Call::qt): the heads padded to a whole 512-bit vector.
+int64_t qt_lanes(int64_t H) { return (H + 15) / 16 * 16; }
+
+// qt rows [x0, x0 + kQtBlock) of token m from qcat [N, H, dq2]: each head's run of x read contiguously and
+// written across the block's rows (a 1-4 KiB block in L1); an element-at-a-time gather with stride dq2 cost ~85 us
+// per call at 16 tokens, a fifth of a layer's attention at context 0.
+constexpr int64_t kQtBlock = 16;
+void transpose_q(const float* qcat, int64_t m, int64_t x0, int64_t H, int64_t dq2, int64_t ldt, float* qt) {
+  const int64_t nx = std::min(kQtBlock, dq2 - x0);
+  float* dst = qt + (m * dq2 + x0) * ldt;
+  for (int64_t h = 0; h < H; ++h) {
+    const float* src = qcat + (m * H + h) * dq2 + x0;
+    for (int64_t k = 0; k < nx; ++k) dst[k * ldt + h] = src[k];
+  }
+  for (int64_t k = 0; k < nx; ++k) std::fill(dst + k * ldt + H, dst + (k + 1) * ldt, 0.0f);
+}
+
 struct Ctx {
   const Kernels& k;
   const AbsorbedCall& a;
   Call& cl;
-  int64_t H, dc, dr, dq2, N, m0;
+  int64_t H, dc, dr, dq2, N, m0, ldt;
 };
 
 // Key idx of token tk (an index into its causal range or its selection list): its latent row (c, then k_pe in a
@@ -147,13 +164,29 @@ struct NextItem {
 
 bool keys_bf16(const Ctx& cx) { return cx.a.pool && cx.a.pool_bf16; }
 
-void qk(const Ctx& cx, const float* q, int64_t nr, int64_t nk, Work& w, float* s) {
+// A token with fewer keys than one sub-block takes its scores from its query rows (dot_rows): transposing its
+// queries would cost more than the scores (at 16 tokens of one key each, ~45 us per layer on a 2-core Zen 4). A
+// function of the token's own key count, so its bits never depend on the other tokens of the step.
+bool scores_transposed(const Tok& tk) { return tk.n_keys >= kSub; }
+
+// Scores of nr heads against the sub-block's keys: from their transposed queries at qt, or (!transposed) their
+// query rows at q (stride dq2).
+void qk(const Ctx& cx, bool transposed, const float* q, const float* qt, int64_t nr, int64_t nk, Work& w, float* s) {
+  if (!transposed) {
+    if (keys_bf16(cx))
+      cx.k.dot_rows_bf16(q, cx.dq2, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()),
+                         reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
+    else
+      cx.k.dot_rows_f32(q, cx.dq2, nr, reinterpret_cast<const float* const*>(w.pc.data()),
+                        reinterpret_cast<const float* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
+    return;
+  }
   if (keys_bf16(cx))
-    cx.k.dot_rows_bf16(q, cx.dq2, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()),
-                       reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
+    cx.k.dot_rows_t_bf16(qt, cx.ldt, nr, reinterpret_cast<const uint16_t* const*>(w.pc.data()),
+                         reinterpret_cast<const uint16_t* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
   else
-    cx.k.dot_rows_f32(q, cx.dq2, nr, reinterpret_cast<const float* const*>(w.pc.data()),
-                      reinterpret_cast<const float* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
+    cx.k.dot_rows_t_f32(qt, cx.ldt, nr, reinterpret_cast<const float* const*>(w.pc.data()),
+                        reinterpret_cast<const float* const*>(w.pr.data()), cx.dc, cx.dr, nk, s, kSub, &w.next);
 }
 
 void pv(const Ctx& cx, const float* p, int64_t nr, int64_t nk, Work& w, float* acc, bool accumulate) {
@@ -212,6 +245,8 @@ void run_item(const Ctx& cx, const Item& it, Mode mode, NextItem& after) {
   float* m = sized(w.m, nr);
   float* l = sized(w.l, nr);
   const float* q = cl.qcat.data() + (tm * H + it.h0) * cx.dq2;
+  const float* qt = cl.qt.data() + tm * cx.dq2 * cx.ldt + it.h0;  // heads h0.. in lanes 0..
+  const bool transposed = scores_transposed(tk);
   const bool bf16 = a.bf16;
   float* scores = bf16 ? cl.scores.data() + tk.score_off : nullptr;  // [H, n_keys]
   for (int64_t i = 0; i < nr; ++i) {
@@ -237,7 +272,7 @@ void run_item(const Ctx& cx, const Item& it, Mode mode, NextItem& after) {
       const int64_t nk = std::min(kSub, c1 - k0);
       key_ptrs(cx, tk, k0, nk, w);
       aim_next(k0, nk);
-      qk(cx, q, nr, nk, w, s);
+      qk(cx, transposed, q, qt, nr, nk, w, s);
       for (int64_t i = 0; i < nr; ++i) {
         float* row = s + i * kSub;
         scale_scores(cx, row, nk);
@@ -354,7 +389,8 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
   const int64_t m0 = a.q_begin[0], N = a.q_begin[a.n_seqs] - m0;
   if (N <= 0) return;
   Call& cl = call_scratch();
-  const Ctx cx{k, a, cl, H, dc, dr, dq2, N, m0};
+  const int64_t ldt = qt_lanes(H);
+  const Ctx cx{k, a, cl, H, dc, dr, dq2, N, m0, ldt};
   const bool bf16 = a.bf16;
 
   // The tokens, their keys and chunks.
@@ -398,7 +434,9 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
       base_items += t.n_chunks;
     }
   }
-  float* qcat = sized(cl.qcat, N * H * dq2);                       // [N, H, dc + dr]
+  float* qcat = sized(cl.qcat, N * H * dq2);  // [N, H, dc + dr]
+  // [N, dc + dr, ldt] and one vector of slack: an item's heads h0.. are read as whole vectors from lane h0.
+  float* qt = sized(cl.qt, N * dq2 * ldt + 16);
   float* olat = sized(cl.olat, H * N * std::max<int64_t>(dc, 1));  // [H, N, dc]
   sized(cl.part, slots * H * std::max<int64_t>(dc, 1));            // [slot, H, dc]
   sized(cl.pstat, slots * H * 2);                                  // [slot, H, (max, sum)]
@@ -435,6 +473,18 @@ void absorbed_attention(const Kernels& k, ThreadPool& pool, const AbsorbedCall& 
       }
     }
   });
+
+  // The queries of the tokens with transposed scores (heads in the lanes of each x row), once per call; lanes past H
+  // and the slack zero (they are read, and their results dropped).
+  const int64_t xblocks = (dq2 + kQtBlock - 1) / kQtBlock;
+  const bool any_transposed = std::any_of(cl.toks.begin(), cl.toks.end(), scores_transposed);
+  if (any_transposed)
+    pool.parallel_for(N * xblocks, 4, [&](int64_t u0, int64_t u1) {
+      for (int64_t u = u0; u < u1; ++u)
+        if (scores_transposed(cl.toks[static_cast<size_t>(u / xblocks)]))
+          transpose_q(qcat, u / xblocks, u % xblocks * kQtBlock, H, dq2, ldt, qt);
+    });
+  std::fill_n(qt + N * dq2 * ldt, 16, 0.0f);
 
   // Phase 2: items (token, chunk, heads). Heads are grouped only to give every thread work when there are few
   // chunks (a row's arithmetic does not depend on its group).

@@ -10,13 +10,15 @@
 //   1. per head: q_lat of all tokens = q_nope · W_UK[h] as one small GEMM (W_UK[h] read once per call: bf16 rows in
 //      place, other formats dequantized once into a panel);
 //   2. per (token, chunk of its keys, group of heads): the scores of all heads of the token against the chunk's
-//      keys as a small GEMM (keys read in place from the pool rows, fp32 or bf16), softmax, and P·c as another,
-//      in sub-blocks of 64 keys (online softmax); a context is split into chunks (a function of the token's own
-//      key count and the call's activation mode only: >= 128 keys each in fp32, >= 512 in bf16, at most 16) that
-//      run on different threads and are combined in chunk order — the split never depends on the other tokens or
-//      the thread count, so a token's result is bit-identical whatever else is in the step. While a sub-block
-//      computes, the kernels prefetch the next one's rows (or the first rows of the next item the thread claims),
-//      spread over their inner steps (cpu_kernels.h PrefetchCursor);
+//      keys as a small GEMM (keys read in place from the pool rows, fp32 or bf16; the heads in the vector lanes,
+//      from the queries transposed once per call, so each key element is broadcast once per tile of heads; a
+//      token with fewer than 64 keys from its query rows, where the transposition would cost more),
+//      softmax, and P·c as another, in sub-blocks of 64 keys (online softmax); a context is split into chunks (a
+//      function of the token's own key count and the call's activation mode only: >= 128 keys each in fp32, >= 512 in
+//      bf16, at most 16) that run on different threads and are combined in chunk order — the split never depends on the
+//      other tokens or the thread count, so a token's result is bit-identical whatever else is in the step. While a
+//      sub-block computes, the kernels prefetch the next one's rows (or the first rows of the next item the thread
+//      claims), spread over their inner steps (cpu_kernels.h PrefetchCursor);
 //   3. per head: the chunk partials combined, then o = W_UV[h]·o_lat for all tokens (the batched matmul tiles).
 #pragma once
 #include <cstdint>

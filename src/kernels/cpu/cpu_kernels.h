@@ -80,6 +80,14 @@ struct Kernels {
                        int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf);
   void (*dot_rows_bf16)(const float* a, int64_t lda, int64_t na, const uint16_t* const* b1, const uint16_t* const* b2,
                         int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf);
+  // The same scores with the query rows transposed: a[i·lda + x] = qt[x·ldt + i] (x < n1 + n2). qt rows must be
+  // readable up to lane ⌈na / 16⌉·16 (the lanes past na are computed and dropped). One fixed chain per (i, j): the
+  // fmas in x order (the decode attention's scores, heads in the vector lanes; vec_body.h).
+  void (*dot_rows_t_f32)(const float* qt, int64_t ldt, int64_t na, const float* const* b1, const float* const* b2,
+                         int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf);
+  void (*dot_rows_t_bf16)(const float* qt, int64_t ldt, int64_t na, const uint16_t* const* b1,
+                          const uint16_t* const* b2, int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds,
+                          PrefetchCursor* pf);
   // c[i·ldc + x] = (accumulate ? c[i·ldc + x] : 0) + Σ_{j<nb} a[i·lda + j]·b[j][x]   (i < na, x < n): one fma
   // per term in j order per (i, x). pf as for dot_rows.
   void (*axpy_rows_f32)(const float* a, int64_t lda, int64_t na, const float* const* b, int64_t nb, int64_t n, float* c,

@@ -27,6 +27,8 @@ const Kernels kAvx2 = {
     v2_attn_pack_kt,
     vec_dot_rows<V8, float, 3, 4>,
     vec_dot_rows<V8, uint16_t, 3, 4>,
+    vec_dot_rows_t<V8, float, 2, 4>,
+    vec_dot_rows_t<V8, uint16_t, 2, 4>,
     vec_axpy_rows<V8, float, 3, 4>,
     vec_axpy_rows<V8, uint16_t, 3, 4>,
 };

@@ -74,6 +74,23 @@ struct V16 {
   LTI static F zero() { return _mm512_setzero_ps(); }
   LTI static F set1(float v) { return _mm512_set1_ps(v); }
   LTI static F bcast(const float* p) { return _mm512_set1_ps(*p); }
+  LTI static void bcast2(const float* p, F& b0, F& b1) {
+    b0 = bcast(p);
+    b1 = bcast(p + 1);
+  }
+  // Two bf16 values from one 32-bit broadcast: the low half shifted up, the high half masked (p may be unaligned).
+  LTI static void bcast2(const uint16_t* p, F& b0, F& b1) {
+    int32_t d;
+    std::memcpy(&d, p, 4);
+    const __m512i v = _mm512_set1_epi32(d);
+    b0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    b1 = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  LTI static F bcast(const uint16_t* p) {  // a bf16 value (p may be unaligned: a checkpoint or pool row)
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(h) << 16)));
+  }
   LTI static F load(const float* p) { return _mm512_loadu_ps(p); }
   LTI static F load(const uint16_t* p) {
     const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -177,6 +194,8 @@ const Kernels kAvx512 = {
     v2_attn_pack_kt,
     vec_dot_rows<V16, float, 6, 4>,
     vec_dot_rows<V16, uint16_t, 6, 4>,
+    vec_dot_rows_t<V16, float, 3, 6>,
+    vec_dot_rows_t<V16, uint16_t, 3, 6>,
     vec_axpy_rows<V16, float, 4, 4>,
     vec_axpy_rows<V16, uint16_t, 4, 4>,
 };

@@ -266,6 +266,18 @@ void dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const
 }
 
 template <class B>
+void dot_rows_t(const float* qt, int64_t ldt, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
+                int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor*) {
+  for (int64_t i = 0; i < na; ++i)
+    for (int64_t j = 0; j < nb; ++j) {
+      float acc = 0.0f;
+      for (int64_t x = 0; x < n1; ++x) acc += qt[x * ldt + i] * elem(b1[j], x);
+      for (int64_t x = 0; x < n2; ++x) acc += qt[(n1 + x) * ldt + i] * elem(b2[j], x);
+      s[i * lds + j] = acc;
+    }
+}
+
+template <class B>
 void axpy_rows(const float* a, int64_t lda, int64_t na, const B* const* b, int64_t nb, int64_t n, float* c, int64_t ldc,
                bool accumulate, PrefetchCursor*) {
   for (int64_t i = 0; i < na; ++i) {
@@ -300,6 +312,8 @@ const Kernels kScalar = {
     attn_pack_kt,
     dot_rows<float>,
     dot_rows<uint16_t>,
+    dot_rows_t<float>,
+    dot_rows_t<uint16_t>,
     axpy_rows<float>,
     axpy_rows<uint16_t>,
 };

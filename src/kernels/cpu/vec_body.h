@@ -4,6 +4,7 @@
 // includer). A traits type provides:
 //   F, W                      the vector type and its number of fp32 lanes;
 //   zero, set1, bcast(p)      constants / broadcast of *p;
+//   bcast2(p, b0, b1)         broadcasts of p[0] and p[1] (fp32 or bf16);
 //   load(p), load_part(p, n)  W values (or the first n < W, the rest zero) from fp32 or bf16 (uint16_t) memory;
 //   store, store_part         W values (or the first n) to fp32 memory;
 //   fma(a, b, c) = a·b + c (one rounding), mul, add, max;
@@ -19,6 +20,7 @@
 // chain per (row, column) over the b rows in order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace latent::cpu {
@@ -144,6 +146,125 @@ template <class V, class B, int RA, int RB>
 LT void vec_dot_rows(const float* a, int64_t lda, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
                      int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf) {
   vec_dot_rows_from<V, B, RA, RB>(a, lda, na, b1, b2, n1, n2, nb, s, lds, pf);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// dot_rows_t: s[i·lds + j] = Σ_{x<n1} qt[x·ldt + i]·b1[j][x] + Σ_{x<n2} qt[(n1 + x)·ldt + i]·b2[j][x]
+// (qt: the query rows transposed, one row of ldt lanes per x, row i in lane i; b: key rows by pointers).
+// The decode attention's scores as a GEMM with the heads in the vector lanes: per x, RH vectors of heads are
+// loaded once and every key of the tile contributes one broadcast element and RH fmas, so each key element is
+// read once per tile of heads and nothing is reduced horizontally (dot_rows keeps one accumulator per (head, key),
+// re-reads each key once per tile of 3-6 heads and ends each tile with W-lane reductions). A one-thread
+// microbenchmark (16 heads, 64-key sub-blocks, Zen 4): AVX2 87-93 -> 91-95 GFLOP/s with the keys in L2 and
+// 67 -> 75-79 from memory with the prefetch cursor; AVX-512 within noise of dot_rows. Each (row, key) is one chain
+// of fmas in x order whatever its lane or tile (batch invariant). Lanes past na are read (qt rows must be readable
+// to lane ⌈na/W⌉·W) and dropped.
+// ---------------------------------------------------------------------------------------------------------------
+template <class V, class B, int RH, int RB>
+LTI void vec_dott_part(const float* qt, int64_t ldt, const B* const* b, int64_t n, typename V::F (&acc)[RH][RB],
+                       PrefetchCursor* pf) {
+  using F = typename V::F;
+  constexpr int W = V::W;
+  const B* bp[RB];
+#pragma GCC unroll 16
+  for (int j = 0; j < RB; ++j) bp[j] = b[j];
+  // Two x per step: a bf16 key gives both from one 32-bit broadcast (one x per step, with a scalar load, shift and
+  // broadcast per element, ran AVX-512 bf16 scores at 73 GFLOP/s against ~100 for this). One prefetch line per
+  // step: the 64-key sub-block's tiles of 4-6 keys issue the next sub-block's lines about once over.
+  int64_t x = 0;
+  for (; x + 2 <= n; x += 2) {
+    pf_step(pf);
+    F q0[RH], q1[RH];
+#pragma GCC unroll 8
+    for (int i = 0; i < RH; ++i) {
+      q0[i] = V::load(qt + x * ldt + i * W);
+      q1[i] = V::load(qt + (x + 1) * ldt + i * W);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < RB; ++j) {
+      F b0, b1;
+      V::bcast2(bp[j] + x, b0, b1);
+#pragma GCC unroll 8
+      for (int i = 0; i < RH; ++i) acc[i][j] = V::fma(q1[i], b1, V::fma(q0[i], b0, acc[i][j]));
+    }
+  }
+  if (x < n) {
+    F qv[RH];
+#pragma GCC unroll 8
+    for (int i = 0; i < RH; ++i) qv[i] = V::load(qt + x * ldt + i * W);
+#pragma GCC unroll 16
+    for (int j = 0; j < RB; ++j) {
+      const F bv = V::bcast(bp[j] + x);
+#pragma GCC unroll 8
+      for (int i = 0; i < RH; ++i) acc[i][j] = V::fma(qv[i], bv, acc[i][j]);
+    }
+  }
+}
+
+// Heads [0, min(na, RH·W)) (lanes of RH vectors) against keys [0, RB).
+template <class V, class B, int RH, int RB>
+LT void vec_dott_tile(const float* qt, int64_t ldt, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
+                      int64_t n2, float* s, int64_t lds, PrefetchCursor* pf) {
+  using F = typename V::F;
+  constexpr int W = V::W;
+  F acc[RH][RB];
+#pragma GCC unroll 32
+  for (int k = 0; k < RH * RB; ++k) acc[k / RB][k % RB] = V::zero();
+  vec_dott_part<V, B, RH, RB>(qt, ldt, b1, n1, acc, pf);
+  if (n2 > 0) vec_dott_part<V, B, RH, RB>(qt + n1 * ldt, ldt, b2, n2, acc, pf);
+  alignas(64) float r[W];
+#pragma GCC unroll 8
+  for (int i = 0; i < RH; ++i) {
+    const int64_t rows = std::min<int64_t>(W, na - i * W);
+#pragma GCC unroll 16
+    for (int j = 0; j < RB; ++j) {
+      V::store(r, acc[i][j]);
+      for (int64_t l = 0; l < rows; ++l) s[(i * W + l) * lds + j] = r[l];
+    }
+  }
+}
+
+// The last nb < RB keys as one tile of nb.
+template <class V, class B, int RH, int RB>
+LTI void vec_dott_keys_tail(const float* qt, int64_t ldt, int64_t na, const B* const* b1, const B* const* b2,
+                            int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf) {
+  if constexpr (RB > 1) {
+    if (nb == RB - 1) return vec_dott_tile<V, B, RH, RB - 1>(qt, ldt, na, b1, b2, n1, n2, s, lds, pf);
+    vec_dott_keys_tail<V, B, RH, RB - 1>(qt, ldt, na, b1, b2, n1, n2, nb, s, lds, pf);
+  }
+}
+
+// RH vectors of heads against every key: tiles of RB keys, then one tile of the rest.
+template <class V, class B, int RH, int RB>
+LTI void vec_dott_heads(const float* qt, int64_t ldt, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
+                        int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf) {
+  int64_t j = 0;
+  for (; j + RB <= nb; j += RB) vec_dott_tile<V, B, RH, RB>(qt, ldt, na, b1 + j, b2 + j, n1, n2, s + j, lds, pf);
+  if (j < nb) vec_dott_keys_tail<V, B, RH, RB>(qt, ldt, na, b1 + j, b2 + j, n1, n2, nb - j, s + j, lds, pf);
+}
+
+template <class V, class B, int RH, int RB>
+LTI void vec_dot_rows_t_from(const float* qt, int64_t ldt, int64_t na, const B* const* b1, const B* const* b2,
+                             int64_t n1, int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf) {
+  constexpr int W = V::W;
+  int64_t i = 0;
+  for (; i + RH * W <= na; i += RH * W)
+    vec_dott_heads<V, B, RH, RB>(qt + i, ldt, RH * W, b1, b2, n1, n2, nb, s + i * lds, lds, pf);
+  if (i >= na) return;
+  if constexpr (RH > 1) {
+    if (na - i > (RH - 1) * W)  // the last, partly filled group of RH vectors
+      vec_dott_heads<V, B, RH, RB>(qt + i, ldt, na - i, b1, b2, n1, n2, nb, s + i * lds, lds, pf);
+    else
+      vec_dot_rows_t_from<V, B, RH - 1, RB>(qt + i, ldt, na - i, b1, b2, n1, n2, nb, s + i * lds, lds, pf);
+  } else {
+    vec_dott_heads<V, B, 1, RB>(qt + i, ldt, na - i, b1, b2, n1, n2, nb, s + i * lds, lds, pf);
+  }
+}
+
+template <class V, class B, int RH, int RB>
+LT void vec_dot_rows_t(const float* qt, int64_t ldt, int64_t na, const B* const* b1, const B* const* b2, int64_t n1,
+                       int64_t n2, int64_t nb, float* s, int64_t lds, PrefetchCursor* pf) {
+  vec_dot_rows_t_from<V, B, RH, RB>(qt, ldt, na, b1, b2, n1, n2, nb, s, lds, pf);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
