@@ -24,6 +24,7 @@ namespace latent::testing {
 
 struct DraftGraphStats {
   int64_t shapes = 0, draft_calls = 0, graphed_expected = 0;
+  int64_t one_slot_kernels = 0;  // kernels of the later-pass graph (one slot) of one sequence, read at batch 1
 };
 
 inline int32_t argmax_of(const float* r, int64_t V) { return static_cast<int32_t>(std::max_element(r, r + V) - r); }
@@ -151,10 +152,12 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
         draft_both(ms, "the draft step after verify " + std::to_string(step));
       }
       EXPECT_GT(mg.draft_graph_kernels(graph_seqs_for(n, T), T), 0) << at << ": no first-pass draft graph";
+      if (n == 1) st.one_slot_kernels = std::max(st.one_slot_kernels, mg.draft_graph_kernels(1, 1));
       ++st.shapes;
     }
   }
   EXPECT_GT(st.graphed_expected, 0) << what;
+  EXPECT_GT(st.one_slot_kernels, 0) << what << ": no later-pass draft graph at batch 1";
   EXPECT_EQ(mg.draft_graph_captures() + mg.draft_graph_replays() - graphed0, st.graphed_expected)
       << what << ": the draft passes run from graphs";
   EXPECT_GT(mg.draft_graph_replays(), 0) << what;
