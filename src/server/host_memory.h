@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/memory_info.h"
+
 namespace latent::server {
 
 // Block size from which glibc maps a block on its own, and the arena top kept on free, once tuned.
@@ -36,8 +38,7 @@ class LargeRequestTracker {
   std::atomic<int64_t> n_{0};
 };
 
-// Memory this process may still use: MemAvailable from /proc/meminfo, lowered to the cgroup v2 / v1 limit less
-// its usage when there is one; 0 when neither can be read. (--kv-cache-bytes auto on the CPU.)
-int64_t host_available_memory();
+// Memory this process may still use (core/memory_info.h; --kv-cache-bytes auto on the CPU).
+using ::latent::host_available_memory;
 
 }  // namespace latent::server

@@ -164,6 +164,44 @@ HostRows host_values(const std::vector<float>& v, DType t, int64_t rows, int64_t
   return h;
 }
 
+// prepare_weight with the AVX-512 kernels copies a weight that is not 64-byte aligned (make_weight misaligns by one
+// byte) into aligned memory: the same bytes, the scales untouched, the same matmul bits; off, or with the AVX2
+// kernels, or for an aligned weight, the weight stays where it is.
+TEST(CpuBackend, RealignsMisalignedWeightsForAvx512) {
+  Rng rng(33);
+  const bool avx512 = cpu_isa_supported(CpuIsa::Avx512);
+  for (Fmt f : ops::kAllFmts) {
+    const int64_t rows = 37, cols = f == Fmt::Mxfp4 ? 1088 : 1031;
+    const HostWeight w = ops::make_weight(f, rows, cols, rng);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(w.q.data) & 63, 0u) << ops::fmt_name(f);
+    const size_t bytes = static_cast<size_t>(rows * w.q.row_bytes());
+    const std::unique_ptr<Backend> on = make_cpu_backend(2, CpuIsa::Avx512, true);
+    const QuantWeight q = on->prepare_weight(w.q);
+    if (avx512) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(q.data) & 63, 0u) << ops::fmt_name(f);
+      EXPECT_NE(q.data, w.q.data) << ops::fmt_name(f);
+      EXPECT_EQ(0, std::memcmp(q.data, w.q.data, bytes)) << ops::fmt_name(f);
+      EXPECT_EQ(q.scale, w.q.scale) << ops::fmt_name(f);
+      for (int64_t M : {1, 5}) {
+        HostRows x = host_values(rng.normals(M * cols), DType::F32, M, cols), a(DType::F32, M, rows),
+                 b(DType::F32, M, rows);
+        on->matmul(w.q, x.rows(0, M), a.rows(0, M));
+        on->matmul(q, x.rows(0, M), b.rows(0, M));
+        EXPECT_TRUE(same_bits(a.row(0), b.row(0), a.row_bytes() * static_cast<size_t>(M)))
+            << ops::fmt_name(f) << " M " << M;
+      }
+      // An aligned weight (the copy) is not copied again.
+      EXPECT_EQ(on->prepare_weight(q).data, q.data) << ops::fmt_name(f);
+    } else {
+      EXPECT_EQ(q.data, w.q.data) << ops::fmt_name(f) << " (no AVX-512 here: nothing to realign for)";
+    }
+    EXPECT_EQ(make_cpu_backend(2, CpuIsa::Avx512, false)->prepare_weight(w.q).data, w.q.data) << ops::fmt_name(f);
+    if (cpu_isa_supported(CpuIsa::Avx2)) {
+      EXPECT_EQ(make_cpu_backend(2, CpuIsa::Avx2, true)->prepare_weight(w.q).data, w.q.data) << ops::fmt_name(f);
+    }
+  }
+}
+
 TEST(CpuBatchInvariance, Matmul) {
   Rng rng(21);
   constexpr int64_t kMaxM = 130;

@@ -27,5 +27,9 @@ CpuIsa cpu_isa_default();
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 // A specific ISA level (tests); an unsupported level falls back to the best supported one.
 std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa);
+// Whether the backend's prepare_weight copies weights that are not 64-byte aligned into aligned memory when it runs
+// the AVX-512 kernels (cpu_realign_default(): yes unless LATENT_CPU_REALIGN=0).
+bool cpu_realign_default();
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa, bool realign_weights);
 
 }  // namespace latent
