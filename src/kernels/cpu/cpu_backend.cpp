@@ -119,7 +119,8 @@ class CpuBackend final : public HostTyped<CpuBackend> {
     const size_t bytes = static_cast<size_t>(w.rows * w.row_bytes());
     if (realign_budget_ < 0) {
       realign_budget_ = host_available_memory() / 2;
-      log::info(
+      // (debug: once per backend, and every parallel rank has one; what `run` prints stays as it was)
+      log::debug(
           "cpu backend: weights not 64-byte aligned in the checkpoint are copied to aligned memory for the "
           "AVX-512 kernels (up to {:.1f} GB; LATENT_CPU_REALIGN=0: keep them mapped)",
           static_cast<double>(realign_budget_) / 1e9);
