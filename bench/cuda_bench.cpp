@@ -312,6 +312,21 @@ void bench_copy(Backend& be) {
   be.dealloc(b);
 }
 
+// The device offsets of E / active expert sets: set k gives experts k·active .. (k+1)·active − 1 tpe tokens each (the
+// grouped benches rotate through them, so that the selected weights come from HBM, not the L2).
+std::vector<int64_t*> rotating_offsets(Backend& be, int64_t E, int64_t active, int64_t tpe) {
+  std::vector<int64_t*> offs;
+  for (int64_t k = 0; k < E / active; ++k) {
+    std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
+    for (int64_t e = 0; e < E; ++e)
+      off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? tpe : 0);
+    auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
+    be.upload(d, off.data(), off.size() * 8);
+    offs.push_back(d);
+  }
+  return offs;
+}
+
 // One MoE layer's SwiGLU experts as the model calls them (gate and up [rows, cols] each, MXFP4, bf16 x): `active`
 // experts with `tpe` tokens each, a different set every call.
 void bench_grouped_glu(Backend& be, int64_t E, int64_t active, int64_t rows, int64_t cols, int64_t tpe) {
@@ -326,16 +341,8 @@ void bench_grouped_glu(Backend& be, int64_t E, int64_t active, int64_t rows, int
     up_p.push_back(&up[static_cast<size_t>(e)]);
     gate_p.push_back(&gate[static_cast<size_t>(e)]);
   }
-  const int sets = static_cast<int>(E / active);
-  std::vector<int64_t*> offs;
-  for (int k = 0; k < sets; ++k) {
-    std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
-    for (int64_t e = 0; e < E; ++e)
-      off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? tpe : 0);
-    auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
-    be.upload(d, off.data(), off.size() * 8);
-    offs.push_back(d);
-  }
+  const std::vector<int64_t*> offs = rotating_offsets(be, E, active, tpe);
+  const int sets = static_cast<int>(offs.size());
   const int64_t n = active * tpe;
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (float& v : x) v = next_normalish();
@@ -371,16 +378,8 @@ void bench_grouped(Backend& be, WeightFormat f, int64_t E, int64_t active, int64
   for (int64_t e = 0; e < E; ++e) ws.push_back(be.prepare_weight(h.q));
   std::vector<const QuantWeight*> wp(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) wp[static_cast<size_t>(e)] = &ws[static_cast<size_t>(e)];
-  const int sets = static_cast<int>(E / active);
-  std::vector<int64_t*> offs;
-  for (int k = 0; k < sets; ++k) {
-    std::vector<int64_t> off(static_cast<size_t>(E + 1), 0);
-    for (int64_t e = 0; e < E; ++e)
-      off[static_cast<size_t>(e + 1)] = off[static_cast<size_t>(e)] + (e / active == k ? tpe : 0);
-    auto* d = static_cast<int64_t*>(be.alloc(off.size() * 8, "offsets"));
-    be.upload(d, off.data(), off.size() * 8);
-    offs.push_back(d);
-  }
+  const std::vector<int64_t*> offs = rotating_offsets(be, E, active, tpe);
+  const int sets = static_cast<int>(offs.size());
   const int64_t n = active * tpe;
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (float& v : x) v = next_normalish();
