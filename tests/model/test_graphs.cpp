@@ -144,21 +144,63 @@ INSTANTIATE_TEST_SUITE_P(Models, DecodeGraphs,
                          ::testing::Values("glm5-tiny", "v3-tiny", "v32-tiny", "glm5-tiny-mxfp4", "v3-tiny-fp8"),
                          graph_case_name);
 
-// MTP draft passes in graphs (draft_graph_check.h): ids, logits and the draft layer's cache rows equal the eager
-// passes bit for bit, and exactly the eligible passes ran from graphs.
+// MTP draft passes in graphs, a graph per pass (draft_graph_check.h, ModelOptions::draft_step_graph off): ids,
+// logits and the draft layer's cache rows equal the eager passes bit for bit, and exactly the eligible passes ran
+// from graphs, each downloading its ids.
 class DraftGraphs : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DraftGraphs, EqualEagerBitForBit) {
   auto p = load_graph_pair(GetParam(), 1);
+  ModelOptions o = p->g->options();
+  o.draft_step_graph = false;
+  p->g->set_options(o);
   const testing::DraftGraphStats st = testing::check_draft_graphs(*p->g, *p->e, GetParam());
   EXPECT_EQ(st.shapes, 15);
+  EXPECT_EQ(st.one_graph_steps, 0);
   EXPECT_EQ(p->rec->violations(), 0);
   std::printf(
       "[graphs] %-20s draft passes in graphs = eager bit for bit: %lld draft steps, %lld passes graphed "
-      "(%lld captures, %lld replays)\n",
-      GetParam().c_str(), static_cast<long long>(st.draft_calls), static_cast<long long>(st.graphed_expected),
-      static_cast<long long>(p->g->draft_graph_captures()), static_cast<long long>(p->g->draft_graph_replays()));
+      "(%lld captures, %lld replays), %lld downloads of draft ids\n",
+      GetParam().c_str(), static_cast<long long>(st.draft_calls), static_cast<long long>(st.graphed_passes),
+      static_cast<long long>(p->g->draft_graph_captures()), static_cast<long long>(p->g->draft_graph_replays()),
+      static_cast<long long>(st.id_downloads));
 }
+
+// The k passes of a draft step as one graph (ModelOptions::draft_step_graph, on by default) at k = 1, 2, 3: ids,
+// logits and the draft layer's cache rows equal the eager passes bit for bit; a step whose sequences all draft k
+// tokens after a graph-eligible first pass ran as one graph (captured or replayed) with one download of its ids,
+// the others (ragged first passes, a sequence drafting fewer) on the per-pass route (draft_graph_check.h). k = 1 is
+// a single pass: a graph of its own, one download.
+class DraftStepGraphs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DraftStepGraphs, OneGraphOneDownloadEqualEagerBitForBit) {
+  auto p = load_graph_pair(GetParam(), 1);
+  ASSERT_TRUE(p->g->options().draft_step_graph);
+  for (int64_t k : {1, 2, 3}) {
+    const int64_t replays0 = p->g->draft_passes_replayed();
+    const std::string what = GetParam() + ", k " + std::to_string(k);
+    const testing::DraftGraphStats st = testing::check_draft_graphs(*p->g, *p->e, what, k);
+    EXPECT_EQ(st.shapes, 15) << what;
+    if (k >= 2) {
+      // Steps 0 and 1 of the 12 shapes of batch > 1; every step of the 3 shapes of batch 1 (one sequence is never
+      // ragged, nor drafts fewer than the others).
+      EXPECT_EQ(st.one_graph_steps, 12 * 2 + 3 * 5) << what;
+      EXPECT_GT(p->g->draft_passes_replayed() - replays0, k) << what << ": a one-graph step replayed its passes";
+    } else {
+      EXPECT_EQ(st.one_graph_steps, 0) << what;
+    }
+    std::printf(
+        "[graphs] %-28s draft steps = eager bit for bit: %lld draft steps, %lld as one graph, %lld draft graphs "
+        "run, %lld downloads of draft ids, %lld kernels in the one-graph step of 1 sequence\n",
+        what.c_str(), static_cast<long long>(st.draft_calls), static_cast<long long>(st.one_graph_steps),
+        static_cast<long long>(st.graph_runs), static_cast<long long>(st.id_downloads),
+        static_cast<long long>(st.step_graph_kernels));
+  }
+  EXPECT_EQ(p->rec->violations(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DraftStepGraphs,
+                         ::testing::Values("glm5-tiny-mtp", "v3-tiny-mtp", "glm5-tiny-mxfp4-mtp"), graph_case_name);
 
 INSTANTIATE_TEST_SUITE_P(Models, DraftGraphs, ::testing::Values("glm5-tiny-mtp", "v3-tiny-mtp", "glm5-tiny-mxfp4-mtp"),
                          graph_case_name);
