@@ -988,9 +988,25 @@ Model::GraphShape Model::graph_shape(const Step& st, const StepShape& sh, GraphK
     if (kind != GraphKind::Step) return r == LogitRows::Last;
     return T == 1 ? r != LogitRows::None : r == LogitRows::All;
   };
-  for (const StepSequence& q : st.seqs)
-    if (!q.decode || q.n_tokens != T || q.start < 1 || !rows_recorded(q.logits)) return {};
-  const int64_t B = graph_seqs_for(static_cast<int64_t>(st.seqs.size()), T);
+  bool ragged = false;
+  for (const StepSequence& q : st.seqs) {
+    if (!q.decode || q.n_tokens < 1 || q.start < 1 || !rows_recorded(q.logits)) return {};
+    ragged = ragged || q.n_tokens != T;
+  }
+  const int64_t S = static_cast<int64_t>(st.seqs.size()), N = static_cast<int64_t>(st.tokens.size());
+  if (ragged) {
+    // A first draft pass whose sequences fill different numbers of slots (after a verify they accepted
+    // differently): a graph of its exact shape — its S sequences and N tokens, unpadded, keyed by both — since the
+    // kernels' launch shapes follow the token count, padding every sequence to the most slots would not compute the
+    // rows as the eager pass does. Where each sequence's rows start is metadata (uploaded before the replay).
+    if (kind != GraphKind::DraftFromStep || S > res_seqs_ || N > res_tokens_) return {};
+    GraphShape g;
+    g.B = S;
+    g.T = 0;
+    g.tokens = N;
+    return g;
+  }
+  const int64_t B = graph_seqs_for(S, T);
   if (B > res_seqs_ || B * T > res_tokens_) return {};
   return {B, T};
 }
@@ -1005,6 +1021,17 @@ void Model::drop_graphs() {
   for (const GraphEntry& g : graphs_) be_.graph_release(g.id);
   graphs_.clear();
   graph_ptrs_.clear();
+}
+
+int64_t Model::ragged_draft_graphs() const {
+  return static_cast<int64_t>(
+      std::count_if(graphs_.begin(), graphs_.end(), [](const GraphEntry& e) { return e.g.T == 0; }));
+}
+
+bool Model::ragged_graph_allowed(GraphKind kind, const GraphShape& g, bool any_long) const {
+  for (const GraphEntry& e : graphs_)
+    if (e.kind == kind && e.g == g && e.any_long == any_long) return true;  // captured: replay it
+  return ragged_draft_graphs() < kMaxRaggedGraphs;
 }
 
 void Model::drop_graphs_of(GraphKind kind) {
@@ -1055,15 +1082,16 @@ int64_t Model::draft_graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
 void Model::pad_graph_step(const Step& st, const StepShape& sh, GraphShape g, std::span<const int32_t> mtp_hrows,
                            int32_t pad_hrow, PadStep& p) const {
   const int64_t B = g.B, T = g.T;
+  const int64_t n = T > 0 ? B * T : g.tokens;  // (a ragged draft pass, T = 0: its B sequences, not padded)
   p.tokens.assign(st.tokens.begin(), st.tokens.end());
-  p.tokens.resize(static_cast<size_t>(B * T), 0);
+  p.tokens.resize(static_cast<size_t>(n), 0);
   p.seqs.assign(st.seqs.begin(), st.seqs.end());
   StepSequence pad = st.seqs.front();
   pad.start = 0;
   pad.blocks = pad.blocks.first(1);
   p.seqs.resize(static_cast<size_t>(B), pad);
   p.hrows.assign(mtp_hrows.begin(), mtp_hrows.end());
-  if (!mtp_hrows.empty()) p.hrows.resize(static_cast<size_t>(B * T), pad_hrow);
+  if (!mtp_hrows.empty()) p.hrows.resize(static_cast<size_t>(n), pad_hrow);
   p.shape = sh;
   p.shape.max_ctx = res_ctx_;
   p.shape.max_blocks = res_blocks_;

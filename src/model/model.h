@@ -201,6 +201,11 @@ class Model {
   // Kernel launches in the one-graph draft step of `seqs` sequences filling `slots` slots each and drafting k
   // (0 when none is captured).
   int64_t draft_step_graph_kernels(int64_t seqs, int64_t slots, int64_t k) const;
+  // Ragged first draft passes (sequences filling different numbers of slots) get a graph per layout seen (sequences,
+  // tokens): a new one is captured while fewer than this many are held, else the pass runs eagerly, so that a
+  // server's graphs stay bounded.
+  static constexpr int64_t kMaxRaggedGraphs = 64;
+  int64_t ragged_draft_graphs() const;  // ragged graphs held (either route)
   int64_t workspace_bytes() const { return static_cast<int64_t>(ws_cap_); }
   // The cache dtype of this model's activation mode (F32, or BF16 with bf16 activations).
   DType cache_dtype() const { return opt_.bf16_activations ? DType::BF16 : DType::F32; }
@@ -252,17 +257,20 @@ class Model {
   // normed rows (the later ones): the two read different buffers, so each has graphs of its own.
   // DraftStep: every pass of a draft step in one graph (draft_step_graph).
   enum class GraphKind : uint8_t { Step, DraftFromStep, DraftFromDraft, DraftStep };
-  // The graph shape of a step: B sequences of T tokens each (B = 0: the step runs eagerly). A DraftStep graph also
-  // has its number of passes, the padded sequences of its later passes (one slot each) and the first pass that
-  // runs the DSA selection (passes: none).
+  // The graph shape of a step: B sequences of T tokens each (B = 0: the step runs eagerly), or, for a first draft
+  // pass whose sequences fill different numbers of slots (ragged), T = 0 and its B sequences of `tokens` tokens in
+  // all, unpadded. A DraftStep graph also has its number of passes, the padded sequences of its later passes (one
+  // slot each) and the first pass that runs the DSA selection (passes: none).
   struct GraphShape {
     int64_t B = 0, T = 0;
+    int64_t tokens = 0;
     int64_t passes = 1, B_later = 0, long_from = 0;
     bool operator==(const GraphShape&) const = default;
   };
   // The graph a step runs in (B = 0: eagerly): graphs on and supported, a single rank, no diagnostics, every
   // sequence a decode sequence of the same T tokens wanting the rows `kind` records (a step: its last row, or every
-  // row of a verify step; a draft pass: its last row), within the reserve() limits at graph_seqs_for(S, T).
+  // row of a verify step; a draft pass: its last row), within the reserve() limits at graph_seqs_for(S, T); a first
+  // draft pass's sequences may fill different numbers of slots (a ragged graph: T = 0, unpadded).
   GraphShape graph_shape(const Step& st, const StepShape& sh, GraphKind kind) const;
   GraphShape graph_eligible(const Step& st, const StepShape& sh, const float* logits,
                             const std::vector<float>* hidden) const;
@@ -289,6 +297,7 @@ class Model {
   int64_t graph_kernels_of(bool draft, int64_t seqs, int64_t rows_per_seq) const;
   void drop_graphs();
   void drop_graphs_of(GraphKind kind);
+  bool ragged_graph_allowed(GraphKind kind, const GraphShape& g, bool any_long) const;
   // Carves the workspace for the step and uploads its metadata (tokens, positions, slots, block tables, rows; for
   // an MTP draft pass also the hidden rows it gathers, one per token, and the concat's row order) in one copy.
   // Sequences from n_real on are a graph's padding (stage_graph_step): their tokens sit at position 0 over one key

@@ -74,7 +74,8 @@ void Model::mtp_pass(bool from_step, std::span<const int32_t> hrows, std::span<c
     }
   } restore{opt_, rec, force};
   const GraphKind kind = from_step ? GraphKind::DraftFromStep : GraphKind::DraftFromDraft;
-  const GraphShape g = graph_shape(st, sh, kind);
+  GraphShape g = graph_shape(st, sh, kind);
+  if (g.T == 0 && !ragged_graph_allowed(kind, g, sh.any_long)) g = {};
   const void* src = from_step ? kept_ : mtp_prev_;
   ++draft_passes_;
   Buffers b{};
@@ -179,11 +180,13 @@ bool Model::draft_step_in_one_graph(std::span<const MtpSequence> seqs, PagedKvCa
     if (p.g.B == 0) return false;
   }
   const int64_t B0 = ps.front().g.B, T = ps.front().g.T, B1 = ps.back().g.B, Bmax = std::max(B0, B1);
-  if (k * Bmax > res_tokens_) return false;  // every pass's logits rows in the workspace's reserved rows
+  const int64_t n0 = T > 0 ? B0 * T : ps.front().g.tokens;  // the first pass's tokens (ragged: T = 0, unpadded)
+  if (k * Bmax > res_tokens_) return false;                 // every pass's logits rows in the workspace's reserved rows
   int64_t long_from = k;
   for (int64_t j = k - 1; j >= 0; --j)
     if (ps[static_cast<size_t>(j)].sh.any_long) long_from = j;
-  const GraphShape key{B0, T, k, B1, long_from};
+  const GraphShape key{B0, T, ps.front().g.tokens, k, B1, long_from};
+  if (T == 0 && !ragged_graph_allowed(GraphKind::DraftStep, key, ps.front().sh.any_long)) return false;
 
   // Pad every pass to its graph's sequences; lay out dstep_buf_: the ids [k, Bmax], then each pass's metadata.
   for (int64_t j = 0; j < k; ++j) {
@@ -213,7 +216,7 @@ bool Model::draft_step_in_one_graph(std::span<const MtpSequence> seqs, PagedKvCa
   int32_t* const ids_dev = reinterpret_cast<int32_t*>(dstep_buf_);
 
   // The activations: one carve of the workspace at the largest pass (its logits rows: every pass's, Bmax apart).
-  const Dims da = dims_for(std::max(B0 * T, B1), Bmax, res_ctx_, res_blocks_, k * Bmax);
+  const Dims da = dims_for(std::max(n0, B1), Bmax, res_ctx_, res_blocks_, k * Bmax);
   ensure_workspace(da);
   Buffers act{};
   carve(da, ws_, act);

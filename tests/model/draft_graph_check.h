@@ -2,11 +2,14 @@
 // graphs through RecordingBackend) and the CUDA test (tests/cuda/test_cuda_mtp.cpp, CUDA graphs): two models of one
 // checkpoint with its MTP layer, `mg` with graphs on and `me` with them off, run the same steps over caches of their
 // own — batches of n sequences (1, 3, 5, 8, 20) of different lengths, a prefill, the draft layer's prompt slots,
-// then 5 verify steps of T = 2, 3, 4 tokens per sequence, each followed by a draft step of k drafts as if all drafts
-// were accepted — every sequence filling T slots (steps 0, 1: a graphed first pass) —, as if each sequence accepted
-// another number (step 2: an eager first pass when n > 1), with one sequence that only fills its slots (step 3: an
-// eager first pass), and with one sequence drafting one token fewer (step 4: a graphed first pass, but not one
-// graph for the step). The later passes (one slot per sequence) are always graph-eligible. With
+// then 7 verify steps of T = 2, 3, 4 tokens per sequence, each followed by a draft step of k drafts as if all drafts
+// were accepted — every sequence filling T slots (steps 0, 1: a graphed first pass, padded to the graph's bucket)
+// —, as if each sequence accepted another number (step 2: a ragged first pass when n > 1, graphed at its exact
+// shape), with one sequence that only fills its slots (step 3: an eager first pass), and with one sequence drafting
+// one token fewer (step 4: a graphed first pass, but not one graph for the step), and step 2's slot counts in
+// reverse order (step 5: as many tokens in another layout, replaying step 2's graphs), and T and 1 slots alternating
+// (step 6: ragged again, mostly another token count). The later passes (one slot per sequence) are always
+// graph-eligible. With
 // ModelOptions::draft_step_graph (mg's choice), a draft step whose sequences all draft the same k >= 2 tokens and
 // whose first pass is graph-eligible runs as one graph with one download of its ids. The verify logits, the draft
 // ids and logits and the draft layer's pool rows (latent and indexer keys) must be equal bit for bit; per draft
@@ -37,11 +40,11 @@ struct DraftGraphStats {
 
 inline int32_t argmax_of(const float* r, int64_t V) { return static_cast<int32_t>(std::max_element(r, r + V) - r); }
 
-// The first pass of a draft step is graph-eligible when every sequence fills the same slots, drafts and decodes.
+// The first pass of a draft step is graph-eligible when every sequence drafts and decodes (filling the same
+// number of slots or not).
 inline bool first_pass_graphed(const std::vector<MtpSequence>& ms) {
   bool first = true;
-  for (const MtpSequence& q : ms)
-    first = first && q.n_slots == ms.front().n_slots && q.n_draft > 0 && q.decode && q.start >= 1;
+  for (const MtpSequence& q : ms) first = first && q.n_draft > 0 && q.decode && q.start >= 1;
   return first;
 }
 
@@ -158,7 +161,8 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
       std::vector<int64_t> next(static_cast<size_t>(n));  // the next verify's first position
       for (int64_t s = 0; s < n; ++s) next[s] = seqs[s].n_tokens;
       const int64_t verify_caps0 = mg.graph_captures(), verify_replays0 = mg.graph_replays();
-      for (int64_t step = 0; step < 5; ++step) {
+      const int64_t steps = 7;
+      for (int64_t step = 0; step < steps; ++step) {
         tokens.clear();
         for (int64_t s = 0; s < n; ++s) {
           seqs[s].start = next[s];
@@ -176,7 +180,12 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
         // token sampled after them, which the next verify (at p + n_slots) starts with.
         std::vector<MtpSequence> ms(static_cast<size_t>(n));
         for (int64_t s = 0; s < n; ++s) {
-          const int64_t slots = step == 2 ? 1 + (s + step) % T : T;
+          // (step 5: step 2's slot counts in reverse order — another layout of as many tokens: its graphs replay;
+          // step 6: T and 1 alternating — mostly another number of tokens: graphs of their own)
+          int64_t slots = T;
+          if (step == 2) slots = 1 + (s + 2) % T;
+          if (step == 5) slots = 1 + (n - 1 - s + 2) % T;
+          if (step == 6) slots = s % 2 == 0 ? T : 1;
           last[s] = argmax_of(le.data() + (s * T + slots - 1) * V, V);
           next[s] = seqs[s].start + slots;
           slot_toks[s].assign(tokens.begin() + s * T + 1, tokens.begin() + s * T + slots);
@@ -191,13 +200,17 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
           if (n > 1 && s == n - 1 && step == 3) q.n_draft = 0;
           if (n > 1 && s == n - 1 && step == 4) q.n_draft = static_cast<int32_t>(k - 1);
         }
+        const int64_t caps0 = mg.draft_graph_captures();
         draft_both(ms, "the draft step after verify " + std::to_string(step));
+        if (step == 5 && n > 1) {
+          EXPECT_EQ(mg.draft_graph_captures() - caps0, 0) << at << ": a ragged layout of step 2's shape replays";
+        }
       }
       // The draft steps between the verify steps leave the verify graphs alone: one capture (two on DSA models:
       // with and without the selection) at most, replays after.
       const int64_t verify_caps = mg.graph_captures() - verify_caps0;
       EXPECT_LE(verify_caps, cfg.has_indexer() ? 2 : 1) << at << ": verify graphs captured";
-      EXPECT_EQ(mg.graph_replays() - verify_replays0 + verify_caps, 5) << at << ": verify steps from graphs";
+      EXPECT_EQ(mg.graph_replays() - verify_replays0 + verify_caps, steps) << at << ": verify steps from graphs";
       if (one_graph_on) {
         EXPECT_GT(mg.draft_step_graph_kernels(graph_seqs_for(n, T), T, k), 0) << at << ": no one-graph draft step";
       } else {
