@@ -56,7 +56,8 @@ struct ModelOptions {
   // and t - 1 drafts: every row), within the reserve() limits, runs in the graph captured for
   // graph_seqs_for(n, t) sequences of t tokens, padded. The passes of an MTP draft step (Model::mtp_draft) whose
   // sequences all fill t slots and draft (t = n_slots in the first pass, 1 in the later ones) run in graphs of their
-  // own, shaped alike. Outputs equal the eager run's bit for bit.
+  // own, shaped alike; a first pass whose sequences fill different numbers of slots in a graph of its exact layout.
+  // Outputs equal the eager run's bit for bit.
   bool graphs = true;
   // With graphs: a draft step whose k >= 2 passes are all graph-eligible and whose sequences all draft k tokens runs
   // as one graph — pass j + 1 embeds pass j's ids from backend memory, every pass's positions and slots staged

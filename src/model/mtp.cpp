@@ -6,10 +6,11 @@
 // shared_head.norm and the head; the draft is the head's argmax (Backend::sample_rows, greedy: only ids leave the
 // backend). Draft j + 1 applies the layer to its own normed output at draft j's slot. A pass runs in a backend graph
 // (CUDA graph) when the main model's steps would (ModelOptions::graphs, within the reserve() limits) and every
-// sequence fills the same number of slots and drafts: the first pass of a step after a verify that every sequence
-// accepted alike, and every later pass (one slot per sequence). When every pass of a step would, and every sequence
-// drafts the same k >= 2 tokens, the k passes run as one graph with one download of their ids
-// (draft_step_in_one_graph).
+// sequence decodes and drafts: every later pass (one slot per sequence, padded to a bucket), and the first pass —
+// padded to a bucket when every sequence fills the same number of slots (a verify every sequence accepted alike),
+// else (ragged) in a graph of its exact layout, up to Model::kMaxRaggedGraphs of those. When every pass of a step
+// would, and every sequence drafts the same k >= 2 tokens, the k passes run as one graph with one download of their
+// ids (draft_step_in_one_graph); else each pass on its own (graphed or eager), downloading its ids.
 #include <algorithm>
 #include <cstring>
 

@@ -370,8 +370,9 @@ TEST_P(CudaVerifyGraphs, EqualEagerBitForBit) {
 // MTP draft passes in CUDA graphs against eager ones (graphs off), both activation modes: a graph per pass
 // (draft_step_graph off, k = 3) — the first pass of a draft step when every sequence fills the same slots (k + 1 or
 // fewer), the later passes of one slot each — and the k passes of a step as one graph with one download of its ids
-// (k = 1, 2, 3), at batch 1, 3, 5, 8, 20; ragged first passes, a sequence that does not draft and one that drafts
-// fewer take the per-pass route (draft_graph_check.h).
+// (k = 1, 2, 3), at batch 1, 3, 5, 8, 20; ragged first passes in graphs of their exact layout (replayed in another
+// layout of as many tokens); a sequence that does not draft or drafts fewer takes the per-pass route
+// (draft_graph_check.h).
 class CudaDraftGraphs : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaDraftGraphs, EqualEagerBitForBit) {
