@@ -137,7 +137,8 @@ bool Model::draft_step_in_one_graph(std::span<const MtpSequence> seqs, PagedKvCa
                                     float* logits) {
   const int64_t S = static_cast<int64_t>(seqs.size()), k = seqs.front().n_draft;
   const int64_t L = cfg_.num_hidden_layers, V = cfg_.vocab_size;
-  if (!opt_.draft_step_graph || k < 2) return false;
+  // (Without graphs, before building the passes' steps: the CPU backend's draft steps take the per-pass route.)
+  if (!opt_.draft_step_graph || !opt_.graphs || !be_.graphs_supported() || k < 2) return false;
   for (const MtpSequence& q : seqs)
     if (q.n_draft != k) return false;
   // Each pass's step as the per-pass route builds it (mtp_draft); a later pass's tokens are drafts not made yet
