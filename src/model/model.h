@@ -320,6 +320,11 @@ class Model {
   void mtp_ops(const Meta& m, Buffers& b, const void* hidden_src, PagedKvCache& cache, int32_t* ids);
   // The draft step as one graph of all its passes (draft_step_graph); false (nothing run) when it is not eligible.
   bool draft_step_in_one_graph(std::span<const MtpSequence> seqs, PagedKvCache& cache, int32_t* drafts, float* logits);
+  struct DraftPass;  // one pass of a draft step on that route (mtp.cpp)
+  bool plan_draft_passes(std::span<const MtpSequence> seqs, const PagedKvCache& cache,
+                         std::vector<DraftPass>& ps) const;
+  int32_t* stage_draft_passes(std::vector<DraftPass>& ps, int64_t Bmax, int64_t n_real, const PagedKvCache& cache,
+                              std::vector<Buffers>& bufs, std::vector<Meta>& metas);
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   // Prompt rows: of n rows from position p0, how many take the naive form (the rest: absorbed).
   int64_t naive_limit() const { return std::max<int64_t>(1, opt_.naive_max_context); }
