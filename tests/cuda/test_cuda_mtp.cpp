@@ -417,7 +417,7 @@ using spec_test::Sink;
 struct SpecResult {
   std::vector<std::vector<int32_t>> toks;
   int64_t proposed = 0, accepted = 0, kv_used = -1, sampled_steps = 0, replays = 0, verify_kernels = 0;
-  int64_t draft_replays = 0;
+  int64_t draft_replays = 0, draft_step_graphs = 0;
 };
 
 // Every step of at most 16 tokens (prefill chunks of 8): the fp32 linears then always take the skinny kernels, whose
@@ -457,6 +457,7 @@ SpecResult run_spec(const std::string& name, int64_t k, bool batched, const Cont
   r.sampled_steps = oe.sampled_steps;
   r.replays = model.graph_replays();
   r.draft_replays = model.draft_graph_replays();
+  r.draft_step_graphs = model.draft_step_graphs();
   if (k > 0) r.verify_kernels = model.graph_kernels(1, k + 1);
   EXPECT_EQ(model.workspace_grows(), 0) << name << " k " << k;
   return r;
@@ -494,6 +495,10 @@ TEST_P(CudaSpeculative, Fp32GreedyOutputEqualsPlainAloneAndBatched) {
       EXPECT_GT(orc.replays, 0) << what << ": no step replayed a graph";
       EXPECT_GT(own.draft_replays, 0) << what << ": no draft pass replayed a graph";
       EXPECT_GT(orc.draft_replays, 0) << what << ": no draft pass replayed a graph";
+      if (k >= 2) {  // (draft steps whose sequences all draft k: one graph, one download of the ids)
+        EXPECT_GT(own.draft_step_graphs, 0) << what << ": no draft step ran as one graph";
+        EXPECT_GT(orc.draft_step_graphs, 0) << what << ": no draft step ran as one graph";
+      }
       if (!batched) {
         EXPECT_GT(orc.verify_kernels, 0) << what << ": no verify graph of 1 sequence of " << k + 1 << " tokens";
       }
