@@ -853,8 +853,10 @@ void bench_prefill_model(Model& m, bench::CountingBackend& be, const std::vector
 // depend on what was accepted). Goal (issue 25): verify / decode <= 1.15 at batch 1 on the GLM-5 shape.
 struct VerifyResult {
   double decode_s = 0, verify_s = 0, draft_s = 0;
+  double draft_per_pass_s = 0;  // the draft step with a graph per pass (ModelOptions::draft_step_graph off; k >= 2)
   int64_t verify_replays = 0, steps = 0;
   int64_t draft_passes = 0, draft_replays = 0;  // the timed draft steps' passes, and those replayed from a graph
+  int64_t draft_downloads = 0;                  // downloads of draft ids in the timed draft steps (one graph each)
 };
 VerifyResult bench_verify_one(Model& m, Backend& be, int64_t batch, int64_t ctx, int64_t k) {
   const ModelConfig& c = m.config();
@@ -918,7 +920,8 @@ VerifyResult bench_verify_one(Model& m, Backend& be, int64_t batch, int64_t ctx,
     if (mtp) draft();
   }
   be.sync();
-  const int64_t rep0 = m.graph_replays(), dpass0 = m.draft_passes(), drep0 = m.draft_graph_replays();
+  const int64_t rep0 = m.graph_replays(), dpass0 = m.draft_passes(), drep0 = m.draft_passes_replayed();
+  const int64_t dl0 = m.draft_id_downloads();
   double tv = 0, td = 0;
   for (int64_t i = 0; i < steps; ++i) {
     const auto a = std::chrono::steady_clock::now();
@@ -930,9 +933,29 @@ VerifyResult bench_verify_one(Model& m, Backend& be, int64_t batch, int64_t ctx,
   }
   r.verify_replays = m.graph_replays() - rep0;
   r.draft_passes = m.draft_passes() - dpass0;
-  r.draft_replays = m.draft_graph_replays() - drep0;
+  r.draft_replays = m.draft_passes_replayed() - drep0;
+  r.draft_downloads = m.draft_id_downloads() - dl0;
   r.verify_s = tv / static_cast<double>(steps);
   r.draft_s = td / static_cast<double>(steps);
+  if (mtp && k >= 2 && m.options().draft_step_graph) {  // the same draft steps with a graph per pass
+    ModelOptions o = m.options();
+    o.draft_step_graph = false;
+    m.set_options(o);  // (drops every graph: the warm-up captures them again)
+    for (int64_t i = 0; i < warm; ++i) {
+      step(T);
+      draft();
+    }
+    double tp = 0;
+    for (int64_t i = 0; i < steps; ++i) {
+      step(T);
+      const auto b = std::chrono::steady_clock::now();
+      draft();
+      tp += seconds_since(b);
+    }
+    r.draft_per_pass_s = tp / static_cast<double>(steps);
+    o.draft_step_graph = true;
+    m.set_options(o);
+  }
   return r;
 }
 
@@ -951,23 +974,30 @@ void bench_verify(const std::string& dir, Backend& be, const std::vector<int64_t
   std::printf("verify %s: loaded in %.1f s%s\n", dir.c_str(), seconds_since(t0),
               po.mtp_layers ? " (with its MTP layer: the draft step is timed too)"
                             : " (no MTP layer: tools/make_bench_model.py --mtp adds one; the draft step is not timed)");
-  std::printf("%-28s %5s %6s %3s %10s %10s %8s %10s %14s %8s\n", "verify (bf16, graphs)", "batch", "ctx", "k",
-              "decode ms", "verify ms", "ratio", "draft ms", "verify+draft", "graphed");
+  std::printf("%-28s %5s %6s %3s %10s %10s %8s %10s %12s %14s %8s\n", "verify (bf16, graphs)", "batch", "ctx", "k",
+              "decode ms", "verify ms", "ratio", "draft ms", "per-pass ms", "verify+draft", "graphed");
   for (int64_t ctx : ctxs)
     for (int64_t k : ks)
       for (int64_t batch : batches) {
         const VerifyResult r = bench_verify_one(m, be, batch, ctx, k);
-        const char* draft_graphed = r.draft_passes == 0 ? "-" : r.draft_replays >= r.draft_passes ? "yes" : "NO";
-        std::printf("%-28s %5lld %6lld %3lld %10.3f %10.3f %7.3fx %10.3f %13.3fx %4s/%-3s\n", dir.c_str(),
+        const char* draft_graphed = r.draft_passes == 0                     ? "-"
+                                    : r.draft_replays < r.draft_passes      ? "NO"
+                                    : k >= 2 && r.draft_downloads > r.steps ? "1/p"  // graphed, not as one graph
+                                                                            : "yes";
+        char per_pass[32] = "-";
+        if (r.draft_per_pass_s > 0) std::snprintf(per_pass, sizeof(per_pass), "%.3f", r.draft_per_pass_s * 1e3);
+        std::printf("%-28s %5lld %6lld %3lld %10.3f %10.3f %7.3fx %10.3f %12s %13.3fx %4s/%-3s\n", dir.c_str(),
                     static_cast<long long>(batch), static_cast<long long>(ctx), static_cast<long long>(k),
-                    r.decode_s * 1e3, r.verify_s * 1e3, r.verify_s / r.decode_s, r.draft_s * 1e3,
+                    r.decode_s * 1e3, r.verify_s * 1e3, r.verify_s / r.decode_s, r.draft_s * 1e3, per_pass,
                     (r.verify_s + r.draft_s) / r.decode_s, r.verify_replays >= r.steps ? "yes" : "NO", draft_graphed);
         std::fflush(stdout);
       }
   std::printf(
       "ratio: a verify step of k + 1 tokens per sequence over a decode step (goal <= 1.15x at k = 1, batch 1, "
-      "GLM-5 shape); verify+draft: with the MTP draft step after it; graphed: every timed verify step / every pass "
-      "of the timed draft steps replayed a CUDA graph (- : no MTP layer)\n");
+      "GLM-5 shape); draft ms: the MTP draft step after it, its k passes as one CUDA graph with one download of "
+      "the ids (k >= 2); per-pass ms: the same with a graph per pass; verify+draft: verify and draft ms over decode; "
+      "graphed: every timed verify step / every pass of the timed draft steps replayed a CUDA graph (- : no MTP "
+      "layer; 1/p: graphed, but a graph per pass)\n");
 }
 
 // Sampling: Backend::sample_rows on the device against the host path (download [rows, V] fp32 logits, then the

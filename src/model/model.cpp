@@ -225,7 +225,8 @@ Model::~Model() {
   for (void* p : owned_) be_.dealloc(p);
   if (smp_buf_) be_.dealloc(smp_buf_);
   if (smp_banned_) be_.dealloc(smp_banned_);
-  for (void* p : {kept_, mtp_prev_, static_cast<void*>(mtp_ids_dev_), static_cast<void*>(mtp_params_dev_)})
+  for (void* p : {kept_, mtp_prev_, static_cast<void*>(mtp_ids_dev_), static_cast<void*>(mtp_params_dev_),
+                  static_cast<void*>(dstep_buf_)})
     if (p) be_.dealloc(p);
 }
 
@@ -301,14 +302,35 @@ Model::Dims Model::dims_for(int64_t n_tokens, int64_t n_seqs, int64_t max_ctx, i
   return d;
 }
 
+// An array of n elements of p's type at the next 64-byte boundary of base + off (null when only counting).
+template <class T>
+static void carve_array(char* base, size_t& off, T*& p, int64_t n) {
+  off = (off + 63) / 64 * 64;
+  p = base ? reinterpret_cast<T*>(base + off) : nullptr;
+  off += static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
+}
+
+void Model::carve_meta(const Dims& d, char* base, size_t& off, Buffers& b) const {
+  const int64_t N = d.N, S = d.S;
+  carve_array(base, off, b.tokens, N);
+  carve_array(base, off, b.q_begin, S + 1);
+  carve_array(base, off, b.ctx_len, S);
+  carve_array(base, off, b.btab, S * d.MB);
+  carve_array(base, off, b.lrows, d.R);
+  carve_array(base, off, b.lq_begin, 2 * S);
+  carve_array(base, off, b.pos, N);
+  carve_array(base, off, b.slots, N);
+  // (consecutive with the metadata above: a draft pass uploads them in the same copy, stage_step)
+  b.mtp_idx = b.mtp_hrows = nullptr;
+  if (!w_.mtp.empty()) {
+    carve_array(base, off, b.mtp_idx, 2 * N);
+    carve_array(base, off, b.mtp_hrows, N);
+  }
+}
+
 size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
   size_t off = 0;
-  auto take = [&](auto*& p, int64_t n) {
-    using T = std::remove_pointer_t<std::remove_reference_t<decltype(p)>>;
-    off = (off + 63) / 64 * 64;
-    p = base ? reinterpret_cast<T*>(base + off) : nullptr;
-    off += static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
-  };
+  auto take = [&](auto*& p, int64_t n) { carve_array(base, off, p, n); };
   auto tensor = [&](Tensor& t, int64_t rows, int64_t cols, DType dt) {
     off = (off + 63) / 64 * 64;
     t = Tensor(base ? base + off : nullptr, dt, rows, cols);
@@ -316,23 +338,10 @@ size_t Model::carve(const Dims& d, char* base, Buffers& b) const {
   };
   const ModelConfig& c = cfg_;
   const DType A = act_, F = DType::F32;
-  const int64_t N = d.N, S = d.S, Tm = d.Tm, D = c.hidden_size, H = c.num_attention_heads;
+  const int64_t N = d.N, Tm = d.Tm, D = c.hidden_size, H = c.num_attention_heads;
   const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dc = c.kv_lora_rank;
   const int64_t dq = std::max<int64_t>(c.q_lora_rank, 1), dqk = dn + dr;
-  take(b.tokens, N);
-  take(b.q_begin, S + 1);
-  take(b.ctx_len, S);
-  take(b.btab, S * d.MB);
-  take(b.lrows, d.R);
-  take(b.lq_begin, 2 * S);
-  take(b.pos, N);
-  take(b.slots, N);
-  // (consecutive with the metadata above: a draft pass uploads them in the same copy, stage_step)
-  b.mtp_idx = b.mtp_hrows = nullptr;
-  if (!w_.mtp.empty()) {
-    take(b.mtp_idx, 2 * N);
-    take(b.mtp_hrows, N);
-  }
+  carve_meta(d, base, off, b);
   tensor(b.h, N, D, A);
   tensor(b.x, N, D, A);
   tensor(b.y, N, D, A);
@@ -742,8 +751,7 @@ Model::StepShape Model::validate_step(const Step& st, const PagedKvCache& cache,
 Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, Buffers& b,
                               std::span<const int32_t> mtp_hrows, int64_t n_real) {
   const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
-  if (n_real < 0) n_real = S;
-  const int64_t bt = cache.block_tokens(), max_blocks = sh.max_blocks, rows = sh.rows;
+  const int64_t max_blocks = sh.max_blocks, rows = sh.rows;
   const Dims d = dims_for(N, S, sh.max_ctx, max_blocks, rows);
   ensure_workspace(d);
   carve(d, ws_, b);
@@ -755,18 +763,29 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
   // the device's stream).
   char* const base = reinterpret_cast<char*>(b.tokens);
   const bool with_mtp = !mtp_hrows.empty();
-  if (with_mtp && static_cast<int64_t>(mtp_hrows.size()) != N)
-    fail("model: {} MTP hidden rows for {} tokens", mtp_hrows.size(), N);
   const size_t bytes = static_cast<size_t>(
       (with_mtp ? reinterpret_cast<char*>(b.mtp_hrows + N) : reinterpret_cast<char*>(b.slots + N)) - base);
   if (stage_host_.size() < bytes) stage_host_.resize(bytes);
+  const MetaHost h = fill_meta(st, cache, max_blocks, b, base, stage_host_.data(), mtp_hrows, n_real);
+  be_.upload(base, stage_host_.data(), bytes);
+  return Meta(st, N, S, sh.max_ctx, max_blocks, rows, sh.any_long, h.q_begin, h.ctx, b);
+}
+
+Model::MetaHost Model::fill_meta(const Step& st, const PagedKvCache& cache, int64_t max_blocks, const Buffers& b,
+                                 const char* dev_base, char* host, std::span<const int32_t> mtp_hrows,
+                                 int64_t n_real) const {
+  const int64_t N = static_cast<int64_t>(st.tokens.size()), S = static_cast<int64_t>(st.seqs.size());
+  if (n_real < 0) n_real = S;
+  const int64_t bt = cache.block_tokens();
   auto host_of = [&](auto* dev) {
-    return reinterpret_cast<decltype(dev)>(stage_host_.data() + (reinterpret_cast<char*>(dev) - base));
+    return reinterpret_cast<decltype(dev)>(host + (reinterpret_cast<const char*>(dev) - dev_base));
   };
   int32_t *h_tok = host_of(b.tokens), *h_qb = host_of(b.q_begin), *h_ctx = host_of(b.ctx_len);
   int32_t *h_bt = host_of(b.btab), *h_rows = host_of(b.lrows), *h_lqb = host_of(b.lq_begin);
   int64_t *h_pos = host_of(b.pos), *h_slot = host_of(b.slots);
-  if (with_mtp) {
+  if (!mtp_hrows.empty()) {
+    if (static_cast<int64_t>(mtp_hrows.size()) != N)
+      fail("model: {} MTP hidden rows for {} tokens", mtp_hrows.size(), N);
     // The MTP concat as a row gather over [enorm rows; hnorm rows]: output row 2i = row i, row 2i+1 = row N + i.
     int32_t *h_idx = host_of(b.mtp_idx), *h_hr = host_of(b.mtp_hrows);
     for (int64_t i = 0; i < N; ++i) {
@@ -802,8 +821,7 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
     at += q.n_tokens;
   }
   h_qb[S] = static_cast<int32_t>(at);
-  be_.upload(base, stage_host_.data(), bytes);
-  return Meta(st, N, S, sh.max_ctx, max_blocks, rows, sh.any_long, h_qb, h_ctx, b);
+  return {h_qb, h_ctx};
 }
 
 void Model::step(const Step& st, PagedKvCache& cache, float* logits, std::vector<float>* hidden,
@@ -970,9 +988,25 @@ Model::GraphShape Model::graph_shape(const Step& st, const StepShape& sh, GraphK
     if (kind != GraphKind::Step) return r == LogitRows::Last;
     return T == 1 ? r != LogitRows::None : r == LogitRows::All;
   };
-  for (const StepSequence& q : st.seqs)
-    if (!q.decode || q.n_tokens != T || q.start < 1 || !rows_recorded(q.logits)) return {};
-  const int64_t B = graph_seqs_for(static_cast<int64_t>(st.seqs.size()), T);
+  bool ragged = false;
+  for (const StepSequence& q : st.seqs) {
+    if (!q.decode || q.n_tokens < 1 || q.start < 1 || !rows_recorded(q.logits)) return {};
+    ragged = ragged || q.n_tokens != T;
+  }
+  const int64_t S = static_cast<int64_t>(st.seqs.size()), N = static_cast<int64_t>(st.tokens.size());
+  if (ragged) {
+    // A first draft pass whose sequences fill different numbers of slots (after a verify they accepted
+    // differently): a graph of its exact shape — its S sequences and N tokens, unpadded, keyed by both — since the
+    // kernels' launch shapes follow the token count, padding every sequence to the most slots would not compute the
+    // rows as the eager pass does. Where each sequence's rows start is metadata (uploaded before the replay).
+    if (kind != GraphKind::DraftFromStep || S > res_seqs_ || N > res_tokens_) return {};
+    GraphShape g;
+    g.B = S;
+    g.T = 0;
+    g.tokens = N;
+    return g;
+  }
+  const int64_t B = graph_seqs_for(S, T);
   if (B > res_seqs_ || B * T > res_tokens_) return {};
   return {B, T};
 }
@@ -989,8 +1023,26 @@ void Model::drop_graphs() {
   graph_ptrs_.clear();
 }
 
+int64_t Model::ragged_draft_graphs() const {
+  return static_cast<int64_t>(
+      std::count_if(graphs_.begin(), graphs_.end(), [](const GraphEntry& e) { return e.g.T == 0; }));
+}
+
+bool Model::ragged_graph_allowed(GraphKind kind, const GraphShape& g, bool any_long) const {
+  for (const GraphEntry& e : graphs_)
+    if (e.kind == kind && e.g == g && e.any_long == any_long) return true;  // captured: replay it
+  return ragged_draft_graphs() < kMaxRaggedGraphs;
+}
+
+void Model::drop_graphs_of(GraphKind kind) {
+  for (const GraphEntry& g : graphs_)
+    if (g.kind == kind) be_.graph_release(g.id);
+  std::erase_if(graphs_, [&](const GraphEntry& g) { return g.kind == kind; });
+}
+
 void Model::keep_graphs_valid(const PagedKvCache& cache) {
   graph_ptrs_now_.clear();
+  // (dstep_buf_ is not listed: only the one-graph draft steps record it, released when it moves.)
   graph_ptrs_now_.insert(graph_ptrs_now_.end(), {ws_, kept_, mtp_prev_, mtp_ids_dev_, mtp_params_dev_});
   for (int64_t l = 0; l < cache.num_layers(); ++l) {
     graph_ptrs_now_.push_back(cache.latent(l).data);
@@ -1003,9 +1055,17 @@ void Model::keep_graphs_valid(const PagedKvCache& cache) {
 
 int64_t Model::graph_kernels_of(bool draft, int64_t seqs, int64_t rows_per_seq) const {
   int64_t n = 0;  // the largest graph of the shape (with the DSA selection, a first draft pass)
-  for (const GraphEntry& g : graphs_)
-    if ((g.kind != GraphKind::Step) == draft && g.B == seqs && g.T == rows_per_seq)
-      n = std::max(n, be_.graph_kernels(g.id));
+  for (const GraphEntry& e : graphs_)
+    if (e.kind != GraphKind::DraftStep && (e.kind != GraphKind::Step) == draft && e.g.B == seqs &&
+        e.g.T == rows_per_seq)
+      n = std::max(n, be_.graph_kernels(e.id));
+  return n;
+}
+int64_t Model::draft_step_graph_kernels(int64_t seqs, int64_t slots, int64_t k) const {
+  int64_t n = 0;  // the largest such graph (by where the DSA selection starts)
+  for (const GraphEntry& e : graphs_)
+    if (e.kind == GraphKind::DraftStep && e.g.B == seqs && e.g.T == slots && e.g.passes == k)
+      n = std::max(n, be_.graph_kernels(e.id));
   return n;
 }
 int64_t Model::graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
@@ -1019,24 +1079,30 @@ int64_t Model::draft_graph_kernels(int64_t seqs, int64_t rows_per_seq) const {
 // the eager step, so that the logits rows (and the head-input rows kept for the MTP draft step) of the real
 // sequences are the first rows of the graph's; then B − S padding sequences of T tokens (token 0 at position 0
 // over the first key of sequence 0's first block, nothing stored; a draft pass gathers row pad_hrow for them).
-Model::Meta Model::stage_graph_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, GraphShape g,
-                                    Buffers& b, std::span<const int32_t> mtp_hrows, int32_t pad_hrow) {
-  const int64_t S = static_cast<int64_t>(st.seqs.size()), B = g.B, T = g.T;
-  pad_tokens_.assign(st.tokens.begin(), st.tokens.end());
-  pad_tokens_.resize(static_cast<size_t>(B * T), 0);
-  pad_seqs_.assign(st.seqs.begin(), st.seqs.end());
+void Model::pad_graph_step(const Step& st, const StepShape& sh, GraphShape g, std::span<const int32_t> mtp_hrows,
+                           int32_t pad_hrow, PadStep& p) const {
+  const int64_t B = g.B, T = g.T;
+  const int64_t n = T > 0 ? B * T : g.tokens;  // (a ragged draft pass, T = 0: its B sequences, not padded)
+  p.tokens.assign(st.tokens.begin(), st.tokens.end());
+  p.tokens.resize(static_cast<size_t>(n), 0);
+  p.seqs.assign(st.seqs.begin(), st.seqs.end());
   StepSequence pad = st.seqs.front();
   pad.start = 0;
   pad.blocks = pad.blocks.first(1);
-  pad_seqs_.resize(static_cast<size_t>(B), pad);
-  pad_hrows_.assign(mtp_hrows.begin(), mtp_hrows.end());
-  if (!mtp_hrows.empty()) pad_hrows_.resize(static_cast<size_t>(B * T), pad_hrow);
-  StepShape gs = sh;
-  gs.max_ctx = res_ctx_;
-  gs.max_blocks = res_blocks_;
-  gs.rows = st.seqs.front().logits == LogitRows::All ? B * T : B;
-  pad_step_ = Step{pad_tokens_, pad_seqs_};
-  Meta m = stage_step(pad_step_, cache, gs, b, pad_hrows_, S);
+  p.seqs.resize(static_cast<size_t>(B), pad);
+  p.hrows.assign(mtp_hrows.begin(), mtp_hrows.end());
+  if (!mtp_hrows.empty()) p.hrows.resize(static_cast<size_t>(n), pad_hrow);
+  p.shape = sh;
+  p.shape.max_ctx = res_ctx_;
+  p.shape.max_blocks = res_blocks_;
+  p.shape.rows = st.seqs.front().logits == LogitRows::All ? B * T : B;
+  p.step = Step{p.tokens, p.seqs};
+}
+
+Model::Meta Model::stage_graph_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, GraphShape g,
+                                    Buffers& b, std::span<const int32_t> mtp_hrows, int32_t pad_hrow) {
+  pad_graph_step(st, sh, g, mtp_hrows, pad_hrow, pad_);
+  Meta m = stage_step(pad_.step, cache, pad_.shape, b, pad_.hrows, static_cast<int64_t>(st.seqs.size()));
   m.graph = true;
   return m;
 }
@@ -1046,7 +1112,7 @@ void Model::graph_step(const Step& st, PagedKvCache& cache, float* logits, const
   Buffers b{};
   const Meta m = stage_graph_step(st, cache, sh, g, b);
   run_graph(GraphKind::Step, g, sh.any_long, cache,
-            [&] { forward_step(pad_step_, cache, m, b, nullptr, nullptr, true); });
+            [&] { forward_step(pad_.step, cache, m, b, nullptr, nullptr, true); });
   if (logits) be_.download(logits, b.lg, sizeof(float) * static_cast<size_t>(sh.rows * cfg_.vocab_size));
   last_lg_ = b.lg;
 }

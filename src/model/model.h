@@ -56,8 +56,14 @@ struct ModelOptions {
   // and t - 1 drafts: every row), within the reserve() limits, runs in the graph captured for
   // graph_seqs_for(n, t) sequences of t tokens, padded. The passes of an MTP draft step (Model::mtp_draft) whose
   // sequences all fill t slots and draft (t = n_slots in the first pass, 1 in the later ones) run in graphs of their
-  // own, shaped alike. Outputs equal the eager run's bit for bit.
+  // own, shaped alike; a first pass whose sequences fill different numbers of slots in a graph of its exact layout.
+  // Outputs equal the eager run's bit for bit.
   bool graphs = true;
+  // With graphs: a draft step whose k >= 2 passes are all graph-eligible and whose sequences all draft k tokens runs
+  // as one graph — pass j + 1 embeds pass j's ids from backend memory, every pass's positions and slots staged
+  // before the replay — with one download of the k drafts of every sequence at the end. Off: a graph per pass (each
+  // downloading its ids). Outputs are the same either way.
+  bool draft_step_graph = true;
   // Diagnostics: fill *record_decisions during forward(); or replay *force_decisions (recorded by a call with the
   // same tokens and cache length) instead of routing / top-k selection. Routing weights are still computed from
   // this run's router logits.
@@ -187,6 +193,20 @@ class Model {
   int64_t draft_graph_captures() const { return draft_graph_captures_; }
   int64_t draft_graph_replays() const { return draft_graph_replays_; }
   int64_t draft_graph_kernels(int64_t seqs, int64_t rows_per_seq = 1) const;
+  // Draft steps run as one graph of all their passes (ModelOptions::draft_step_graph), passes that ran in a replayed
+  // draft graph (a replayed one-graph step counts its k passes), and downloads of draft ids (one per pass that drafts
+  // on the per-pass route, one per step on the one-graph route).
+  int64_t draft_step_graphs() const { return draft_step_graphs_; }
+  int64_t draft_passes_replayed() const { return draft_passes_replayed_; }
+  int64_t draft_id_downloads() const { return draft_id_downloads_; }
+  // Kernel launches in the one-graph draft step of `seqs` sequences filling `slots` slots each and drafting k
+  // (0 when none is captured).
+  int64_t draft_step_graph_kernels(int64_t seqs, int64_t slots, int64_t k) const;
+  // Ragged first draft passes (sequences filling different numbers of slots) get a graph per layout seen (sequences,
+  // tokens): a new one is captured while fewer than this many are held, else the pass runs eagerly, so that a
+  // server's graphs stay bounded.
+  static constexpr int64_t kMaxRaggedGraphs = 64;
+  int64_t ragged_draft_graphs() const;  // ragged graphs held (either route)
   int64_t workspace_bytes() const { return static_cast<int64_t>(ws_cap_); }
   // The cache dtype of this model's activation mode (F32, or BF16 with bf16 activations).
   DType cache_dtype() const { return opt_.bf16_activations ? DType::BF16 : DType::F32; }
@@ -211,6 +231,16 @@ class Model {
   struct Meta;
   // Carves every buffer of a step from the workspace (or, with base == nullptr, only counts the bytes).
   size_t carve(const Dims& d, char* base, Buffers& b) const;
+  // The step metadata arrays alone (carve's first buffers, in its order) from base + off; off moves past them.
+  void carve_meta(const Dims& d, char* base, size_t& off, Buffers& b) const;
+  // Host pointers into a filled metadata image (Meta keeps them: q_begin [S + 1], context lengths [S]).
+  struct MetaHost {
+    const int32_t *q_begin = nullptr, *ctx = nullptr;
+  };
+  // Writes the metadata of a step (tokens, positions, slots, block tables, rows; with mtp_hrows the draft pass's
+  // hidden rows and concat order) into `host`, the image of the backend arrays carved in b from dev_base.
+  MetaHost fill_meta(const Step& st, const PagedKvCache& cache, int64_t max_blocks, const Buffers& b,
+                     const char* dev_base, char* host, std::span<const int32_t> mtp_hrows, int64_t n_real) const;
   Dims dims_for(int64_t n_tokens, int64_t n_seqs, int64_t max_ctx, int64_t max_blocks, int64_t logit_rows) const;
   void ensure_workspace(const Dims& d);
   void replace_workspace(size_t bytes);  // frees the workspace and allocates `bytes` of backend memory
@@ -226,18 +256,36 @@ class Model {
   // What a graph runs: a decode or verify step of the main model (Model::step), or a pass of the MTP draft step
   // that gathers its hidden rows from the last step's head-input rows (the first) or from the previous pass's
   // normed rows (the later ones): the two read different buffers, so each has graphs of its own.
-  enum class GraphKind : uint8_t { Step, DraftFromStep, DraftFromDraft };
-  // The graph shape of a step: B sequences of T tokens each (B = 0: the step runs eagerly).
+  // DraftStep: every pass of a draft step in one graph (draft_step_graph).
+  enum class GraphKind : uint8_t { Step, DraftFromStep, DraftFromDraft, DraftStep };
+  // The graph shape of a step: B sequences of T tokens each (B = 0: the step runs eagerly), or, for a first draft
+  // pass whose sequences fill different numbers of slots (ragged), T = 0 and its B sequences of `tokens` tokens in
+  // all, unpadded. A DraftStep graph also has its number of passes, the padded sequences of its later passes (one
+  // slot each) and the first pass that runs the DSA selection (passes: none).
   struct GraphShape {
     int64_t B = 0, T = 0;
+    int64_t tokens = 0;
+    int64_t passes = 1, B_later = 0, long_from = 0;
+    bool operator==(const GraphShape&) const = default;
   };
   // The graph a step runs in (B = 0: eagerly): graphs on and supported, a single rank, no diagnostics, every
   // sequence a decode sequence of the same T tokens wanting the rows `kind` records (a step: its last row, or every
-  // row of a verify step; a draft pass: its last row), within the reserve() limits at graph_seqs_for(S, T).
+  // row of a verify step; a draft pass: its last row), within the reserve() limits at graph_seqs_for(S, T); a first
+  // draft pass's sequences may fill different numbers of slots (a ragged graph: T = 0, unpadded).
   GraphShape graph_shape(const Step& st, const StepShape& sh, GraphKind kind) const;
   GraphShape graph_eligible(const Step& st, const StepShape& sh, const float* logits,
                             const std::vector<float>* hidden) const;
   void graph_step(const Step& st, PagedKvCache& cache, float* logits, const StepShape& sh, GraphShape g);
+  // A step padded to a graph's B sequences (pad_graph_step): its tokens, sequences, draft hidden rows, and its shape
+  // at the reserved context and block-table width.
+  struct PadStep {
+    std::vector<int32_t> tokens, hrows;
+    std::vector<StepSequence> seqs;
+    Step step;
+    StepShape shape;
+  };
+  void pad_graph_step(const Step& st, const StepShape& sh, GraphShape g, std::span<const int32_t> mtp_hrows,
+                      int32_t pad_hrow, PadStep& p) const;
   // Carves the workspace at the graph's fixed shape (B · T tokens, B sequences, the reserved context and block-table
   // width) and uploads the metadata of the step padded to B sequences (stage_step; padding hidden rows: pad_hrow).
   Meta stage_graph_step(const Step& st, const PagedKvCache& cache, const StepShape& sh, GraphShape g, Buffers& b,
@@ -249,6 +297,8 @@ class Model {
   void keep_graphs_valid(const PagedKvCache& cache);  // drops them when a buffer they recorded has moved
   int64_t graph_kernels_of(bool draft, int64_t seqs, int64_t rows_per_seq) const;
   void drop_graphs();
+  void drop_graphs_of(GraphKind kind);
+  bool ragged_graph_allowed(GraphKind kind, const GraphShape& g, bool any_long) const;
   // Carves the workspace for the step and uploads its metadata (tokens, positions, slots, block tables, rows; for
   // an MTP draft pass also the hidden rows it gathers, one per token, and the concat's row order) in one copy.
   // Sequences from n_real on are a graph's padding (stage_graph_step): their tokens sit at position 0 over one key
@@ -266,8 +316,15 @@ class Model {
   // step's head-input rows (from_step) or the previous pass's normed rows; ids [rows] get the greedy drafts.
   void mtp_pass(bool from_step, std::span<const int32_t> hrows, std::span<const int32_t> tokens,
                 std::span<const StepSequence> sseqs, PagedKvCache& cache, int32_t* ids, float* logits);
-  // The device ops of a draft pass over its staged metadata (graphed or not).
-  void mtp_ops(const Meta& m, Buffers& b, const void* hidden_src, PagedKvCache& cache);
+  // The device ops of a draft pass over its staged metadata (graphed or not); the greedy ids go to ids.
+  void mtp_ops(const Meta& m, Buffers& b, const void* hidden_src, PagedKvCache& cache, int32_t* ids);
+  // The draft step as one graph of all its passes (draft_step_graph); false (nothing run) when it is not eligible.
+  bool draft_step_in_one_graph(std::span<const MtpSequence> seqs, PagedKvCache& cache, int32_t* drafts, float* logits);
+  struct DraftPass;  // one pass of a draft step on that route (mtp.cpp)
+  bool plan_draft_passes(std::span<const MtpSequence> seqs, const PagedKvCache& cache,
+                         std::vector<DraftPass>& ps) const;
+  int32_t* stage_draft_passes(std::vector<DraftPass>& ps, int64_t Bmax, int64_t n_real, const PagedKvCache& cache,
+                              std::vector<Buffers>& bufs, std::vector<Meta>& metas);
   void attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b, bool& sparse);
   // Prompt rows: of n rows from position p0, how many take the naive form (the rest: absorbed).
   int64_t naive_limit() const { return std::max<int64_t>(1, opt_.naive_max_context); }
@@ -333,7 +390,7 @@ class Model {
   int64_t res_tokens_ = 0, res_seqs_ = 0, res_ctx_ = 0, res_blocks_ = 0;
   struct GraphEntry {
     GraphKind kind = GraphKind::Step;
-    int64_t B = 0, T = 0;
+    GraphShape g;
     bool any_long = false;  // with the DSA selection
     int id = -1;            // backend graph id
   };
@@ -343,10 +400,13 @@ class Model {
   std::vector<const void*> graph_ptrs_, graph_ptrs_now_;
   int64_t graph_captures_ = 0, graph_replays_ = 0;
   int64_t draft_passes_ = 0, draft_graph_captures_ = 0, draft_graph_replays_ = 0;
-  // The padded step of a graph (stage_graph_step): its tokens, sequences and draft hidden rows.
-  std::vector<int32_t> pad_tokens_, pad_hrows_;
-  std::vector<StepSequence> pad_seqs_;
-  Step pad_step_;
+  int64_t draft_step_graphs_ = 0, draft_passes_replayed_ = 0, draft_id_downloads_ = 0;
+  // The one-graph draft step (draft_step_in_one_graph): one backend buffer holding every pass's draft ids
+  // [passes, padded sequences] and then every pass's metadata, staged in its host image and uploaded in one copy.
+  char* dstep_buf_ = nullptr;
+  size_t dstep_cap_ = 0;
+  std::vector<char> dstep_host_;
+  PadStep pad_;  // the padded step of a graph (stage_graph_step)
   // Sampling on the backend: the batch's arrays in one grow-only backend buffer (params, edits, allow, ids), the
   // banned bitmask uploaded once per distinct list, and the head's output of the step being run.
   void upload_sampling(const SampleBatch& s);

@@ -69,9 +69,10 @@ bool Model::run_graph(GraphKind kind, GraphShape g, bool any_long, const PagedKv
   keep_graphs_valid(cache);
   const bool draft = kind != GraphKind::Step;
   for (const GraphEntry& e : graphs_)
-    if (e.kind == kind && e.B == g.B && e.T == g.T && e.any_long == any_long) {
+    if (e.kind == kind && e.g == g && e.any_long == any_long) {
       be_.graph_replay(e.id);
       ++(draft ? draft_graph_replays_ : graph_replays_);
+      if (draft) draft_passes_replayed_ += g.passes;
       return true;
     }
   body();
@@ -86,7 +87,7 @@ bool Model::run_graph(GraphKind kind, GraphShape g, bool any_long, const PagedKv
     }
     throw;
   }
-  graphs_.push_back({kind, g.B, g.T, any_long, be_.graph_end()});
+  graphs_.push_back({kind, g, any_long, be_.graph_end()});
   ++(draft ? draft_graph_captures_ : graph_captures_);
   return false;
 }

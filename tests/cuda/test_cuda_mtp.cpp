@@ -5,7 +5,8 @@
 //  * verify steps (k + 1 decode tokens per sequence, every row's logits) in CUDA graphs equal the eager steps bit
 //    for bit, and so do the head-input rows the draft step reads after them;
 //  * the MTP draft passes in CUDA graphs equal the eager passes bit for bit (draft ids, draft logits, the draft
-//    layer's cache rows; tests/model/draft_graph_check.h, the CPU test's check), and exactly the eligible passes
+//    layer's cache rows; tests/model/draft_graph_check.h, the CPU test's check), a graph per pass and the k passes
+//    of a step as one graph with one download of its ids (k = 1, 2, 3), and exactly the eligible steps and passes
 //    ran from graphs;
 //  * the scheduler + ModelEngine on the device in fp32 (rows sampled there, only ids back): greedy output with
 //    speculation equals the output without it, token for token, at k = 1, 2, 3, alone and 4 sequences batched;
@@ -366,9 +367,12 @@ TEST_P(CudaVerifyGraphs, EqualEagerBitForBit) {
   }
 }
 
-// MTP draft passes in CUDA graphs against eager ones (graphs off), both activation modes: the first pass of a
-// draft step when every sequence fills the same slots (k + 1 or fewer), the later passes of one slot each, at batch
-// 1, 3, 5, 8, 20; ragged first passes and a sequence that does not draft run eagerly (draft_graph_check.h).
+// MTP draft passes in CUDA graphs against eager ones (graphs off), both activation modes: a graph per pass
+// (draft_step_graph off, k = 3) — the first pass of a draft step when every sequence fills the same slots (k + 1 or
+// fewer), the later passes of one slot each — and the k passes of a step as one graph with one download of its ids
+// (k = 1, 2, 3), at batch 1, 3, 5, 8, 20; ragged first passes in graphs of their exact layout (replayed in another
+// layout of as many tokens); a sequence that does not draft or drafts fewer takes the per-pass route
+// (draft_graph_check.h).
 class CudaDraftGraphs : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaDraftGraphs, EqualEagerBitForBit) {
@@ -378,15 +382,22 @@ TEST_P(CudaDraftGraphs, EqualEagerBitForBit) {
     ModelOptions oe = g->model->options();
     oe.graphs = false;
     Model me(*g->files.cfg, *g->files.plan, *g->backend, oe);
-    const std::string what = name + (bf16 ? " bf16" : " fp32");
-    const testing::DraftGraphStats st = testing::check_draft_graphs(*g->model, me, what);
-    std::printf(
-        "[cuda model] %-20s %s MTP draft passes in graphs = eager bit for bit (ids, logits, draft-layer cache) at "
-        "batch 1/3/5/8/20, k + 1 = 2/3/4 slots: %lld draft steps, %lld passes graphed (%lld captures, %lld replays), "
-        "%lld kernels in the one-slot graph of 1 sequence\n",
-        name.c_str(), bf16 ? "bf16" : "fp32", static_cast<long long>(st.draft_calls),
-        static_cast<long long>(st.graphed_expected), static_cast<long long>(g->model->draft_graph_captures()),
-        static_cast<long long>(g->model->draft_graph_replays()), static_cast<long long>(st.one_slot_kernels));
+    for (int64_t k : {0, 1, 2, 3}) {  // 0: a graph per pass at k = 3
+      ModelOptions og = g->model->options();
+      og.draft_step_graph = k > 0;
+      g->model->set_options(og);
+      const std::string what = name + (bf16 ? " bf16" : " fp32") + (k > 0 ? ", k " + std::to_string(k) : ", per pass");
+      const testing::DraftGraphStats st = testing::check_draft_graphs(*g->model, me, what, k > 0 ? k : 3);
+      std::printf(
+          "[cuda model] %-32s MTP draft steps in graphs = eager bit for bit (ids, logits, draft-layer cache) at "
+          "batch 1/3/5/8/20, k + 1 = 2/3/4 slots: %lld draft steps, %lld as one graph, %lld graphs run over %lld "
+          "passes, %lld downloads of draft ids; kernels at 1 sequence: %lld in the one-slot pass graph, %lld in the "
+          "one-graph step\n",
+          what.c_str(), static_cast<long long>(st.draft_calls), static_cast<long long>(st.one_graph_steps),
+          static_cast<long long>(st.graph_runs), static_cast<long long>(st.graphed_passes),
+          static_cast<long long>(st.id_downloads), static_cast<long long>(st.one_slot_kernels),
+          static_cast<long long>(st.step_graph_kernels));
+    }
   }
 }
 
@@ -406,7 +417,7 @@ using spec_test::Sink;
 struct SpecResult {
   std::vector<std::vector<int32_t>> toks;
   int64_t proposed = 0, accepted = 0, kv_used = -1, sampled_steps = 0, replays = 0, verify_kernels = 0;
-  int64_t draft_replays = 0;
+  int64_t draft_replays = 0, draft_step_graphs = 0;
 };
 
 // Every step of at most 16 tokens (prefill chunks of 8): the fp32 linears then always take the skinny kernels, whose
@@ -446,6 +457,7 @@ SpecResult run_spec(const std::string& name, int64_t k, bool batched, const Cont
   r.sampled_steps = oe.sampled_steps;
   r.replays = model.graph_replays();
   r.draft_replays = model.draft_graph_replays();
+  r.draft_step_graphs = model.draft_step_graphs();
   if (k > 0) r.verify_kernels = model.graph_kernels(1, k + 1);
   EXPECT_EQ(model.workspace_grows(), 0) << name << " k " << k;
   return r;
@@ -483,6 +495,10 @@ TEST_P(CudaSpeculative, Fp32GreedyOutputEqualsPlainAloneAndBatched) {
       EXPECT_GT(orc.replays, 0) << what << ": no step replayed a graph";
       EXPECT_GT(own.draft_replays, 0) << what << ": no draft pass replayed a graph";
       EXPECT_GT(orc.draft_replays, 0) << what << ": no draft pass replayed a graph";
+      if (k >= 2) {  // (draft steps whose sequences all draft k: one graph, one download of the ids)
+        EXPECT_GT(own.draft_step_graphs, 0) << what << ": no draft step ran as one graph";
+        EXPECT_GT(orc.draft_step_graphs, 0) << what << ": no draft step ran as one graph";
+      }
       if (!batched) {
         EXPECT_GT(orc.verify_kernels, 0) << what << ": no verify graph of 1 sequence of " << k + 1 << " tokens";
       }

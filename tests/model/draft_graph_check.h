@@ -2,12 +2,19 @@
 // graphs through RecordingBackend) and the CUDA test (tests/cuda/test_cuda_mtp.cpp, CUDA graphs): two models of one
 // checkpoint with its MTP layer, `mg` with graphs on and `me` with them off, run the same steps over caches of their
 // own — batches of n sequences (1, 3, 5, 8, 20) of different lengths, a prefill, the draft layer's prompt slots,
-// then 4 verify steps of T = 2, 3, 4 tokens per sequence, each followed by a draft step of 3 drafts as if all drafts
-// were accepted — every sequence filling T slots (steps 0, 1: a graphed first pass) —, as if each sequence accepted
-// another number (step 2: an eager first pass when n > 1), and with one sequence that only fills its slots (step 3:
-// an eager first pass); the later passes (one slot per sequence) always graphed. The verify logits, the draft ids and
-// logits and the draft layer's pool rows (latent and indexer keys) must be equal bit for bit, and the graphed passes
-// exactly those the eligibility rule names.
+// then 7 verify steps of T = 2, 3, 4 tokens per sequence, each followed by a draft step of k drafts as if all drafts
+// were accepted — every sequence filling T slots (steps 0, 1: a graphed first pass, padded to the graph's bucket)
+// —, as if each sequence accepted another number (step 2: a ragged first pass when n > 1, graphed at its exact
+// shape), with one sequence that only fills its slots (step 3: an eager first pass), and with one sequence drafting
+// one token fewer (step 4: a graphed first pass, but not one graph for the step), and step 2's slot counts in
+// reverse order (step 5: as many tokens in another layout, replaying step 2's graphs), and T and 1 slots alternating
+// (step 6: ragged again, mostly another token count). The later passes (one slot per sequence) are always
+// graph-eligible. With
+// ModelOptions::draft_step_graph (mg's choice), a draft step whose sequences all draft the same k >= 2 tokens and
+// whose first pass is graph-eligible runs as one graph with one download of its ids. The verify logits, the draft
+// ids and logits and the draft layer's pool rows (latent and indexer keys) must be equal bit for bit; per draft
+// step, the graphs run (captured or replayed), the steps run as one graph and the downloads of draft ids must be
+// exactly those the eligibility rules name.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -23,32 +30,54 @@
 namespace latent::testing {
 
 struct DraftGraphStats {
-  int64_t shapes = 0, draft_calls = 0, graphed_expected = 0;
-  int64_t one_slot_kernels = 0;  // kernels of the later-pass graph (one slot) of one sequence, read at batch 1
+  int64_t shapes = 0, draft_calls = 0;
+  int64_t graph_runs = 0;      // draft graphs run (captured or replayed): a graph per pass, or one per step
+  int64_t graphed_passes = 0;  // passes that ran in those graphs
+  int64_t one_graph_steps = 0, id_downloads = 0;
+  int64_t one_slot_kernels = 0;    // kernels of the later-pass graph (one slot) of one sequence, read at batch 1
+  int64_t step_graph_kernels = 0;  // kernels of the largest one-graph draft step of one sequence, read at batch 1
 };
 
 inline int32_t argmax_of(const float* r, int64_t V) { return static_cast<int32_t>(std::max_element(r, r + V) - r); }
 
-// The first pass of a draft step is graphed when every sequence fills the same slots, drafts and decodes; each later
-// pass (one slot per sequence still drafting) is.
-inline int64_t graphed_passes(const std::vector<MtpSequence>& ms) {
-  int64_t max_draft = 0;
+// The first pass of a draft step is graph-eligible when every sequence drafts and decodes (filling the same
+// number of slots or not).
+inline bool first_pass_graphed(const std::vector<MtpSequence>& ms) {
   bool first = true;
-  for (const MtpSequence& q : ms) {
-    first = first && q.n_slots == ms.front().n_slots && q.n_draft > 0 && q.decode && q.start >= 1;
-    max_draft = std::max<int64_t>(max_draft, q.n_draft);
-  }
-  return (first ? 1 : 0) + std::max<int64_t>(max_draft - 1, 0);
+  for (const MtpSequence& q : ms) first = first && q.n_draft > 0 && q.decode && q.start >= 1;
+  return first;
 }
 
-inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::string& what) {
+inline int64_t max_draft_of(const std::vector<MtpSequence>& ms) {
+  int64_t max_draft = 0;
+  for (const MtpSequence& q : ms) max_draft = std::max<int64_t>(max_draft, q.n_draft);
+  return max_draft;
+}
+
+// A draft step runs as one graph when the model asks for it, every sequence drafts the same k >= 2 tokens and its
+// first pass is graph-eligible (the later passes always are here: within the reserved limits).
+inline bool one_graph_step(const Model& m, const std::vector<MtpSequence>& ms) {
+  if (!m.options().graphs || !m.options().draft_step_graph || !first_pass_graphed(ms)) return false;
+  for (const MtpSequence& q : ms)
+    if (q.n_draft != ms.front().n_draft) return false;
+  return ms.front().n_draft >= 2;
+}
+
+// On the per-pass route: the passes in graphs (an eligible first pass, every later one).
+inline int64_t graphed_passes(const std::vector<MtpSequence>& ms) {
+  return (first_pass_graphed(ms) ? 1 : 0) + std::max<int64_t>(max_draft_of(ms) - 1, 0);
+}
+
+inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::string& what, int64_t k = 3) {
   Backend& bg = mg.backend();
   Backend& be = me.backend();
   const ModelConfig& cfg = mg.config();
-  const int64_t V = cfg.vocab_size, bt = 16, per_seq = 4, L = cfg.num_hidden_layers, k = 3;
+  const int64_t V = cfg.vocab_size, bt = 16, per_seq = 4, L = cfg.num_hidden_layers;
   for (Model* m : {&mg, &me}) m->reserve(128, 32, per_seq * bt, per_seq);
   DraftGraphStats st;
   const int64_t graphed0 = mg.draft_graph_captures() + mg.draft_graph_replays();
+  const int64_t one_graph0 = mg.draft_step_graphs(), downloads0 = mg.draft_id_downloads();
+  const bool one_graph_on = mg.options().draft_step_graph && k >= 2;
   for (int64_t n : {1, 3, 5, 8, 20}) {
     for (int64_t T : {2, 3, 4}) {
       const std::string at = what + ", batch " + std::to_string(n) + ", T " + std::to_string(T);
@@ -78,8 +107,22 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
         for (const MtpSequence& q : ms) nd += q.n_draft;
         std::vector<int32_t> dg(static_cast<size_t>(std::max<int64_t>(nd, 1)), -1), de(dg.size(), -1);
         std::vector<float> lgd(dg.size() * static_cast<size_t>(V), 0.0f), led(lgd.size(), 0.0f);
+        const int64_t runs0 = mg.draft_graph_captures() + mg.draft_graph_replays(), steps0 = mg.draft_step_graphs();
+        const int64_t dl0 = mg.draft_id_downloads(), dle0 = me.draft_id_downloads();
         mg.mtp_draft(ms, cg, dg.data(), nullptr, lgd.data());
         me.mtp_draft(ms, ce, de.data(), nullptr, led.data());
+        // The graphs this step ran and the downloads of its ids: one graph and one download as one graph; else a
+        // graph per eligible pass and a download per pass that drafts.
+        const bool one = one_graph_step(mg, ms);
+        const int64_t runs = one ? 1 : graphed_passes(ms), downloads = one ? 1 : max_draft_of(ms);
+        EXPECT_EQ(mg.draft_graph_captures() + mg.draft_graph_replays() - runs0, runs) << at << ", " << step;
+        EXPECT_EQ(mg.draft_step_graphs() - steps0, one ? 1 : 0) << at << ", " << step;
+        EXPECT_EQ(mg.draft_id_downloads() - dl0, downloads) << at << ", " << step << ": downloads of draft ids";
+        EXPECT_EQ(me.draft_id_downloads() - dle0, max_draft_of(ms)) << at << ", " << step << ": eager downloads";
+        st.graph_runs += runs;
+        st.graphed_passes += one ? max_draft_of(ms) : graphed_passes(ms);
+        st.one_graph_steps += one ? 1 : 0;
+        st.id_downloads += downloads;
         EXPECT_EQ(dg, de) << at << ", " << step << ": draft ids";
         EXPECT_EQ(0, std::memcmp(lgd.data(), led.data(), lgd.size() * sizeof(float)))
             << at << ", " << step << ": draft logits";
@@ -93,7 +136,6 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
                 << " rows of sequence " << s;
           }
         }
-        st.graphed_expected += graphed_passes(ms);
         ++st.draft_calls;
       };
       {  // the prompt's draft-layer slots (prompt rows: eager)
@@ -118,7 +160,9 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
       }
       std::vector<int64_t> next(static_cast<size_t>(n));  // the next verify's first position
       for (int64_t s = 0; s < n; ++s) next[s] = seqs[s].n_tokens;
-      for (int64_t step = 0; step < 4; ++step) {
+      const int64_t verify_caps0 = mg.graph_captures(), verify_replays0 = mg.graph_replays();
+      const int64_t steps = 7;
+      for (int64_t step = 0; step < steps; ++step) {
         tokens.clear();
         for (int64_t s = 0; s < n; ++s) {
           seqs[s].start = next[s];
@@ -136,7 +180,12 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
         // token sampled after them, which the next verify (at p + n_slots) starts with.
         std::vector<MtpSequence> ms(static_cast<size_t>(n));
         for (int64_t s = 0; s < n; ++s) {
-          const int64_t slots = step == 2 ? 1 + (s + step) % T : T;
+          // (step 5: step 2's slot counts in reverse order — another layout of as many tokens: its graphs replay;
+          // step 6: T and 1 alternating — mostly another number of tokens: graphs of their own)
+          int64_t slots = T;
+          if (step == 2) slots = 1 + (s + 2) % T;
+          if (step == 5) slots = 1 + (n - 1 - s + 2) % T;
+          if (step == 6) slots = s % 2 == 0 ? T : 1;
           last[s] = argmax_of(le.data() + (s * T + slots - 1) * V, V);
           next[s] = seqs[s].start + slots;
           slot_toks[s].assign(tokens.begin() + s * T + 1, tokens.begin() + s * T + slots);
@@ -147,21 +196,48 @@ inline DraftGraphStats check_draft_graphs(Model& mg, Model& me, const std::strin
           q.tokens = slot_toks[s];
           q.hidden_row = s * T;
           q.blocks = blocks[s];
-          q.n_draft = step == 3 && n > 1 && s == n - 1 ? 0 : static_cast<int32_t>(k);
+          q.n_draft = static_cast<int32_t>(k);
+          if (n > 1 && s == n - 1 && step == 3) q.n_draft = 0;
+          if (n > 1 && s == n - 1 && step == 4) q.n_draft = static_cast<int32_t>(k - 1);
         }
+        const int64_t caps0 = mg.draft_graph_captures();
         draft_both(ms, "the draft step after verify " + std::to_string(step));
+        if (step == 5 && n > 1) {
+          EXPECT_EQ(mg.draft_graph_captures() - caps0, 0) << at << ": a ragged layout of step 2's shape replays";
+        }
       }
-      EXPECT_GT(mg.draft_graph_kernels(graph_seqs_for(n, T), T), 0) << at << ": no first-pass draft graph";
-      if (n == 1) st.one_slot_kernels = std::max(st.one_slot_kernels, mg.draft_graph_kernels(1, 1));
+      // The draft steps between the verify steps leave the verify graphs alone: one capture (two on DSA models:
+      // with and without the selection) at most, replays after.
+      const int64_t verify_caps = mg.graph_captures() - verify_caps0;
+      EXPECT_LE(verify_caps, cfg.has_indexer() ? 2 : 1) << at << ": verify graphs captured";
+      EXPECT_EQ(mg.graph_replays() - verify_replays0 + verify_caps, steps) << at << ": verify steps from graphs";
+      if (one_graph_on) {
+        EXPECT_GT(mg.draft_step_graph_kernels(graph_seqs_for(n, T), T, k), 0) << at << ": no one-graph draft step";
+      } else {
+        EXPECT_GT(mg.draft_graph_kernels(graph_seqs_for(n, T), T), 0) << at << ": no first-pass draft graph";
+      }
+      if (n == 1) {
+        st.one_slot_kernels = std::max(st.one_slot_kernels, mg.draft_graph_kernels(1, 1));
+        st.step_graph_kernels = std::max(st.step_graph_kernels, mg.draft_step_graph_kernels(1, T, k));
+      }
       ++st.shapes;
     }
   }
-  EXPECT_GT(st.graphed_expected, 0) << what;
-  EXPECT_GT(st.one_slot_kernels, 0) << what << ": no later-pass draft graph at batch 1";
-  EXPECT_EQ(mg.draft_graph_captures() + mg.draft_graph_replays() - graphed0, st.graphed_expected)
-      << what << ": the draft passes run from graphs";
+  EXPECT_GT(st.graph_runs, 0) << what;
+  if (one_graph_on) {
+    EXPECT_GT(st.step_graph_kernels, 0) << what << ": no one-graph draft step at batch 1";
+  } else if (k >= 2) {
+    EXPECT_GT(st.one_slot_kernels, 0) << what << ": no later-pass draft graph at batch 1";
+  }
+  EXPECT_EQ(mg.draft_graph_captures() + mg.draft_graph_replays() - graphed0, st.graph_runs)
+      << what << ": the draft graphs run";
+  EXPECT_EQ(mg.draft_step_graphs() - one_graph0, st.one_graph_steps) << what;
+  EXPECT_EQ(mg.draft_id_downloads() - downloads0, st.id_downloads) << what;
+  if (one_graph_on) {
+    EXPECT_GT(st.one_graph_steps, 0) << what;
+  }
   EXPECT_GT(mg.draft_graph_replays(), 0) << what;
-  EXPECT_EQ(me.draft_graph_captures() + me.draft_graph_replays(), 0) << what;
+  EXPECT_EQ(me.draft_graph_captures() + me.draft_graph_replays() + me.draft_step_graphs(), 0) << what;
   EXPECT_EQ(mg.draft_passes(), me.draft_passes()) << what;
   return st;
 }

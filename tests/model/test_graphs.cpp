@@ -144,21 +144,144 @@ INSTANTIATE_TEST_SUITE_P(Models, DecodeGraphs,
                          ::testing::Values("glm5-tiny", "v3-tiny", "v32-tiny", "glm5-tiny-mxfp4", "v3-tiny-fp8"),
                          graph_case_name);
 
-// MTP draft passes in graphs (draft_graph_check.h): ids, logits and the draft layer's cache rows equal the eager
-// passes bit for bit, and exactly the eligible passes ran from graphs.
+// MTP draft passes in graphs, a graph per pass (draft_graph_check.h, ModelOptions::draft_step_graph off): ids,
+// logits and the draft layer's cache rows equal the eager passes bit for bit, and exactly the eligible passes ran
+// from graphs, each downloading its ids.
 class DraftGraphs : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DraftGraphs, EqualEagerBitForBit) {
   auto p = load_graph_pair(GetParam(), 1);
+  ModelOptions o = p->g->options();
+  o.draft_step_graph = false;
+  p->g->set_options(o);
   const testing::DraftGraphStats st = testing::check_draft_graphs(*p->g, *p->e, GetParam());
   EXPECT_EQ(st.shapes, 15);
+  EXPECT_EQ(st.one_graph_steps, 0);
   EXPECT_EQ(p->rec->violations(), 0);
   std::printf(
       "[graphs] %-20s draft passes in graphs = eager bit for bit: %lld draft steps, %lld passes graphed "
-      "(%lld captures, %lld replays)\n",
-      GetParam().c_str(), static_cast<long long>(st.draft_calls), static_cast<long long>(st.graphed_expected),
-      static_cast<long long>(p->g->draft_graph_captures()), static_cast<long long>(p->g->draft_graph_replays()));
+      "(%lld captures, %lld replays), %lld downloads of draft ids\n",
+      GetParam().c_str(), static_cast<long long>(st.draft_calls), static_cast<long long>(st.graphed_passes),
+      static_cast<long long>(p->g->draft_graph_captures()), static_cast<long long>(p->g->draft_graph_replays()),
+      static_cast<long long>(st.id_downloads));
 }
+
+// The k passes of a draft step as one graph (ModelOptions::draft_step_graph, on by default) at k = 1, 2, 3: ids,
+// logits and the draft layer's cache rows equal the eager passes bit for bit; a step whose sequences all draft k
+// tokens after a graph-eligible first pass (ragged or not) ran as one graph (captured or replayed) with one download
+// of its ids, the others (a sequence drafting fewer or none) on the per-pass route (draft_graph_check.h). k = 1 is a
+// single pass: a graph of its own, one download.
+class DraftStepGraphs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DraftStepGraphs, OneGraphOneDownloadEqualEagerBitForBit) {
+  auto p = load_graph_pair(GetParam(), 1);
+  ASSERT_TRUE(p->g->options().draft_step_graph);
+  for (int64_t k : {1, 2, 3}) {
+    const int64_t replays0 = p->g->draft_passes_replayed();
+    const std::string what = GetParam() + ", k " + std::to_string(k);
+    const testing::DraftGraphStats st = testing::check_draft_graphs(*p->g, *p->e, what, k);
+    EXPECT_EQ(st.shapes, 15) << what;
+    if (k >= 2) {
+      // Steps 0, 1, 2, 5 and 6 (2, 5, 6 ragged) of the 12 shapes of batch > 1; every step of the 3 shapes of batch
+      // 1 (one sequence never drafts fewer than the others).
+      EXPECT_EQ(st.one_graph_steps, 12 * 5 + 3 * 7) << what;
+      EXPECT_GT(p->g->draft_passes_replayed() - replays0, k) << what << ": a one-graph step replayed its passes";
+    } else {
+      EXPECT_EQ(st.one_graph_steps, 0) << what;
+    }
+    std::printf(
+        "[graphs] %-28s draft steps = eager bit for bit: %lld draft steps, %lld as one graph, %lld draft graphs "
+        "run, %lld downloads of draft ids, %lld kernels in the one-graph step of 1 sequence\n",
+        what.c_str(), static_cast<long long>(st.draft_calls), static_cast<long long>(st.one_graph_steps),
+        static_cast<long long>(st.graph_runs), static_cast<long long>(st.id_downloads),
+        static_cast<long long>(st.step_graph_kernels));
+  }
+  EXPECT_EQ(p->rec->violations(), 0);
+}
+
+// Ragged first passes get a graph per layout (sequences, tokens), while fewer than Model::kMaxRaggedGraphs are held:
+// draft steps over 190 distinct ragged layouts after one verify step (the slots rewritten at the same positions each
+// time) run as one graph while fewer than the cap are held, else with an eager first pass and the later pass in its
+// own graph; the ragged graphs held never exceed the cap (they are released with the draft-step buffer when it
+// grows); a layout whose graph is held replays it. Every draft equals the eager model's.
+TEST(RaggedDraftGraphs, AreBounded) {
+  auto p = load_graph_pair("v3-tiny-mtp", 1);  // (no DSA selection: the graph key is the layout alone)
+  Model &mg = *p->g, &me = *p->e;
+  const ModelConfig& cfg = mg.config();
+  const int64_t V = cfg.vocab_size, bt = 16, per_seq = 2, n = 20, T = 4, k = 2;
+  for (Model* m : {&mg, &me}) m->reserve(128, 32, per_seq * bt, per_seq);
+  PagedKvCache cg(cfg, *p->rec, n * per_seq, bt, mg.cache_dtype(), 1),
+      ce(cfg, *p->cpu, n * per_seq, bt, me.cache_dtype(), 1);
+  std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(n));
+  std::vector<StepSequence> seqs(static_cast<size_t>(n));
+  std::vector<int32_t> tokens;
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t j = 0; j < per_seq; ++j) blocks[s].push_back(static_cast<int32_t>(s * per_seq + j));
+    for (int64_t t = 0; t < 3 + T; ++t) tokens.push_back(static_cast<int32_t>((s * 31 + t * 7 + 1) % V));
+    seqs[s].start = 0;
+    seqs[s].n_tokens = 3 + T;
+    seqs[s].blocks = blocks[s];
+    seqs[s].logits = LogitRows::Last;
+  }
+  mg.step(Step{tokens, seqs}, cg, nullptr);
+  me.step(Step{tokens, seqs}, ce, nullptr);
+  // A verify step of T tokens per sequence at positions 3 .. 6 (rewriting them): its rows are the hidden rows.
+  tokens.clear();
+  for (int64_t s = 0; s < n; ++s) {
+    seqs[s].start = 3;
+    seqs[s].n_tokens = T;
+    seqs[s].decode = true;
+    seqs[s].logits = LogitRows::All;
+    for (int64_t t = 0; t < T; ++t) tokens.push_back(static_cast<int32_t>((s * 13 + t * 5 + 2) % V));
+  }
+  std::vector<float> lg(static_cast<size_t>(n * T * V));
+  mg.step(Step{tokens, seqs}, cg, lg.data());
+  me.step(Step{tokens, seqs}, ce, lg.data());
+  // Layout (S, e): the first e of S sequences fill 4 slots, the others 1 (S + 3e tokens; ragged for 0 < e < S).
+  auto draft = [&](int64_t S, int64_t e) {
+    std::vector<MtpSequence> ms(static_cast<size_t>(S));
+    for (int64_t s = 0; s < S; ++s) {
+      MtpSequence& q = ms[static_cast<size_t>(s)];
+      q.start = 4;
+      q.n_slots = s < e ? 4 : 1;
+      q.tokens = std::span<const int32_t>(tokens).subspan(static_cast<size_t>(s * T), static_cast<size_t>(q.n_slots));
+      q.hidden_row = s * T;
+      q.blocks = blocks[s];
+      q.n_draft = static_cast<int32_t>(k);
+    }
+    std::vector<int32_t> dg(static_cast<size_t>(S * k), -1), de(dg.size(), -2);
+    const int64_t one0 = mg.draft_step_graphs();
+    mg.mtp_draft(ms, cg, dg.data());
+    me.mtp_draft(ms, ce, de.data());
+    EXPECT_EQ(dg, de) << "layout (" << S << ", " << e << ")";
+    return mg.draft_step_graphs() - one0 == 1;
+  };
+  int64_t layouts = 0, eager_first = 0;
+  for (int64_t S = 2; S <= n; ++S)
+    for (int64_t e = 1; e < S; ++e, ++layouts) {
+      const std::string at = "layout (" + std::to_string(S) + ", " + std::to_string(e) + ")";
+      const int64_t runs0 = mg.draft_graph_captures() + mg.draft_graph_replays();
+      const bool room = mg.ragged_draft_graphs() < Model::kMaxRaggedGraphs;
+      const bool one = draft(S, e);
+      EXPECT_EQ(one, room) << at;
+      // At the cap: the first pass eagerly, the later one in its graph.
+      EXPECT_EQ(mg.draft_graph_captures() + mg.draft_graph_replays() - runs0, 1) << at;
+      EXPECT_LE(mg.ragged_draft_graphs(), Model::kMaxRaggedGraphs) << at;
+      eager_first += one ? 0 : 1;
+      if (one) {
+        EXPECT_TRUE(draft(S, e)) << at << ": its graph replays";
+      }
+    }
+  EXPECT_EQ(layouts, 190);
+  EXPECT_GT(eager_first, 0) << "the cap was never reached";
+  std::printf("[graphs] ragged draft layouts: %lld, as one graph %lld, eager first pass (at the cap) %lld\n",
+              static_cast<long long>(layouts), static_cast<long long>(layouts - eager_first),
+              static_cast<long long>(eager_first));
+  EXPECT_EQ(p->rec->violations(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DraftStepGraphs,
+                         ::testing::Values("glm5-tiny-mtp", "v3-tiny-mtp", "glm5-tiny-mxfp4-mtp"), graph_case_name);
 
 INSTANTIATE_TEST_SUITE_P(Models, DraftGraphs, ::testing::Values("glm5-tiny-mtp", "v3-tiny-mtp", "glm5-tiny-mxfp4-mtp"),
                          graph_case_name);

@@ -95,6 +95,7 @@ INSTANTIATE_TEST_SUITE_P(Models, SpeculativeModel,
 struct GraphRun {
   std::vector<std::vector<int32_t>> toks, drafts;
   int64_t step_replays = 0, draft_replays = 0, draft_captures = 0, draft_passes = 0, violations = 0;
+  int64_t draft_passes_replayed = 0, draft_step_graphs = 0, draft_downloads = 0;
 };
 
 GraphRun run_with_graphs(const std::string& name, bool graphs, Device device, float temperature,
@@ -145,6 +146,9 @@ GraphRun run_with_graphs(const std::string& name, bool graphs, Device device, fl
   r.draft_replays = model.draft_graph_replays();
   r.draft_captures = model.draft_graph_captures();
   r.draft_passes = model.draft_passes();
+  r.draft_passes_replayed = model.draft_passes_replayed();
+  r.draft_step_graphs = model.draft_step_graphs();
+  r.draft_downloads = model.draft_id_downloads();
   r.violations = rb.violations();
   return r;
 }
@@ -180,14 +184,20 @@ TEST_P(SpeculativeGraphs, DraftsAndTextEqualEager) {
       EXPECT_GT(g.step_replays, 0) << what << ": no step ran from a graph";
       EXPECT_GT(g.draft_replays, 0) << what << ": no draft pass ran from a graph";
       EXPECT_GT(g.draft_captures, 1) << what;
-      EXPECT_EQ(e.step_replays + e.draft_replays + e.draft_captures, 0) << what;
+      // k = 3: draft steps whose sequences all draft 3 ran as one graph, one download of ids each; eagerly, a
+      // download per pass.
+      EXPECT_GT(g.draft_step_graphs, 0) << what << ": no draft step ran as one graph";
+      EXPECT_LT(g.draft_downloads, e.draft_downloads) << what;
+      EXPECT_EQ(e.step_replays + e.draft_replays + e.draft_captures + e.draft_step_graphs, 0) << what;
       EXPECT_EQ(g.violations, 0) << what;
       std::printf(
           "[speculative graphs] %s: %zu draft steps' drafts equal; %lld of %lld draft passes replayed "
-          "(%lld captured), %lld steps replayed\n",
-          what.c_str(), g.drafts.size(), static_cast<long long>(g.draft_replays),
+          "(%lld graphs captured), %lld draft steps as one graph, %lld downloads of draft ids (eager %lld), %lld steps "
+          "replayed\n",
+          what.c_str(), g.drafts.size(), static_cast<long long>(g.draft_passes_replayed),
           static_cast<long long>(g.draft_passes), static_cast<long long>(g.draft_captures),
-          static_cast<long long>(g.step_replays));
+          static_cast<long long>(g.draft_step_graphs), static_cast<long long>(g.draft_downloads),
+          static_cast<long long>(e.draft_downloads), static_cast<long long>(g.step_replays));
     }
 }
 
