@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/weight_arena.h"
 #include "quant/float_formats.h"
 
 namespace latent {
@@ -199,6 +200,30 @@ TEST(CpuBackend, RealignsMisalignedWeightsForAvx512) {
     if (cpu_isa_supported(CpuIsa::Avx2)) {
       EXPECT_EQ(make_cpu_backend(2, CpuIsa::Avx2, true)->prepare_weight(w.q).data, w.q.data) << ops::fmt_name(f);
     }
+  }
+}
+
+// The arena the realigned copies live in: every block 64-byte aligned, disjoint from the others and kept where it is
+// while later ones are carved (small ones share a chunk; one larger than a chunk gets its own).
+TEST(CpuBackend, WeightArenaBlocksAlignedAndDisjoint) {
+  cpu::WeightArena arena;
+  std::vector<std::pair<uint8_t*, size_t>> blocks;
+  for (size_t bytes : {size_t{1}, size_t{63}, size_t{4096} + 5, size_t{3} << 20, size_t{300} << 20, size_t{100},
+                       size_t{200} << 20, size_t{64}}) {
+    uint8_t* p = arena.alloc(bytes);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) & 63, 0u) << bytes;
+    std::memset(p, static_cast<int>(blocks.size() + 1), bytes);
+    blocks.emplace_back(p, bytes);
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto [p, n] = blocks[i];
+    EXPECT_EQ(p[0], static_cast<uint8_t>(i + 1)) << i;
+    EXPECT_EQ(p[n - 1], static_cast<uint8_t>(i + 1)) << i;
+    for (size_t j = 0; j < blocks.size(); ++j)
+      if (j != i) {
+        EXPECT_TRUE(p + n <= blocks[j].first || blocks[j].first + blocks[j].second <= p) << i << " " << j;
+      }
   }
 }
 
