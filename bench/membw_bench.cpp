@@ -28,6 +28,7 @@
 #include "backend/backend.h"
 #include "fma_peak.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/weight_arena.h"
 #include "quant/float_formats.h"
 #include "read_bandwidth.h"
 
@@ -163,22 +164,22 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
 struct StepWeights {
   std::vector<OwnedWeight> attn, dense, shared, experts, lm_head;  // experts: [layer][32][gate, up, down]
 };
-OwnedWeight fast_weight(latent::WeightFormat f, int64_t rows, int64_t cols, uint64_t& st) {
+OwnedWeight fast_weight(latent::WeightFormat f, int64_t rows, int64_t cols, uint64_t& st,
+                        latent::cpu::WeightArena& arena) {
   using latent::WeightFormat;
   OwnedWeight w;
   w.q.format = f;
   w.q.rows = rows;
   w.q.cols = cols;
   // Stored at 32 mod 64 bytes, as the tensors of the bench checkpoints (the safetensors header length): the
-  // AVX-512 backend realigns them in prepare_weight, the AVX2 loads (256-bit) never split a line there.
+  // AVX-512 backend realigns them in prepare_weight, the AVX2 loads (256-bit) never split a line there. On huge
+  // pages (the arena the backend copies into), so that both ISAs read through the same kind of pages.
   const size_t n = static_cast<size_t>(rows * w.q.row_bytes());
-  w.data.resize(n + 64);
-  const size_t lead = (32 - reinterpret_cast<uintptr_t>(w.data.data()) % 64 + 64) % 64;
+  uint8_t* d = arena.alloc(n + 32) + 32;
   auto next = [&st]() {
     st = st * 6364136223846793005ULL + 1442695040888963407ULL;
     return static_cast<uint32_t>(st >> 33);
   };
-  uint8_t* d = w.data.data() + lead;
   if (f == WeightFormat::BF16) {
     for (size_t i = 0; i + 1 < n; i += 2) {
       const uint32_t r = next();
@@ -201,24 +202,25 @@ void run_step(const std::vector<int>& threads, const std::vector<latent::CpuIsa>
   constexpr int64_t D = 1024, L = 8, E = 32, TopK = 4, I = 256, V = 32000;
   const int64_t attn_shapes[4][2] = {{384, D}, {16 * 128, 384}, {512 + 64, D}, {D, 16 * 64}};
   uint64_t st = 7;
+  latent::cpu::WeightArena arena;
   StepWeights sw;
   const WeightFormat bf = WeightFormat::BF16, ef = mx_experts ? WeightFormat::MXFP4 : WeightFormat::BF16;
   for (int64_t l = 0; l < L; ++l) {
-    for (const auto& s : attn_shapes) sw.attn.push_back(fast_weight(bf, s[0], s[1], st));
+    for (const auto& s : attn_shapes) sw.attn.push_back(fast_weight(bf, s[0], s[1], st, arena));
     if (l == 0) {
-      for (int i = 0; i < 2; ++i) sw.dense.push_back(fast_weight(bf, D, D, st));
-      sw.dense.push_back(fast_weight(bf, D, D, st));
+      for (int i = 0; i < 2; ++i) sw.dense.push_back(fast_weight(bf, D, D, st, arena));
+      sw.dense.push_back(fast_weight(bf, D, D, st, arena));
       continue;
     }
-    sw.shared.push_back(fast_weight(bf, E, D, st));  // router
-    for (int i = 0; i < 2; ++i) sw.shared.push_back(fast_weight(bf, I, D, st));
-    sw.shared.push_back(fast_weight(bf, D, I, st));
+    sw.shared.push_back(fast_weight(bf, E, D, st, arena));  // router
+    for (int i = 0; i < 2; ++i) sw.shared.push_back(fast_weight(bf, I, D, st, arena));
+    sw.shared.push_back(fast_weight(bf, D, I, st, arena));
     for (int64_t e = 0; e < E; ++e) {
-      for (int i = 0; i < 2; ++i) sw.experts.push_back(fast_weight(ef, I, D, st));
-      sw.experts.push_back(fast_weight(ef, D, I, st));
+      for (int i = 0; i < 2; ++i) sw.experts.push_back(fast_weight(ef, I, D, st, arena));
+      sw.experts.push_back(fast_weight(ef, D, I, st, arena));
     }
   }
-  sw.lm_head.push_back(fast_weight(bf, V, D, st));
+  sw.lm_head.push_back(fast_weight(bf, V, D, st, arena));
   std::vector<float> x(static_cast<size_t>(TopK * D), 0.25f), y(static_cast<size_t>(V * TopK), 0.0f);
   auto bytes_of = [](const OwnedWeight& w) { return static_cast<double>(w.q.rows * w.q.row_bytes() + w.scale.size()); };
   std::printf("\ndecode-step matmuls (deepseek_v3 bench shape, batch 1, experts %s), %d rounds, ISAs interleaved\n",
