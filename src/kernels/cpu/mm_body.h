@@ -89,9 +89,10 @@ struct TBf16 {
   // hsum8(low + high), the order of V16::hsum), computed with 256-bit loads and fmas, and the weight stream
   // prefetched V::kGemvAheadBytes ahead in the order of memory (whole tiles, spread over this tile's groups).
   // Measured on Zen 4 (membw_bench --step, one thread, the bench shape's decode matmuls from DRAM): 512-bit loads
-  // ~3-5 % slower than two 256-bit ones; 8-row tiles prefetching the next tile (16 KiB at K = 1024) ~10 % slower
+  // ~3-5 % slower than two 256-bit ones; 8-row tiles prefetching the next tile (16 KiB at K = 1024) ~12-18 % slower
   // than 2-4 rows with 8-16 KiB ahead, 12-16 rows (a 24-32 KiB tile: the L1 is 32 KiB) half the speed; prefetches
-  // in consumption order (each row's next line) or to L2 only (T1 / T2 hints) as slow as none.
+  // in consumption order (each row's next line) as slow as none, to L2 only (T1 / T2 hints) ~15 % slower
+  // (bench/README.md, "Issue 26, AVX-512 decode GEMV").
   template <int NT>
   LTI static void gemv_halves(const QuantWeight& w, const float* x, int64_t r, float* y) {
     using H = typename V::Half;
