@@ -6,9 +6,11 @@
 //
 //   membw_bench [--mb 1024] [--threads 1,2] [--reps 5] [--ops] [--gemm [--m 1,4,16,64,256,512]]
 //               [--isa avx512|avx2|scalar] [--attn [--ctx 512,4096] [--batch 1,16] [--bf16]]
+//               [--step [--mxfp4] [--rounds 5] [--isa avx512,avx2]]
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -25,6 +28,7 @@
 #include "backend/backend.h"
 #include "fma_peak.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/weight_arena.h"
 #include "quant/float_formats.h"
 #include "read_bandwidth.h"
 
@@ -99,12 +103,13 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
     std::vector<float> x(static_cast<size_t>(f.cols), 0.5f), y(static_cast<size_t>(f.rows));
     for (int t : threads) {
       auto be = latent::make_cpu_backend(t, isa);
-      be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols),
+      const latent::QuantWeight q = be->prepare_weight(w.q);  // as the model loads it (AVX-512: 64-byte aligned)
+      be->matmul(q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols),
                  latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));  // warm
       double best = 1e30;
       for (int r = 0; r < 5; ++r) {
         const double t0 = now_s();
-        be->matmul(w.q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols),
+        be->matmul(q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols),
                    latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));
         best = std::min(best, now_s() - t0);
       }
@@ -124,12 +129,15 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
       ws.push_back(make_weight(f.f, f.rows, f.cols, g));
       bytes += static_cast<double>(ws.back().data.size() + ws.back().scale.size());
     }
-    for (const OwnedWeight& w : ws) wp.push_back(&w.q);
     std::vector<int64_t> offsets(static_cast<size_t>(E + 1));
     for (int64_t e = 0; e <= E; ++e) offsets[static_cast<size_t>(e)] = e;
     std::vector<float> x(static_cast<size_t>(E * f.cols), 0.5f), y(static_cast<size_t>(E * f.rows));
     for (int t : threads) {
       auto be = latent::make_cpu_backend(t, isa);
+      std::vector<latent::QuantWeight> qs;  // as the model loads them (AVX-512: 64-byte aligned)
+      for (const OwnedWeight& w : ws) qs.push_back(be->prepare_weight(w.q));
+      wp.clear();
+      for (const latent::QuantWeight& q : qs) wp.push_back(&q);
       be->grouped_matmul(wp.data(), E, offsets.data(), latent::Tensor(x.data(), latent::DType::F32, E, f.cols),
                          latent::Tensor(y.data(), latent::DType::F32, E, f.rows));  // warm
       double best = 1e30;
@@ -142,6 +150,171 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
       std::printf("  %-5s experts %lldx%lld (x%lld, M = 1 each) threads %d: %7.2f ms  %6.2f GB/s\n", f.name,
                   static_cast<long long>(f.rows), static_cast<long long>(f.cols), static_cast<long long>(E), t,
                   best * 1e3, bytes / best / 1e9);
+    }
+  }
+}
+
+// ---- --step: the matmuls of one decode step, ISAs interleaved ----
+// The linear ops of one batch-1 decode step of the deepseek_v3 bench shape (tools/make_bench_model.py: hidden 1024,
+// 8 layers, 16 heads, q_lora 384, kv_lora 512, layer 0 dense (1024), 32 experts of 256 top-4 + 1 shared, vocab
+// 32000), each layer its own weights (~170 MB read per step; kv_b, read by the attention, left out), through the
+// backend's matmul / grouped_matmul as the model calls them, weights prepared as the model loads them. Every round
+// times one step per ISA in turn (ABAB..., the same minute for each), a fresh random choice of 4 experts per MoE
+// layer per round; printed per round and as the range over rounds, by op class, in ms and GB/s.
+struct StepWeights {
+  std::vector<OwnedWeight> attn, dense, shared, experts, lm_head;  // experts: [layer][32][gate, up, down]
+};
+OwnedWeight fast_weight(latent::WeightFormat f, int64_t rows, int64_t cols, uint64_t& st,
+                        latent::cpu::WeightArena& arena) {
+  using latent::WeightFormat;
+  OwnedWeight w;
+  w.q.format = f;
+  w.q.rows = rows;
+  w.q.cols = cols;
+  // Stored at 32 mod 64 bytes, as the tensors of the bench checkpoints (the safetensors header length): the
+  // AVX-512 backend realigns them in prepare_weight, the AVX2 loads (256-bit) never split a line there. On huge
+  // pages (the arena the backend copies into), so that both ISAs read through the same kind of pages.
+  const size_t n = static_cast<size_t>(rows * w.q.row_bytes());
+  uint8_t* d = arena.alloc(n + 32) + 32;
+  auto next = [&st]() {
+    st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<uint32_t>(st >> 33);
+  };
+  if (f == WeightFormat::BF16) {
+    for (size_t i = 0; i + 1 < n; i += 2) {
+      const uint32_t r = next();
+      const uint16_t h = static_cast<uint16_t>(0x3C00u | (r & 0x807Fu));  // +-[2^-7, 2^-6): no NaN, no denormal
+      std::memcpy(d + i, &h, 2);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>(next() & 0x77);
+  }
+  if (f == WeightFormat::MXFP4) w.scale.assign(static_cast<size_t>(rows * cols / 32), 120);
+  w.q.data = d;
+  w.q.scale = w.scale.empty() ? nullptr : w.scale.data();
+  return w;
+}
+
+void run_step(const std::vector<int>& threads, const std::vector<latent::CpuIsa>& isas, int rounds, bool mx_experts) {
+  using latent::DType;
+  using latent::Tensor;
+  using latent::WeightFormat;
+  constexpr int64_t D = 1024, L = 8, E = 32, TopK = 4, I = 256, V = 32000;
+  const int64_t attn_shapes[4][2] = {{384, D}, {16 * 128, 384}, {512 + 64, D}, {D, 16 * 64}};
+  uint64_t st = 7;
+  latent::cpu::WeightArena arena;
+  StepWeights sw;
+  const WeightFormat bf = WeightFormat::BF16, ef = mx_experts ? WeightFormat::MXFP4 : WeightFormat::BF16;
+  for (int64_t l = 0; l < L; ++l) {
+    for (const auto& s : attn_shapes) sw.attn.push_back(fast_weight(bf, s[0], s[1], st, arena));
+    if (l == 0) {
+      for (int i = 0; i < 2; ++i) sw.dense.push_back(fast_weight(bf, D, D, st, arena));
+      sw.dense.push_back(fast_weight(bf, D, D, st, arena));
+      continue;
+    }
+    sw.shared.push_back(fast_weight(bf, E, D, st, arena));  // router
+    for (int i = 0; i < 2; ++i) sw.shared.push_back(fast_weight(bf, I, D, st, arena));
+    sw.shared.push_back(fast_weight(bf, D, I, st, arena));
+    for (int64_t e = 0; e < E; ++e) {
+      for (int i = 0; i < 2; ++i) sw.experts.push_back(fast_weight(ef, I, D, st, arena));
+      sw.experts.push_back(fast_weight(ef, D, I, st, arena));
+    }
+  }
+  sw.lm_head.push_back(fast_weight(bf, V, D, st, arena));
+  std::vector<float> x(static_cast<size_t>(TopK * D), 0.25f), y(static_cast<size_t>(V * TopK), 0.0f);
+  auto bytes_of = [](const OwnedWeight& w) { return static_cast<double>(w.q.rows * w.q.row_bytes() + w.scale.size()); };
+  std::printf("\ndecode-step matmuls (deepseek_v3 bench shape, batch 1, experts %s), %d rounds, ISAs interleaved\n",
+              mx_experts ? "mxfp4" : "bf16", rounds);
+  std::mt19937 g(11);
+  for (int t : threads) {
+    struct Run {
+      latent::CpuIsa isa;
+      std::unique_ptr<latent::Backend> be;
+      std::vector<latent::QuantWeight> attn, dense, shared, experts, lm_head;
+      std::vector<std::array<double, 5>> ms;  // attention projections, dense + shared MLP + router, experts, lm_head,
+                                              // all
+    };
+    std::vector<Run> runs;
+    for (latent::CpuIsa isa : isas) {
+      Run r{isa, latent::make_cpu_backend(t, isa), {}, {}, {}, {}, {}, {}};
+      auto prep = [&](const std::vector<OwnedWeight>& ws, std::vector<latent::QuantWeight>& out) {
+        for (const OwnedWeight& w : ws) out.push_back(r.be->prepare_weight(w.q));
+      };
+      prep(sw.attn, r.attn);
+      prep(sw.dense, r.dense);
+      prep(sw.shared, r.shared);
+      prep(sw.experts, r.experts);
+      prep(sw.lm_head, r.lm_head);
+      runs.push_back(std::move(r));
+    }
+    auto mm = [&](latent::Backend& be, const latent::QuantWeight& w) {
+      be.matmul(w, Tensor(x.data(), DType::F32, 1, w.cols), Tensor(y.data(), DType::F32, 1, w.rows));
+    };
+    std::vector<int64_t> off = {0, 1, 2, 3, 4};
+    double bytes[4] = {0, 0, 0, 0};
+    for (const OwnedWeight& w : sw.attn) bytes[0] += bytes_of(w);
+    for (const OwnedWeight& w : sw.dense) bytes[1] += bytes_of(w);
+    for (const OwnedWeight& w : sw.shared) bytes[1] += bytes_of(w);
+    bytes[2] = static_cast<double>(L - 1) * TopK * (2 * bytes_of(sw.experts[0]) + bytes_of(sw.experts[2]));
+    bytes[3] = bytes_of(sw.lm_head[0]);
+    for (int round = -1; round < rounds; ++round) {  // round -1: warm-up, not printed
+      std::vector<int> pick(static_cast<size_t>((L - 1) * TopK));
+      for (int64_t l = 1; l < L; ++l) {
+        std::vector<int> all(E);
+        for (int e = 0; e < E; ++e) all[static_cast<size_t>(e)] = e;
+        std::shuffle(all.begin(), all.end(), g);
+        for (int k = 0; k < TopK; ++k) pick[static_cast<size_t>((l - 1) * TopK + k)] = all[static_cast<size_t>(k)];
+      }
+      for (Run& r : runs) {
+        latent::Backend& be = *r.be;
+        std::array<double, 5> ms{};
+        const double s0 = now_s();
+        for (int64_t l = 0; l < L; ++l) {
+          double t0 = now_s();
+          for (int i = 0; i < 4; ++i) mm(be, r.attn[static_cast<size_t>(l * 4 + i)]);
+          ms[0] += now_s() - t0;
+          t0 = now_s();
+          if (l == 0) {
+            for (const latent::QuantWeight& w : r.dense) mm(be, w);
+            ms[1] += now_s() - t0;
+            continue;
+          }
+          for (int i = 0; i < 4; ++i) mm(be, r.shared[static_cast<size_t>((l - 1) * 4 + i)]);
+          ms[1] += now_s() - t0;
+          t0 = now_s();
+          for (int j = 0; j < 3; ++j) {
+            const latent::QuantWeight* wp[TopK];
+            for (int k = 0; k < TopK; ++k)
+              wp[k] = &r.experts[static_cast<size_t>(((l - 1) * E + pick[static_cast<size_t>((l - 1) * TopK + k)]) * 3 +
+                                                     j)];
+            const int64_t K = wp[0]->cols, N = wp[0]->rows;
+            be.grouped_matmul(wp, TopK, off.data(), Tensor(x.data(), DType::F32, TopK, K),
+                              Tensor(y.data(), DType::F32, TopK, N));
+          }
+          ms[2] += now_s() - t0;
+        }
+        const double t0 = now_s();
+        mm(be, r.lm_head[0]);
+        ms[3] = now_s() - t0;
+        ms[4] = now_s() - s0;
+        if (round >= 0) r.ms.push_back(ms);
+      }
+    }
+    const char* names[5] = {"attn proj", "dense+shared", "experts", "lm_head", "all"};
+    const double tot = bytes[0] + bytes[1] + bytes[2] + bytes[3];
+    std::printf(
+        "  threads %d, MB per step: attn proj %.1f, dense+shared+router %.1f, experts %.1f, lm_head %.1f, all %.1f\n",
+        t, bytes[0] / 1e6, bytes[1] / 1e6, bytes[2] / 1e6, bytes[3] / 1e6, tot / 1e6);
+    for (int c = 0; c < 5; ++c) {
+      const double b = c < 4 ? bytes[c] : tot;
+      for (const Run& r : runs) {
+        std::vector<double> v;
+        for (const auto& ms : r.ms) v.push_back(ms[static_cast<size_t>(c)]);
+        std::sort(v.begin(), v.end());
+        std::printf("    %-13s %-6s ms min %7.3f med %7.3f max %7.3f | GB/s %6.2f (best) %6.2f (median)\n", names[c],
+                    latent::cpu_isa_name(r.isa), v.front() * 1e3, v[v.size() / 2] * 1e3, v.back() * 1e3,
+                    b / v.front() / 1e9, b / v[v.size() / 2] / 1e9);
+      }
     }
   }
 }
@@ -270,7 +443,9 @@ void run_attn(const std::vector<int>& threads, latent::CpuIsa isa, const std::ve
 int main(int argc, char** argv) {
   size_t mb = 1024;
   int reps = 5;
-  bool ops = false, gemm = false, attn = false, attn_bf16 = false;
+  bool ops = false, gemm = false, attn = false, attn_bf16 = false, step = false, step_mx = false;
+  int rounds = 5;
+  std::vector<latent::CpuIsa> step_isas;
   std::vector<int> ctxs = {512, 4096}, batches = {1, 16};
   std::vector<int> ms = {1, 4, 16, 64, 256, 512};
   std::vector<int> threads = {1, 2};
@@ -294,6 +469,12 @@ int main(int argc, char** argv) {
       ops = true;
     else if (a == "--gemm")
       gemm = true;
+    else if (a == "--step")
+      step = true;
+    else if (a == "--mxfp4")
+      step_mx = true;
+    else if (a == "--rounds")
+      rounds = std::atoi(next().c_str());
     else if (a == "--attn")
       attn = true;
     else if (a == "--bf16")
@@ -306,11 +487,19 @@ int main(int argc, char** argv) {
       ms = parse_list(next());
     else if (a == "--isa") {
       const std::string s = next();
-      isa = s == "avx512" ? latent::CpuIsa::Avx512 : s == "avx2" ? latent::CpuIsa::Avx2 : latent::CpuIsa::Scalar;
+      for (size_t p = 0; p < s.size();) {
+        size_t e = s.find(',', p);
+        if (e == std::string::npos) e = s.size();
+        const std::string one = s.substr(p, e - p);
+        isa = one == "avx512" ? latent::CpuIsa::Avx512 : one == "avx2" ? latent::CpuIsa::Avx2 : latent::CpuIsa::Scalar;
+        step_isas.push_back(isa);
+        p = e + 1;
+      }
     } else {
       std::fprintf(stderr,
                    "usage: membw_bench [--mb N] [--threads 1,2] [--reps N] [--ops] [--gemm [--m 1,4,..]] [--isa L]\n"
-                   "                   [--attn [--ctx 512,4096] [--batch 1,16] [--bf16]]\n");
+                   "                   [--attn [--ctx 512,4096] [--batch 1,16] [--bf16]]\n"
+                   "                   [--step [--mxfp4] [--rounds 5] [--isa avx512,avx2]]\n");
       return 2;
     }
   }
@@ -329,5 +518,9 @@ int main(int argc, char** argv) {
   if (ops) run_ops(threads, isa);
   if (gemm) run_gemm(threads, isa, ms);
   if (attn) run_attn(threads, isa, ctxs, batches, attn_bf16, reps);
+  if (step) {
+    if (step_isas.empty()) step_isas = {latent::CpuIsa::Avx512, latent::CpuIsa::Avx2};
+    run_step(threads, step_isas, rounds, step_mx);
+  }
   return 0;
 }

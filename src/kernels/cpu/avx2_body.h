@@ -667,6 +667,7 @@ struct V8 {
   // bf16 prefill tile (3 x 3): the activation vectors held in registers (measured ~75-80 % of the FMA peak at
   // M >= 64 on Zen 3, ~55-60 % with x as memory operands).
   static constexpr int kBf16HoldX = 3, kBf16HoldW = 99;
+  static constexpr bool kBf16GemvHalves = false;  // (V16 only: the M = 1 tile in 256-bit halves)
   using I = __m256i;
   LTI static I loadi(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   LTI static F bf16_lo(I d) { return _mm256_castsi256_ps(_mm256_slli_epi32(d, 16)); }

@@ -18,6 +18,7 @@
 #include "kernels/cpu/aligned.h"
 #include "kernels/cpu/cpu_attention.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/weight_arena.h"
 #include "kernels/ref/host_tensor.h"
 #include "kernels/ref/host_typed.h"
 #include "kernels/ref/ref_backend.h"
@@ -113,7 +114,9 @@ class CpuBackend final : public HostTyped<CpuBackend> {
   // 2 threads, the bf16 DeepSeek-V3 bench shape at batch 1: 127-132 -> 151-155 tok/s; the AVX2 kernels' 256-bit
   // loads do not straddle at 32 mod 64: unchanged, so no copy there). The same bytes: a placement, not a value.
   // The copies stop at half the memory available when the first one is made (core/memory_info.h), so a model that
-  // only fits mapped still loads; LATENT_CPU_REALIGN=0 keeps every weight mapped.
+  // only fits mapped still loads; LATENT_CPU_REALIGN=0 keeps every weight mapped. The copies go to transparent huge
+  // pages where the kernel gives them (weight_arena.h: on 4 KiB pages the copies decoded slower than the AVX2
+  // kernels reading the checkpoint's page cache, mostly large folios, in place).
   QuantWeight prepare_weight(const QuantWeight& w) override {
     if (!realign_ || !w.data || (reinterpret_cast<uintptr_t>(w.data) & 63) == 0) return w;
     const size_t bytes = static_cast<size_t>(w.rows * w.row_bytes());
@@ -126,11 +129,11 @@ class CpuBackend final : public HostTyped<CpuBackend> {
           static_cast<double>(realign_budget_) / 1e9);
     }
     if (bytes == 0 || realigned_bytes_ + static_cast<int64_t>(bytes) > realign_budget_) return w;
-    realigned_.emplace_back(bytes);
-    std::memcpy(realigned_.back().data(), w.data, bytes);
+    uint8_t* copy = realigned_.alloc(bytes);
+    std::memcpy(copy, w.data, bytes);
     realigned_bytes_ += static_cast<int64_t>(bytes);
     QuantWeight d = w;
-    d.data = realigned_.back().data();
+    d.data = copy;
     return d;
   }
 
@@ -691,7 +694,7 @@ class CpuBackend final : public HostTyped<CpuBackend> {
   const cpu::Kernels& k_;
   bool realign_;                                       // prepare_weight copies misaligned weights (AVX-512 only)
   int64_t realign_budget_ = -1, realigned_bytes_ = 0;  // bytes the copies may take (-1: not read yet), taken
-  std::vector<cpu::AlignedVec<uint8_t>> realigned_;    // (a vector of vectors: each copy keeps its address)
+  cpu::WeightArena realigned_;                         // the copies (64-byte aligned, on huge pages if it can)
   std::once_flag ref_once_;
   std::unique_ptr<RefBackend> ref_;
 };

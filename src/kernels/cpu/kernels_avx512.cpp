@@ -111,7 +111,13 @@ struct V16 {
 
   // ---- matmul tiles (mm_body.h) ----
   static constexpr int kMt = 5;  // 32 zmm registers: tiles of up to 5 activation rows
-  static constexpr int nt_bf16(int mt) { return mt <= 2 ? 8 : 4; }
+  // M = 1: 2-row tiles in 256-bit halves prefetching 8 KiB ahead (TBf16::gemv_halves).
+  static constexpr int nt_bf16(int mt) { return mt == 1 ? 2 : mt == 2 ? 8 : 4; }
+  static constexpr bool kBf16GemvHalves = true;
+  static constexpr int64_t kGemvAheadBytes = 8192;
+  using Half = V8;
+  LTI static __m256 low(F v) { return _mm512_castps512_ps256(v); }
+  LTI static __m256 high(F v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
   static constexpr int nt_mx(int mt) { return mt == 1 ? 8 : mt == 2 ? 6 : 4; }
   static constexpr int nt_nat(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 3; }
   static constexpr int64_t kChunkM = 4 * kMt;

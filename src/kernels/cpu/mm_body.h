@@ -75,10 +75,64 @@ struct TBf16 {
   // (membw_bench --ops, 1 thread, Zen 4).
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
+    if constexpr (MT == 1 && V::kBf16GemvHalves) {
+      if (ah.rows == kAheadDefault) return gemv_halves<NT>(w, x, r, y);
+    }
     if (ah.rows == kAheadDefault)
       tile_pf<MT, NT, false>(w, x, r, y, ldy, ah);
     else
       tile_pf<MT, NT, true>(w, x, r, y, ldy, ah);
+  }
+
+  // The M = 1 tile of V16 (V::kBf16GemvHalves): the same chain per output as tile_pf's (lane j of the 16-lane
+  // accumulator is lane j mod 8 of the low or high 8-lane half, each group's even then odd fma, and hsum(acc) =
+  // hsum8(low + high), the order of V16::hsum), computed with 256-bit loads and fmas, and the weight stream
+  // prefetched V::kGemvAheadBytes ahead in the order of memory (whole tiles, spread over this tile's groups).
+  // Measured on Zen 4 (membw_bench --step, one thread, the bench shape's decode matmuls from DRAM): 512-bit loads
+  // ~3-5 % slower than two 256-bit ones; 8-row tiles prefetching the next tile (16 KiB at K = 1024) ~12-18 % slower
+  // than 2-4 rows with 8-16 KiB ahead, 12-16 rows (a 24-32 KiB tile: the L1 is 32 KiB) half the speed; prefetches
+  // in consumption order (each row's next line) as slow as none, to L2 only (T1 / T2 hints) ~15 % slower
+  // (bench/README.md, "Issue 26, AVX-512 decode GEMV").
+  template <int NT>
+  LTI static void gemv_halves(const QuantWeight& w, const float* x, int64_t r, float* y) {
+    using H = typename V::Half;
+    using HF = typename H::F;
+    using HI = typename H::I;
+    constexpr int W = V::W, G = 2 * W;
+    const int64_t K = w.cols, KG = K / G * G, tile_bytes = NT * 2 * K;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
+    const int64_t ahead = (V::kGemvAheadBytes + tile_bytes - 1) / tile_bytes * tile_bytes;
+    const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(ahead);
+    HF lo[NT], hi[NT];
+#pragma GCC unroll 8
+    for (int n = 0; n < NT; ++n) lo[n] = hi[n] = H::zero();
+    for (int64_t k = 0; k < KG; k += G) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
+      const HF x0 = H::load(x + k), x1 = H::load(x + k + W / 2), x2 = H::load(x + k + W),
+               x3 = H::load(x + k + W + W / 2);
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n) {
+        const HI d0 = H::loadi(base + n * 2 * K + 2 * k),
+                 d1 = H::loadi(base + n * 2 * K + 2 * k + 2 * W);  // (W / 2 dwords on)
+        lo[n] = H::fma(H::bf16_lo(d0), x0, lo[n]);
+        hi[n] = H::fma(H::bf16_lo(d1), x1, hi[n]);
+        lo[n] = H::fma(H::bf16_hi(d0), x2, lo[n]);
+        hi[n] = H::fma(H::bf16_hi(d1), x3, hi[n]);
+      }
+    }
+    for (int64_t k = KG; k < K; k += W) {  // natural-order tail (< 2W columns): tile_pf's masked W-lane steps
+      const int64_t nn = K - k < W ? K - k : W;
+      const typename V::F xv = V::load_part(x + k, nn);
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n) {
+        const typename V::F f = V::load_part(reinterpret_cast<const uint16_t*>(base + n * 2 * K + 2 * k), nn);
+        lo[n] = H::fma(V::low(f), V::low(xv), lo[n]);
+        hi[n] = H::fma(V::high(f), V::high(xv), hi[n]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int n = 0; n < NT; ++n) y[n] = H::hsum(H::add(lo[n], hi[n]));
   }
 
   template <int MT, int NT, bool kShared>
