@@ -217,6 +217,16 @@ class CountingBackend final : public Backend {
     T t(this, kAttn);
     b_.mla_attention_absorbed_paged(d, q, kv_b, pool, seqs, pos, sel, scale, o);
   }
+  // The MLA query / latent block: the counted step (profile) runs the default composition, so that its matmuls,
+  // norms and ropes are counted and timed one by one; the timed steps run the wrapped backend's block (fused on
+  // CUDA), as the server does.
+  void mla_qkv(const MlaLayer& L, const Tensor& x, const StepTokens& tok, const KvPool& pool, const Tensor& cq,
+               const Tensor& q, const Tensor& kv) override {
+    if (profile_)
+      Backend::mla_qkv(L, x, tok, pool, cq, q, kv);
+    else
+      b_.mla_qkv(L, x, tok, pool, cq, q, kv);
+  }
   // The decode-attention block (a backend may fuse it): counted like the paged op it defaults to.
   void mla_decode_attention(const MlaLayer& L, const Tensor& q, const KvPool& pool, const StepSeqs& seqs,
                             const int64_t* pos, const KeySelection& sel, const Tensor& o) override {

@@ -870,6 +870,7 @@ TEST(CudaDispatch, MlaAbsorptionOnTensorCoresForFp8KvB) {
 
 // The epilogue contract of backend.h on the device: fused = unfused op sequence bit for bit.
 TEST(CudaBackend, FusedEpilogueEqualsUnfused) { ops::expect_fused_equals_unfused(gpu(), "cuda"); }
+TEST(CudaBackend, DecodeBlocksEqualDefaults) { ops::expect_blocks_equal_defaults(gpu(), "cuda"); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Graphs: typed ops recorded once and replayed on new inputs uploaded into the same buffers equal eager runs bit

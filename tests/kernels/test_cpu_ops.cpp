@@ -336,6 +336,11 @@ TEST(CpuEpilogue, FusedEqualsUnfused) {
   ops::expect_fused_equals_unfused(*r, "ref");
 }
 
+// The decode-block contract (backend.h): each block equals its default composition bit for bit.
+TEST(CpuBlocks, EqualDefaults) {
+  for (CpuIsa isa : cpu_isas_available()) ops::expect_blocks_equal_defaults(cpu_backend(isa), isa_label(isa));
+}
+
 // Decode attention at real context lengths: contexts past one chunk of keys (the CPU kernel splits a token's keys
 // into chunks that run on different threads and are combined), fp32 and bf16 pools, DSA selections of more than a
 // chunk, against the ref; and bitwise batch invariance: every sequence alone (one call of its own) and with one

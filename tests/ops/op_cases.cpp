@@ -1,8 +1,11 @@
 // The op case list of the shared harness (op_harness.h): every op of backend/backend.h and the decode blocks, on
 // fresh random inputs of awkward sizes (odd, not multiples of 32 / 128, one row and many), every stored weight
 // format, F32 and BF16 activations, strided views, aliasing, NaN propagation.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -1587,6 +1590,55 @@ std::vector<OpCase> build() {
 const std::vector<OpCase>& op_cases() {
   static const std::vector<OpCase> v = build();
   return v;
+}
+
+void expect_blocks_equal_defaults(Backend& be, const std::string& label) {
+  Rng rng(5151);
+  // The harness's small dims and a GLM-5-like head layout (64-wide rope, a 512-wide latent: the register norm's
+  // 4-per-thread form on the CUDA backend).
+  for (const MlaDims& dims : {MlaDims{3, 16, 8, 16, 64}, MlaDims{4, 32, 64, 32, 512}})
+    for (Fmt f : {Fmt::BF16, Fmt::Mxfp4})
+      for (DType t : {DType::F32, DType::BF16}) {
+        const MlaHost h(f, rng, dims);
+        const MlaDims& d = h.d;
+        const int64_t blocks = 4, bt = 16, width = d.latent + d.rope;
+        for (bool bias : {false, true})
+          for (bool inter : {true, false})
+            for (int64_t N : {1, 5, 17}) {
+              const std::vector<float> x = rng.normals(N * h.D), pool = rng.normals(blocks * bt * width);
+              std::vector<int64_t> slots(static_cast<size_t>(blocks * bt)), pos(static_cast<size_t>(N));
+              std::iota(slots.begin(), slots.end(), 0);
+              std::shuffle(slots.begin(), slots.end(), rng.g);
+              slots.resize(static_cast<size_t>(N));
+              if (N > 1) slots[1] = -1;  // a graph step's padding row: not stored
+              for (int64_t& p : pos) p = rng.integer(0, 5000);
+              std::vector<float> got[3], want[3];
+              for (bool fused : {true, false}) {
+                Arena A(be);
+                MlaHost::Dev v;
+                h.up(A, bias, inter, v);
+                const KvPool p = A.pool(pool, t, blocks, bt, width);
+                const Tensor xt = A.up(x, t, N, h.D), cq = A.tensor(t, N, h.dq), q = A.tensor(t, N, d.n_heads * d.qk()),
+                             kv = A.tensor(t, N, width);
+                const StepTokens tok{N, A.up(pos), A.up(slots)};
+                if (fused)
+                  be.mla_qkv(v.L, xt, tok, p, cq, q, kv);
+                else
+                  be.Backend::mla_qkv(v.L, xt, tok, p, cq, q, kv);
+                std::vector<float>(&o)[3] = fused ? got : want;
+                o[0] = A.down(cq);
+                o[1] = A.down(q);
+                o[2] = A.down(Tensor(p.data, p.dtype, p.rows(), p.width));
+              }
+              const char* names[3] = {"cq", "q", "pool"};
+              for (int i = 0; i < 3; ++i)
+                EXPECT_TRUE(got[i].size() == want[i].size() &&
+                            std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)) == 0)
+                    << label << ": mla_qkv differs from Backend::mla_qkv in " << names[i] << "; " << fmt_name(f) << " "
+                    << dtype_label(t) << " latent " << d.latent << (bias ? " bias" : "")
+                    << (inter ? " interleaved" : " half") << " N " << N;
+            }
+      }
 }
 
 }  // namespace latent::ops

@@ -208,4 +208,9 @@ void record_summary(const std::string& name, const std::string& label, double er
 // same dtypes bit for bit, on `be` alone. gtest EXPECTs name the format, the dtype and the epilogue.
 void expect_fused_equals_unfused(Backend& be, const std::string& label);
 
+// The contract of backend.h's decode blocks: a backend's mla_qkv equals the default composition
+// (Backend::mla_qkv: its primitives in order) bit for bit in cq, q and the pool, on `be` alone (a backend that does
+// not override the block passes trivially). gtest EXPECTs name the format, dtype and shape.
+void expect_blocks_equal_defaults(Backend& be, const std::string& label);
+
 }  // namespace latent::ops

@@ -487,6 +487,29 @@ class CudaBackend final : public Backend {
   }
 
   // ---------------- paged latent cache ----------------
+  // The MLA query / latent block: the default's matmuls, then its rope, norm, rope and store in one kernel (the same
+  // bits: the op contract's expect_blocks_equal_defaults). Declared FP8 activations (L.act) are the default's: the
+  // model calls Backend::mla_qkv for them.
+  void mla_qkv(const MlaLayer& L, const Tensor& x, const StepTokens& tok, const KvPool& pool, const Tensor& cq,
+               const Tensor& q, const Tensor& kv) override {
+    const int64_t H = L.d.n_heads, dn = L.d.nope, dr = L.d.rope, dc = L.d.latent;
+    if (L.act || !cuda::mla_qkv_tail_ok(dc, dr) || L.rope.dim != dr || kv.cols != dc + dr || q.rows != kv.rows) {
+      Backend::mla_qkv(L, x, tok, pool, cq, q, kv);
+      return;
+    }
+    Epilogue qa;
+    qa.bias = L.q_a_bias;
+    matmul(*L.q_a, x, cq, qa);
+    rms_norm(cq, L.q_a_norm, L.norm_eps, cq);
+    matmul(*L.q_b, cq, q);
+    Epilogue ka;
+    ka.bias = L.kv_a_bias;
+    matmul(*L.kv_a, x, kv, ka);
+    cuda::launch_mla_qkv_tail(cuda::tview(q), dn, H, L.d.qk(), cuda::tview(kv), dc, L.kv_a_norm, L.norm_eps, tok.pos,
+                              tok.slots, kv.rows, pool, L.rope, stream_);
+    check_launch("mla_qkv tail");
+  }
+
   void kv_store(const KvPool& pool, const int64_t* slots, const Tensor& src, int64_t col0) override {
     cuda::launch_kv_store(pool, slots, src.rows, cuda::tview(src), col0, src.cols, stream_);
     check_launch("kv_store");

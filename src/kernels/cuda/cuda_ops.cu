@@ -204,6 +204,47 @@ __global__ void rope_kernel(TView x, int64_t n_tokens, int64_t n_heads, int64_t 
   }
 }
 
+// The tail of the MLA query / latent path (Backend::mla_qkv after its matmuls) for one token per block: q_pe of
+// every head rotated, c = RMSNorm(c) (the register form of launch_rms_norm, PER ≥ its elements per thread: the
+// same per-thread sums), k_pe rotated, then [c | k_pe] stored to the pool at the token's slot (none for a slot < 0).
+// The four kernels' arithmetic element for element (rope_cs / rope_pair, rms_norm_row_reg, the store's tget /
+// tset): the same bits as the primitives, in one launch instead of four.
+template <int PER>
+__global__ void __launch_bounds__(kNormThreads)
+    mla_qkv_tail_kernel(TView q, int64_t q_col0, int64_t n_heads, int64_t head_stride, TView kv, int64_t dc,
+                        const float* norm_w, float eps, const int64_t* pos, const int64_t* slots, KvPool pool,
+                        const float* inv_freq, int64_t half, float attention_factor, bool interleaved) {
+  __shared__ double sh[32];
+  const int64_t t = blockIdx.x, p = pos[t];
+  const bool qb = q.bf16 != 0, kb = kv.bf16 != 0;
+  for (int64_t idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
+    const int64_t i = idx % half, h = idx / half;
+    float c, s;
+    rope_cs(p, inv_freq, i, attention_factor, qb, c, s);
+    const int64_t ia = q_col0 + h * head_stride + (interleaved ? 2 * i : i);
+    const int64_t ib = q_col0 + h * head_stride + (interleaved ? 2 * i + 1 : i + half);
+    float ya, yb;
+    rope_pair(tget(q, t, ia), tget(q, t, ib), c, s, qb, ya, yb);
+    tset(q, t, ia, ya);
+    tset(q, t, ib, yb);
+  }
+  rms_norm_row_reg<PER, false>(kv, TView{}, norm_w, t, dc, eps, kv, sh);  // c: columns 0 .. dc-1
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {              // k_pe: columns dc .. dc + 2·half - 1
+    float c, s;
+    rope_cs(p, inv_freq, i, attention_factor, kb, c, s);
+    const int64_t ia = dc + (interleaved ? 2 * i : i), ib = dc + (interleaved ? 2 * i + 1 : i + half);
+    float ya, yb;
+    rope_pair(tget(kv, t, ia), tget(kv, t, ib), c, s, kb, ya, yb);
+    tset(kv, t, ia, ya);
+    tset(kv, t, ib, yb);
+  }
+  __syncthreads();
+  const int64_t slot = slots[t];
+  if (slot < 0) return;  // a padding row of a graph step
+  const TView dst{pool.data, pool.width, pool.dtype == DType::BF16 ? 1 : 0};
+  for (int64_t i = threadIdx.x; i < dc + 2 * half; i += blockDim.x) tset(dst, slot, i, tget(kv, t, i));
+}
+
 __global__ void silu_mul_kernel(TView gate, TView up, int64_t rows, int64_t cols, TView out) {
   const bool bf16 = out.bf16 != 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * cols;
@@ -622,6 +663,27 @@ void launch_add_rms_norm(TView h, TView delta, const float* w, int64_t M, int64_
     add_rms_norm_reg_kernel<32><<<g, kNormThreads, 0, st>>>(h, delta, w, D, eps, y);
   else
     add_rms_norm_kernel<<<g, kNormThreads, 0, st>>>(h, delta, w, D, eps, y);
+}
+
+bool mla_qkv_tail_ok(int64_t dc, int64_t dr) { return dc > 0 && dc <= 32 * kNormThreads && dr > 0 && dr % 2 == 0; }
+
+void launch_mla_qkv_tail(TView q, int64_t q_col0, int64_t n_heads, int64_t head_stride, TView kv, int64_t dc,
+                         const float* norm_w, float eps, const int64_t* pos, const int64_t* slots, int64_t n,
+                         const KvPool& pool, const RopeParams& rp, cudaStream_t st) {
+  if (n <= 0) return;
+  const unsigned g = static_cast<unsigned>(n);
+  const int64_t half = rp.dim / 2;
+#define LATENT_QKV_TAIL(PER)                                                                                      \
+  mla_qkv_tail_kernel<PER><<<g, kNormThreads, 0, st>>>(q, q_col0, n_heads, head_stride, kv, dc, norm_w, eps, pos, \
+                                                       slots, pool, rp.inv_freq, half, rp.attention_factor,       \
+                                                       rp.interleaved)
+  if (dc <= 4 * kNormThreads)
+    LATENT_QKV_TAIL(4);
+  else if (dc <= 8 * kNormThreads)
+    LATENT_QKV_TAIL(8);
+  else
+    LATENT_QKV_TAIL(32);
+#undef LATENT_QKV_TAIL
 }
 
 void launch_layer_norm(TView x, const float* w, const float* b, int64_t M, int64_t D, float eps, TView y,
