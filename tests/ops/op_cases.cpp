@@ -1085,29 +1085,54 @@ struct MlaHost {
   }
 };
 
+// One mla_qkv call's inputs: N tokens at random positions, a random pool of 4 blocks of 16, shuffled slots (with
+// N > 1 the second token a graph step's padding row: slot -1, not stored).
+struct QkvInputs {
+  static constexpr int64_t kBlocks = 4, kBt = 16;
+  int64_t N;
+  std::vector<float> x, pool;
+  std::vector<int64_t> slots, pos;
+  QkvInputs(Rng& r, const MlaHost& h, int64_t n) : N(n) {
+    x = r.normals(N * h.D);
+    pool = r.normals(kBlocks * kBt * (h.d.latent + h.d.rope));
+    slots.resize(static_cast<size_t>(kBlocks * kBt));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), r.g);
+    slots.resize(static_cast<size_t>(N));
+    if (N > 1) slots[1] = -1;
+    pos.resize(static_cast<size_t>(N));
+    for (int64_t& p : pos) p = r.integer(0, 5000);
+  }
+  struct Dev {
+    MlaHost::Dev layer;
+    KvPool pool;
+    Tensor x, cq, q, kv;
+    StepTokens tok;
+  };
+  // The layer and the call's buffers in A's memory (outputs poisoned), activations and pool of dtype t.
+  void up(Arena& A, const MlaHost& h, DType t, bool bias, bool interleaved, Dev& v) const {
+    const MlaDims& d = h.d;
+    h.up(A, bias, interleaved, v.layer);
+    v.pool = A.pool(pool, t, kBlocks, kBt, d.latent + d.rope);
+    v.x = A.up(x, t, N, h.D);
+    v.cq = A.tensor(t, N, h.dq);
+    v.q = A.tensor(t, N, d.n_heads * d.qk());
+    v.kv = A.tensor(t, N, d.latent + d.rope);
+    v.tok = StepTokens{N, A.up(pos), A.up(slots)};
+  }
+};
+
 void mla_qkv_case(CaseCtx& c, Fmt f, DType t) {
   const MlaHost h(f, c.rng);
-  const MlaDims& d = h.d;
-  const int64_t blocks = 4, bt = 16, width = d.latent + d.rope;
   for (bool bias : {false, true})
     for (bool inter : {true, false})
       for (int64_t N : {1, 5, 17}) {
-        const std::vector<float> x = c.rng.normals(N * h.D), pool = c.rng.normals(blocks * bt * width);
-        std::vector<int64_t> slots(static_cast<size_t>(blocks * bt)), pos(static_cast<size_t>(N));
-        std::iota(slots.begin(), slots.end(), 0);
-        std::shuffle(slots.begin(), slots.end(), c.rng.g);
-        slots.resize(static_cast<size_t>(N));
-        if (N > 1) slots[1] = -1;
-        for (int64_t& p : pos) p = c.rng.integer(0, 5000);
+        const QkvInputs in(c.rng, h, N);
         c.check(std::string(bias ? "bias " : "") + (inter ? "interleaved" : "half") + " N " + S(N), [&](Arena& A) {
-          MlaHost::Dev v;
-          h.up(A, bias, inter, v);
-          const KvPool p = A.pool(pool, t, blocks, bt, width);
-          const Tensor xt = A.up(x, t, N, h.D), cq = A.tensor(t, N, h.dq), q = A.tensor(t, N, d.n_heads * d.qk()),
-                       kv = A.tensor(t, N, width);
-          const StepTokens tok{N, A.up(pos), A.up(slots)};
-          A.be.mla_qkv(v.L, xt, tok, p, cq, q, kv);
-          return Outs{A.result("cq", cq), A.result("q", q), A.result("pool", p, tol_for(t))};
+          QkvInputs::Dev v;
+          in.up(A, h, t, bias, inter, v);
+          A.be.mla_qkv(v.layer.L, v.x, v.tok, v.pool, v.cq, v.q, v.kv);
+          return Outs{A.result("cq", v.cq), A.result("q", v.q), A.result("pool", v.pool, tol_for(t))};
         });
       }
 }
@@ -1600,42 +1625,30 @@ void expect_blocks_equal_defaults(Backend& be, const std::string& label) {
     for (Fmt f : {Fmt::BF16, Fmt::Mxfp4})
       for (DType t : {DType::F32, DType::BF16}) {
         const MlaHost h(f, rng, dims);
-        const MlaDims& d = h.d;
-        const int64_t blocks = 4, bt = 16, width = d.latent + d.rope;
         for (bool bias : {false, true})
           for (bool inter : {true, false})
             for (int64_t N : {1, 5, 17}) {
-              const std::vector<float> x = rng.normals(N * h.D), pool = rng.normals(blocks * bt * width);
-              std::vector<int64_t> slots(static_cast<size_t>(blocks * bt)), pos(static_cast<size_t>(N));
-              std::iota(slots.begin(), slots.end(), 0);
-              std::shuffle(slots.begin(), slots.end(), rng.g);
-              slots.resize(static_cast<size_t>(N));
-              if (N > 1) slots[1] = -1;  // a graph step's padding row: not stored
-              for (int64_t& p : pos) p = rng.integer(0, 5000);
+              const QkvInputs in(rng, h, N);
               std::vector<float> got[3], want[3];
               for (bool fused : {true, false}) {
                 Arena A(be);
-                MlaHost::Dev v;
-                h.up(A, bias, inter, v);
-                const KvPool p = A.pool(pool, t, blocks, bt, width);
-                const Tensor xt = A.up(x, t, N, h.D), cq = A.tensor(t, N, h.dq), q = A.tensor(t, N, d.n_heads * d.qk()),
-                             kv = A.tensor(t, N, width);
-                const StepTokens tok{N, A.up(pos), A.up(slots)};
+                QkvInputs::Dev v;
+                in.up(A, h, t, bias, inter, v);
                 if (fused)
-                  be.mla_qkv(v.L, xt, tok, p, cq, q, kv);
+                  be.mla_qkv(v.layer.L, v.x, v.tok, v.pool, v.cq, v.q, v.kv);
                 else
-                  be.Backend::mla_qkv(v.L, xt, tok, p, cq, q, kv);
+                  be.Backend::mla_qkv(v.layer.L, v.x, v.tok, v.pool, v.cq, v.q, v.kv);
                 std::vector<float>(&o)[3] = fused ? got : want;
-                o[0] = A.down(cq);
-                o[1] = A.down(q);
-                o[2] = A.down(Tensor(p.data, p.dtype, p.rows(), p.width));
+                o[0] = A.down(v.cq);
+                o[1] = A.down(v.q);
+                o[2] = A.down(Tensor(v.pool.data, v.pool.dtype, v.pool.rows(), v.pool.width));
               }
               const char* names[3] = {"cq", "q", "pool"};
               for (int i = 0; i < 3; ++i)
                 EXPECT_TRUE(got[i].size() == want[i].size() &&
                             std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)) == 0)
                     << label << ": mla_qkv differs from Backend::mla_qkv in " << names[i] << "; " << fmt_name(f) << " "
-                    << dtype_label(t) << " latent " << d.latent << (bias ? " bias" : "")
+                    << dtype_label(t) << " latent " << h.d.latent << (bias ? " bias" : "")
                     << (inter ? " interleaved" : " half") << " N " << N;
             }
       }
