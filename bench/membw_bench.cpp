@@ -103,7 +103,8 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
     std::vector<float> x(static_cast<size_t>(f.cols), 0.5f), y(static_cast<size_t>(f.rows));
     for (int t : threads) {
       auto be = latent::make_cpu_backend(t, isa);
-      const latent::QuantWeight q = be->prepare_weight(w.q);  // as the model loads it (AVX-512: 64-byte aligned)
+      const latent::QuantWeight q =
+          be->prepare_weight(w.q);  // as the model loads it (SIMD ISAs: a 64-byte aligned copy)
       be->matmul(q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols),
                  latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));  // warm
       double best = 1e30;
@@ -172,8 +173,8 @@ OwnedWeight fast_weight(latent::WeightFormat f, int64_t rows, int64_t cols, uint
   w.q.rows = rows;
   w.q.cols = cols;
   // Stored at 32 mod 64 bytes, as the tensors of the bench checkpoints (the safetensors header length): the
-  // AVX-512 backend realigns them in prepare_weight, the AVX2 loads (256-bit) never split a line there. On huge
-  // pages (the arena the backend copies into), so that both ISAs read through the same kind of pages.
+  // backend copies them to 64-byte aligned memory on huge pages in prepare_weight (both SIMD ISAs). On huge pages
+  // here too (the arena the backend copies into), so that LATENT_CPU_REALIGN=0 reads through the same kind of pages.
   const size_t n = static_cast<size_t>(rows * w.q.row_bytes());
   uint8_t* d = arena.alloc(n + 32) + 32;
   auto next = [&st]() {

@@ -165,42 +165,58 @@ HostRows host_values(const std::vector<float>& v, DType t, int64_t rows, int64_t
   return h;
 }
 
-// prepare_weight with the AVX-512 kernels copies a weight that is not 64-byte aligned (make_weight misaligns by one
-// byte) into aligned memory: the same bytes, the scales untouched, the same matmul bits; off, or with the AVX2
-// kernels, or for an aligned weight, the weight stays where it is.
+// prepare_weight with the SIMD kernels (AVX-512, AVX2) copies every weight (make_weight misaligns by one byte; the
+// copy of another backend is aligned) into 64-byte aligned memory: the same bytes, the scales untouched, the same
+// matmul bits; a weight already in its own arena stays; off, or with the scalar kernels, or past the budget, the
+// weight stays where it is.
 TEST(CpuBackend, RealignsMisalignedWeightsForAvx512) {
   Rng rng(33);
-  const bool avx512 = cpu_isa_supported(CpuIsa::Avx512);
-  for (Fmt f : ops::kAllFmts) {
-    const int64_t rows = 37, cols = f == Fmt::Mxfp4 ? 1088 : 1031;
-    const HostWeight w = ops::make_weight(f, rows, cols, rng);
-    ASSERT_NE(reinterpret_cast<uintptr_t>(w.q.data) & 63, 0u) << ops::fmt_name(f);
-    const size_t bytes = static_cast<size_t>(rows * w.q.row_bytes());
-    const std::unique_ptr<Backend> on = make_cpu_backend(2, CpuIsa::Avx512, true);
-    const QuantWeight q = on->prepare_weight(w.q);
-    if (avx512) {
-      EXPECT_EQ(reinterpret_cast<uintptr_t>(q.data) & 63, 0u) << ops::fmt_name(f);
-      EXPECT_NE(q.data, w.q.data) << ops::fmt_name(f);
-      EXPECT_EQ(0, std::memcmp(q.data, w.q.data, bytes)) << ops::fmt_name(f);
-      EXPECT_EQ(q.scale, w.q.scale) << ops::fmt_name(f);
-      for (int64_t M : {1, 5}) {
-        HostRows x = host_values(rng.normals(M * cols), DType::F32, M, cols), a(DType::F32, M, rows),
-                 b(DType::F32, M, rows);
-        on->matmul(w.q, x.rows(0, M), a.rows(0, M));
-        on->matmul(q, x.rows(0, M), b.rows(0, M));
-        EXPECT_TRUE(same_bits(a.row(0), b.row(0), a.row_bytes() * static_cast<size_t>(M)))
-            << ops::fmt_name(f) << " M " << M;
+  for (CpuIsa isa : {CpuIsa::Avx512, CpuIsa::Avx2}) {
+    const bool simd = cpu_isa_supported(isa) || cpu_isa_supported(CpuIsa::Avx2);  // (else the best one runs)
+    const char* name = isa == CpuIsa::Avx512 ? "avx512" : "avx2";
+    for (Fmt f : ops::kAllFmts) {
+      const int64_t rows = 37, cols = f == Fmt::Mxfp4 ? 1088 : 1031;
+      const HostWeight w = ops::make_weight(f, rows, cols, rng);
+      ASSERT_NE(reinterpret_cast<uintptr_t>(w.q.data) & 63, 0u) << ops::fmt_name(f);
+      const size_t bytes = static_cast<size_t>(rows * w.q.row_bytes());
+      const std::unique_ptr<Backend> on = make_cpu_backend(2, isa, true);
+      const QuantWeight q = on->prepare_weight(w.q);
+      if (simd) {
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(q.data) & 63, 0u) << name << " " << ops::fmt_name(f);
+        EXPECT_NE(q.data, w.q.data) << name << " " << ops::fmt_name(f);
+        EXPECT_EQ(0, std::memcmp(q.data, w.q.data, bytes)) << name << " " << ops::fmt_name(f);
+        EXPECT_EQ(q.scale, w.q.scale) << name << " " << ops::fmt_name(f);
+        for (int64_t M : {1, 5}) {
+          HostRows x = host_values(rng.normals(M * cols), DType::F32, M, cols), a(DType::F32, M, rows),
+                   b(DType::F32, M, rows);
+          on->matmul(w.q, x.rows(0, M), a.rows(0, M));
+          on->matmul(q, x.rows(0, M), b.rows(0, M));
+          EXPECT_TRUE(same_bits(a.row(0), b.row(0), a.row_bytes() * static_cast<size_t>(M)))
+              << name << " " << ops::fmt_name(f) << " M " << M;
+        }
+        // The backend's own copy is not copied again; an aligned weight elsewhere (another backend's copy) is.
+        EXPECT_EQ(on->prepare_weight(q).data, q.data) << name << " " << ops::fmt_name(f);
+        const std::unique_ptr<Backend> other = make_cpu_backend(2, isa, true);
+        const QuantWeight q2 = other->prepare_weight(q);
+        EXPECT_NE(q2.data, q.data) << name << " " << ops::fmt_name(f);
+        EXPECT_EQ(0, std::memcmp(q2.data, w.q.data, bytes)) << name << " " << ops::fmt_name(f);
+        // The budget: a second weight that would pass it stays mapped, a smaller one that fits is still copied.
+        const std::unique_ptr<Backend> tight =
+            make_cpu_backend(2, isa, true, static_cast<int64_t>(bytes) + w.q.row_bytes());
+        EXPECT_NE(tight->prepare_weight(w.q).data, w.q.data) << name << " " << ops::fmt_name(f);
+        EXPECT_EQ(tight->prepare_weight(w.q).data, w.q.data) << name << " " << ops::fmt_name(f) << " (past budget)";
+        QuantWeight small = w.q;
+        small.rows = 1;
+        EXPECT_NE(tight->prepare_weight(small).data, w.q.data) << name << " " << ops::fmt_name(f);
+        EXPECT_EQ(make_cpu_backend(2, isa, true, 0)->prepare_weight(w.q).data, w.q.data) << name << " (budget 0)";
+      } else {
+        EXPECT_EQ(q.data, w.q.data) << name << " " << ops::fmt_name(f) << " (not here: the scalar kernels)";
       }
-      // An aligned weight (the copy) is not copied again.
-      EXPECT_EQ(on->prepare_weight(q).data, q.data) << ops::fmt_name(f);
-    } else {
-      EXPECT_EQ(q.data, w.q.data) << ops::fmt_name(f) << " (no AVX-512 here: nothing to realign for)";
-    }
-    EXPECT_EQ(make_cpu_backend(2, CpuIsa::Avx512, false)->prepare_weight(w.q).data, w.q.data) << ops::fmt_name(f);
-    if (cpu_isa_supported(CpuIsa::Avx2)) {
-      EXPECT_EQ(make_cpu_backend(2, CpuIsa::Avx2, true)->prepare_weight(w.q).data, w.q.data) << ops::fmt_name(f);
+      EXPECT_EQ(make_cpu_backend(2, isa, false)->prepare_weight(w.q).data, w.q.data) << name << " " << ops::fmt_name(f);
     }
   }
+  const HostWeight w = ops::make_weight(Fmt::BF16, 5, 64, rng);
+  EXPECT_EQ(make_cpu_backend(2, CpuIsa::Scalar, true)->prepare_weight(w.q).data, w.q.data) << "scalar";
 }
 
 // The arena the realigned copies live in: every block 64-byte aligned, disjoint from the others and kept where it is

@@ -660,7 +660,13 @@ struct V8 {
 
   // ---- matmul tiles (mm_body.h) ----
   static constexpr int kMt = 3;  // 16 ymm registers: tiles of up to 3 activation rows
-  static constexpr int nt_bf16(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
+  // bf16 M = 1: 2-row tiles, the weight stream prefetched 4 KiB ahead in memory order (TBf16::tile_pf, the next
+  // tile by default): membw_bench --step, one thread, Zen 4, weights on huge pages, five interleaved rounds, the
+  // step's matmuls 18.7-26.8 GB/s (best of 5) with 8-row tiles prefetching the next one -> 25.2-30.2; 2 rows 8 /
+  // 16 KiB ahead 23.6-28.9 / 26.3-28.4, 4 rows 8 KiB 20.7-24.7, 8 rows 32 KiB ahead slower than the base
+  // (bench/README.md, issue 26). The tile shape does not change a bit (one chain per output).
+  static constexpr int nt_bf16(int mt) { return mt == 1 ? 2 : mt == 2 ? 4 : 3; }
+  static constexpr int64_t kGemvAheadBytes = 4096;
   static constexpr int nt_mx(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
   static constexpr int nt_nat(int mt) { return mt == 1 ? 6 : mt == 2 ? 4 : 2; }
   static constexpr int64_t kChunkM = 8 * kMt;

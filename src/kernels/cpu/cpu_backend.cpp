@@ -103,29 +103,36 @@ int64_t row_grain(const QuantWeight& w, int64_t M) {
 
 class CpuBackend final : public HostTyped<CpuBackend> {
  public:
-  CpuBackend(int threads, CpuIsa isa, bool realign)
-      : pool_(threads), isa_(resolve_isa(isa)), k_(kernels_for(isa_)), realign_(realign && isa_ == CpuIsa::Avx512) {}
+  CpuBackend(int threads, CpuIsa isa, bool realign, int64_t realign_budget)
+      : pool_(threads),
+        isa_(resolve_isa(isa)),
+        k_(kernels_for(isa_)),
+        realign_(realign && (isa_ == CpuIsa::Avx512 || isa_ == CpuIsa::Avx2)),
+        realign_budget_(realign_budget) {}
   const char* name() const override { return "cpu"; }
   int num_threads() const override { return pool_.size(); }
 
-  // A weight whose data is not 64-byte aligned in the mapped checkpoint (safetensors aligns tensors only as far as
-  // its header's length makes them: the bench checkpoints' all start at 32 mod 64) is copied into 64-byte aligned
-  // memory when the AVX-512 kernels run, whose 512-bit loads would otherwise each straddle two cache lines (Zen 4,
-  // 2 threads, the bf16 DeepSeek-V3 bench shape at batch 1: 127-132 -> 151-155 tok/s; the AVX2 kernels' 256-bit
-  // loads do not straddle at 32 mod 64: unchanged, so no copy there). The same bytes: a placement, not a value.
-  // The copies stop at half the memory available when the first one is made (core/memory_info.h), so a model that
-  // only fits mapped still loads; LATENT_CPU_REALIGN=0 keeps every weight mapped. The copies go to transparent huge
-  // pages where the kernel gives them (weight_arena.h: on 4 KiB pages the copies decoded slower than the AVX2
-  // kernels reading the checkpoint's page cache, mostly large folios, in place).
+  // With the SIMD kernels (AVX-512, AVX2) every weight is copied out of the mapped checkpoint into a
+  // cpu::WeightArena: 64-byte aligned memory on transparent 2 MiB pages where the kernel gives them. The alignment is
+  // for the AVX-512 kernels (safetensors aligns tensors only as far as its header's length makes them: the bench
+  // checkpoints' all start at 32 mod 64, where each 512-bit load straddles two cache lines; Zen 4, 2 threads, the
+  // bf16 DeepSeek-V3 bench shape at batch 1: 127-132 -> 151-155 tok/s). The pages are for both: the checkpoint's
+  // page cache is only partly PMD-mapped (weight_arena.h), and a batch-1 decode step streams every weight once, so
+  // on 4 KiB pages it pays a TLB miss per 4 KiB read. Measured (bench/README.md, issue 26, "AVX2 on 2 MiB pages"):
+  // AVX2 batch 1 context 0, 93-137 -> 137-155 tok/s (the 32 mod 64 checkpoint); with a 64-byte aligned checkpoint
+  // AVX-512 118-146 -> 141-198 and AVX2 83-141 -> 124-142. The same bytes: a placement, not a value.
+  // The copies stop at half the memory available when the first one is made (core/memory_info.h): the weights past
+  // that stay mapped, so a model that only fits mapped still loads. LATENT_CPU_REALIGN=0 keeps every weight mapped.
   QuantWeight prepare_weight(const QuantWeight& w) override {
-    if (!realign_ || !w.data || (reinterpret_cast<uintptr_t>(w.data) & 63) == 0) return w;
+    if (!realign_ || !w.data) return w;
+    if (realigned_.owns(w.data)) return w;
     const size_t bytes = static_cast<size_t>(w.rows * w.row_bytes());
     if (realign_budget_ < 0) {
       realign_budget_ = host_available_memory() / 2;
       // (debug: once per backend, and every parallel rank has one; what `run` prints stays as it was)
       log::debug(
-          "cpu backend: weights not 64-byte aligned in the checkpoint are copied to aligned memory for the "
-          "AVX-512 kernels (up to {:.1f} GB; LATENT_CPU_REALIGN=0: keep them mapped)",
+          "cpu backend: weights are copied from the checkpoint to aligned memory on huge pages for the SIMD "
+          "kernels (up to {:.1f} GB; LATENT_CPU_REALIGN=0: keep them mapped)",
           static_cast<double>(realign_budget_) / 1e9);
     }
     if (bytes == 0 || realigned_bytes_ + static_cast<int64_t>(bytes) > realign_budget_) return w;
@@ -692,9 +699,9 @@ class CpuBackend final : public HostTyped<CpuBackend> {
   ThreadPool pool_;
   CpuIsa isa_;
   const cpu::Kernels& k_;
-  bool realign_;                                       // prepare_weight copies misaligned weights (AVX-512 only)
-  int64_t realign_budget_ = -1, realigned_bytes_ = 0;  // bytes the copies may take (-1: not read yet), taken
-  cpu::WeightArena realigned_;                         // the copies (64-byte aligned, on huge pages if it can)
+  bool realign_;                                  // prepare_weight copies weights to the arena (AVX-512, AVX2)
+  int64_t realign_budget_, realigned_bytes_ = 0;  // bytes the copies may take (-1: not read yet), taken
+  cpu::WeightArena realigned_;                    // the copies (64-byte aligned, on huge pages if it can)
   std::once_flag ref_once_;
   std::unique_ptr<RefBackend> ref_;
 };
@@ -734,8 +741,8 @@ std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa) {
   return make_cpu_backend(threads, isa, cpu_realign_default());
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa, bool realign_weights) {
-  return std::make_unique<CpuBackend>(threads, isa, realign_weights);
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa, bool realign_weights, int64_t realign_budget) {
+  return std::make_unique<CpuBackend>(threads, isa, realign_weights, realign_budget < 0 ? -1 : realign_budget);
 }
 
 }  // namespace latent

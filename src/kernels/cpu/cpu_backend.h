@@ -27,9 +27,10 @@ CpuIsa cpu_isa_default();
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 // A specific ISA level (tests); an unsupported level falls back to the best supported one.
 std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa);
-// Whether the backend's prepare_weight copies weights that are not 64-byte aligned into aligned memory when it runs
-// the AVX-512 kernels (cpu_realign_default(): yes unless LATENT_CPU_REALIGN=0).
+// Whether the backend's prepare_weight copies weights into 64-byte aligned memory on huge pages when it runs the
+// AVX-512 or AVX2 kernels, up to half the available memory (cpu_realign_default(): yes unless LATENT_CPU_REALIGN=0).
 bool cpu_realign_default();
-std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa, bool realign_weights);
+// `realign_budget`: the bytes the copies may take (tests); -1: half the memory available at the first copy.
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuIsa isa, bool realign_weights, int64_t realign_budget = -1);
 
 }  // namespace latent

@@ -135,6 +135,14 @@ struct TBf16 {
     for (int n = 0; n < NT; ++n) y[n] = H::hsum(H::add(lo[n], hi[n]));
   }
 
+  // The M = 1 tiles' prefetch distance (tile_pf's decode tiles without a shared panel): V::kGemvAheadBytes rounded
+  // up to whole NT-row tiles, at least the next tile (V8; V16's M = 1 tile is gemv_halves).
+  template <int NT>
+  LTI static int64_t gemv_ahead_rows(const QuantWeight& w) {
+    const int64_t tile_bytes = NT * 2 * w.cols;
+    return V::kGemvAheadBytes > 0 ? (V::kGemvAheadBytes + tile_bytes - 1) / tile_bytes * NT : NT;
+  }
+
   template <int MT, int NT, bool kShared>
   LTI static void tile_pf(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
     constexpr int W = V::W, G = 2 * W;
@@ -144,7 +152,7 @@ struct TBf16 {
     // K = 1024, 512 B for a down projection) and NT rows are NT streams at once, too little for the hardware
     // prefetcher to ramp up on. The first activation tile of a panel prefetches the next panel's rows the same way.
     constexpr bool kDecode = MT < V::kBf16HoldX && MT < V::kBf16HoldW;
-    const int64_t ahead_rows = kShared ? ah.rows : NT;
+    const int64_t ahead_rows = kShared ? ah.rows : MT == 1 ? gemv_ahead_rows<NT>(w) : NT;
     const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(ahead_rows * 2 * K);
     [[maybe_unused]] int64_t wait = ah.phase;
     F acc[MT][NT];

@@ -28,6 +28,13 @@ WeightArena::~WeightArena() {
   }
 }
 
+bool WeightArena::owns(const void* p) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (const Chunk& c : chunks_)
+    if (b >= c.base && b < c.base + c.used) return true;
+  return false;
+}
+
 uint8_t* WeightArena::alloc(size_t bytes) {
   bytes = round_up(bytes > 0 ? bytes : 1, 64);
   if (!chunks_.empty()) {

@@ -1,4 +1,4 @@
-// Internal: the memory the CPU backend copies realigned weights into (cpu_backend.cpp, prepare_weight). Carved
+// Internal: the memory the CPU backend copies weights into (cpu_backend.cpp, prepare_weight). Carved
 // 64-byte aligned out of large anonymous mappings that ask the kernel for transparent huge pages: a decode step
 // streams every weight once (~190 MB for the bf16 DeepSeek-V3 bench shape), and with 4 KiB pages that is one TLB
 // miss and page walk per 4 KiB read. The checkpoint mapping the AVX2 kernels read in place is mostly backed by the
@@ -20,6 +20,8 @@ class WeightArena {
 
   // `bytes` of 64-byte aligned memory that stays valid (at the same address) until the arena is destroyed.
   uint8_t* alloc(size_t bytes);
+  // Whether `p` points into a block this arena handed out.
+  bool owns(const void* p) const;
   // Whether the chunks were advised for transparent huge pages (Linux); false where the platform has no such advice
   // or madvise refused it (the memory is then ordinary, still 64-byte aligned).
   bool huge_pages_advised() const { return advised_; }
