@@ -122,7 +122,6 @@ void launch_add_rms_norm(TView h, TView delta, const float* w, int64_t M, int64_
                          cudaStream_t st);
 void launch_layer_norm(TView x, const float* w, const float* b, int64_t M, int64_t D, float eps, TView y,
                        cudaStream_t st);
-// Head h of row t starts at column h * head_stride of x.
 // The MLA query / latent path after its matmuls, one launch (a block per token): q's rope parts (columns q_col0 +
 // h·head_stride, n_heads heads) rotated, kv's c = RMSNorm(kv[:, 0:dc]) · norm_w, k_pe = kv[:, dc:dc+dr] rotated, the
 // row [c | k_pe] stored to the pool at slots[t] (skipped for < 0) — the same bits as rope, rms_norm, rope, kv_store.
@@ -131,6 +130,7 @@ bool mla_qkv_tail_ok(int64_t dc, int64_t dr);
 void launch_mla_qkv_tail(TView q, int64_t q_col0, int64_t n_heads, int64_t head_stride, TView kv, int64_t dc,
                          const float* norm_w, float eps, const int64_t* pos, const int64_t* slots, int64_t n,
                          const KvPool& pool, const RopeParams& rp, cudaStream_t st);
+// Head h of row t starts at column h * head_stride of x.
 void launch_rope(TView x, int64_t n_tokens, int64_t n_heads, int64_t head_stride, const int64_t* pos,
                  const RopeParams& p, cudaStream_t st);
 void launch_silu_mul(TView gate, TView up, int64_t rows, int64_t cols, TView out, cudaStream_t st);
