@@ -17,20 +17,20 @@ namespace {
 
 constexpr int kChunks = 4;
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    const cudaError_t e_ = (x);                                                    \
-    if (e_ != cudaSuccess) {                                                       \
+#define CHECK(x)                                                                        \
+  do {                                                                                  \
+    const cudaError_t e_ = (x);                                                         \
+    if (e_ != cudaSuccess) {                                                            \
       std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      return 1;                                                                    \
-    }                                                                              \
+      return 1;                                                                         \
+    }                                                                                   \
   } while (0)
 
 // TILED false: row r at r · rb, its chunk kb at 64 · kb; true: tile t's chunk kb at (t · nkb + kb) · 1024, row r % 16
 // at 64 · (r % 16) within it.
 template <bool TILED>
-__global__ void __launch_bounds__(256) warp_pattern(const uint8_t* a, const uint8_t* b, int64_t tiles, int64_t nkb,
-                                                    int64_t rb, unsigned* out) {
+__global__ void __launch_bounds__(256)
+    warp_pattern(const uint8_t* a, const uint8_t* b, int64_t tiles, int64_t nkb, int64_t rb, unsigned* out) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   uint32_t acc = 0;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * 8;
@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(256) warp_pattern(const uint8_t* a, const uint
   if (acc == 0x12345678u) out[0] = acc;  // (never: keeps the loads)
 }
 
-__global__ void __launch_bounds__(256) block_pattern(const uint8_t* a, const uint8_t* b, int64_t tiles, int64_t nkb,
-                                                     int64_t rb, unsigned* out) {
+__global__ void __launch_bounds__(256)
+    block_pattern(const uint8_t* a, const uint8_t* b, int64_t tiles, int64_t nkb, int64_t rb, unsigned* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   uint32_t acc = 0;
   for (int64_t item = blockIdx.x; item < tiles; item += gridDim.x) {
@@ -132,7 +132,7 @@ int main() {
               warp_pattern<true><<<sms * 8, 256, smem>>>(a, a + mat, tiles, nkb, rb, out);
             } else {
               cudaFuncSetAttribute(block_pattern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-              block_pattern<<<sms * (one ? 1 : 4), 256, smem>>>(a, a + mat, tiles, nkb, rb, out);
+              block_pattern<<<sms*(one ? 1 : 4), 256, smem>>>(a, a + mat, tiles, nkb, rb, out);
             }
           },
           40);
@@ -142,8 +142,8 @@ int main() {
     }
   for (int bpsm : {4, 8, 16}) {
     const int64_t n = static_cast<int64_t>(2 * mat / 16);
-    const double us = time(
-        [&](int i) { read_probe<<<sms * bpsm, 256>>>(reinterpret_cast<const uint4*>(a_of(i)), n, out); }, 40);
+    const double us =
+        time([&](int i) { read_probe<<<sms * bpsm, 256>>>(reinterpret_cast<const uint4*>(a_of(i)), n, out); }, 40);
     std::printf("read probe %2d blocks/SM %19s %8.1f us %6.0f GB/s\n", bpsm, "", us,
                 2.0 * static_cast<double>(mat) / us / 1e3);
   }
