@@ -99,9 +99,9 @@ struct TBf16 {
     using HF = typename H::F;
     using HI = typename H::I;
     constexpr int W = V::W, G = 2 * W;
-    const int64_t K = w.cols, KG = K / G * G, tile_bytes = NT * 2 * K;
+    const int64_t K = w.cols, KG = K / G * G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
-    const int64_t ahead = (V::kGemvAheadBytes + tile_bytes - 1) / tile_bytes * tile_bytes;
+    const int64_t ahead = gemv_ahead_rows<NT>(w) * 2 * K;  // whole tiles, as tile_pf's M = 1 tiles
     const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(ahead);
     HF lo[NT], hi[NT];
 #pragma GCC unroll 8
