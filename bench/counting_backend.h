@@ -94,6 +94,7 @@ class CountingBackend final : public Backend {
   void graph_release(int id) override { b_.graph_release(id); }
   int64_t graph_kernels(int id) const override { return b_.graph_kernels(id); }
   void set_profile(bool on) { profile_ = on; }
+  void set_default_blocks(bool on) { default_blocks_ = on; }
   // With a device timer the profile times every op between marks on the stream (no synchronization per op: the
   // GPU time of its kernels, launch gaps excluded); finish_profile() collects them after the step.
   DeviceTimer* timer = nullptr;
@@ -219,10 +220,11 @@ class CountingBackend final : public Backend {
   }
   // The MLA query / latent block: the counted step (profile) runs the default composition, so that its matmuls,
   // norms and ropes are counted and timed one by one; the timed steps run the wrapped backend's block (fused on
-  // CUDA), as the server does.
+  // CUDA), as the server does, unless set_default_blocks(true) asks for the default composition there too (the A/B
+  // of a fused block: `cuda_bench ctx --default-blocks`).
   void mla_qkv(const MlaLayer& L, const Tensor& x, const StepTokens& tok, const KvPool& pool, const Tensor& cq,
                const Tensor& q, const Tensor& kv) override {
-    if (profile_)
+    if (profile_ || default_blocks_)
       Backend::mla_qkv(L, x, tok, pool, cq, q, kv);
     else
       b_.mla_qkv(L, x, tok, pool, cq, q, kv);
@@ -426,6 +428,7 @@ class CountingBackend final : public Backend {
   double sync_cost_ = -1;
   Backend& b_;
   bool profile_;
+  bool default_blocks_ = false;
 };
 
 inline void print_profile(const CountingBackend& cb, double per, double wall, const char* what) {

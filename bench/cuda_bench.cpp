@@ -1167,13 +1167,15 @@ int main(int argc, char** argv) {
   // replace), --no-tile the tiled kernel only (the skinny kernels then take FP8 up to 2,048 rows, as before it);
   // --mla-split-keys N the fewest keys per split of the MLA decode attention (default: 32 at one (token, head
   // tile) item, else 128); --glu-fused-rows N the most (token, expert) pairs whose MXFP4 gate and up run in one pass;
-  // --profiler-step one more step in the CUDA profiler's range (for ncu).
+  // --profiler-step one more step in the CUDA profiler's range (for ncu); --default-blocks runs the decode blocks
+  // (mla_qkv) as the base class composes them instead of the backend's fused kernels (their A/B).
   if (argc > 2 && std::string(argv[1]) == "ctx") {
     std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
-    bool profile = false;
+    bool profile = false, default_blocks = false;
     for (int i = 3; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--profile") profile = true;
+      if (a == "--default-blocks") default_blocks = true;
       if (a == "--profiler-step") g_profiler_step = true;
       if (a == "--no-stc") bench_no_stc(*be);
       if (a == "--no-tile") bench_no_tile(*be);
@@ -1186,6 +1188,7 @@ int main(int argc, char** argv) {
     ModelFiles files = open_model_files(argv[2]);
     files.cfg->max_position_embeddings = std::max<int64_t>(files.cfg->max_position_embeddings, 65536 + 64);
     bench::CountingBackend cb(*be, false);
+    cb.set_default_blocks(default_blocks);
     ModelOptions o;
     o.bf16_activations = true;
     Model m(*files.cfg, *files.plan, cb, o);

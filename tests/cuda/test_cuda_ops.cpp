@@ -71,7 +71,7 @@ std::vector<CaseIndex> all_cases() {
 
 class CudaOps : public ::testing::TestWithParam<CaseIndex> {};
 
-TEST_P(CudaOps, MatchesRef) { ops::run_op_case(ops::op_cases()[GetParam().i], gpu(), "cuda"); }
+TEST_P(CudaOps, MatchesRef) { ops::run_op_case(ops::op_cases()[GetParam().i], {{&gpu(), "cuda"}}); }
 
 INSTANTIATE_TEST_SUITE_P(OpHarness, CudaOps, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<CaseIndex>& p) {

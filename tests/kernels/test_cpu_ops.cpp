@@ -1,6 +1,6 @@
 // The CPU backend against the ref backend: the shared op case list (tests/ops/op_cases.cpp: every op and decode
 // block, every weight format, odd sizes, F32 and BF16 activations) for every ISA level this machine runs (scalar,
-// avx2, avx512), one gtest per (level, case): OpHarness/CpuOps.MatchesRef/<isa>_<case>. Then the CPU-only checks:
+// avx2, avx512), one gtest per case: OpHarness/CpuOps.MatchesRef/<case>, every level in it. Then the CPU-only checks:
 // ISA selection and the LATENT_CPU_ISA override, batch invariance of matmul / grouped matmul, and the epilogue
 // contract (fused = unfused bit for bit). The per-case errors are printed at the end ("[op harness] ...").
 #include <gtest/gtest.h>
@@ -45,30 +45,29 @@ Backend& cpu_backend(CpuIsa isa) {
 // ---------------------------------------------------------------------------------------------------------------
 // The shared case list
 // ---------------------------------------------------------------------------------------------------------------
-// One (ISA level, case) pair; printed as "cpu-avx2 matmul/f32/f32" (the name ctest shows after the test's).
-struct IsaCase {
-  CpuIsa isa;
+// One gtest per case: OpHarness/CpuOps.MatchesRef/<case>, run on every ISA level this machine has (the ref
+// backend's outputs computed once per check, then compared with each level's; the messages name the level).
+struct CaseIndex {
   size_t i;
 };
-void PrintTo(const IsaCase& p, std::ostream* os) { *os << isa_label(p.isa) << " " << ops::op_cases()[p.i].name; }
-std::vector<IsaCase> isa_cases() {
-  std::vector<IsaCase> v;
-  for (CpuIsa isa : cpu_isas_available())
-    for (size_t i = 0; i < ops::op_cases().size(); ++i) v.push_back({isa, i});
+void PrintTo(const CaseIndex& p, std::ostream* os) { *os << ops::op_cases()[p.i].name; }
+std::vector<CaseIndex> all_cases() {
+  std::vector<CaseIndex> v;
+  for (size_t i = 0; i < ops::op_cases().size(); ++i) v.push_back({i});
   return v;
 }
 
-class CpuOps : public ::testing::TestWithParam<IsaCase> {};
+class CpuOps : public ::testing::TestWithParam<CaseIndex> {};
 
 TEST_P(CpuOps, MatchesRef) {
-  const IsaCase p = GetParam();
-  ops::run_op_case(ops::op_cases()[p.i], cpu_backend(p.isa), isa_label(p.isa));
+  std::vector<ops::Tested> levels;
+  for (CpuIsa isa : cpu_isas_available()) levels.push_back({&cpu_backend(isa), isa_label(isa)});
+  ops::run_op_case(ops::op_cases()[GetParam().i], levels);
 }
 
-INSTANTIATE_TEST_SUITE_P(OpHarness, CpuOps, ::testing::ValuesIn(isa_cases()),
-                         [](const ::testing::TestParamInfo<IsaCase>& p) {
-                           return std::string(cpu_isa_name(p.param.isa)) + "_" +
-                                  ops::gtest_name(ops::op_cases()[p.param.i].name);
+INSTANTIATE_TEST_SUITE_P(OpHarness, CpuOps, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<CaseIndex>& p) {
+                           return ops::gtest_name(ops::op_cases()[p.param.i].name);
                          });
 
 TEST(CpuOpHarness, CaseNamesAreUnique) {

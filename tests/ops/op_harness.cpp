@@ -352,22 +352,28 @@ void record_summary(const std::string& name, const std::string& label, double er
 // ---------------------------------------------------------------------------------------------------------------
 // Cases
 // ---------------------------------------------------------------------------------------------------------------
-CaseCtx::CaseCtx(const std::string& name, Backend& be, const std::string& label)
-    : rng(fnv1a(name) ^ env_seed()), name_(name), label_(label), be_(be), seed_(env_seed()) {}
+CaseCtx::CaseCtx(const std::string& name, std::vector<Tested> under_test)
+    : rng(fnv1a(name) ^ env_seed()), name_(name), tested_(std::move(under_test)), seed_(env_seed()) {}
 
 void CaseCtx::check(const std::string& what, const std::function<Outs(Arena&)>& body) {
-  Outs want, got;
+  Outs want;
   {
     Arena a(ref_backend());
     want = body(a);
   }
+  for (const Tested& t : tested_) compare(what, want, body, *t.be, t.label);
+}
+
+void CaseCtx::compare(const std::string& what, const Outs& want, const std::function<Outs(Arena&)>& body, Backend& be,
+                      const std::string& label) {
+  Outs got;
   {
-    Arena a(be_);
+    Arena a(be);
     got = body(a);
-    be_.sync();
+    be.sync();
   }
-  EXPECT_FALSE(be_.device_lost()) << name_ << " " << what << ": the " << label_ << " device is lost";
-  const std::string where = name_ + " [" + what + "] on " + label_ + " (LATENT_OP_SEED=" + std::to_string(seed_) + ")";
+  EXPECT_FALSE(be.device_lost()) << name_ << " " << what << ": the " << label << " device is lost";
+  const std::string where = name_ + " [" + what + "] on " + label + " (LATENT_OP_SEED=" + std::to_string(seed_) + ")";
   ASSERT_EQ(want.size(), got.size()) << where;
   for (size_t k = 0; k < want.size(); ++k) {
     const Out &w = want[k], &g = got[k];
@@ -376,14 +382,14 @@ void CaseCtx::check(const std::string& what, const std::function<Outs(Arena&)>& 
       size_t bad = 0, first = 0;
       for (size_t i = 0; i < w.i.size(); ++i)
         if (w.i[i] != g.i[i] && bad++ == 0) first = i;
-      record_summary(name_, label_, bad ? std::numeric_limits<double>::infinity() : 0.0, 0.0);
+      record_summary(name_, label, bad ? std::numeric_limits<double>::infinity() : 0.0, 0.0);
       EXPECT_EQ(bad, 0u) << where << " " << w.name << ": " << bad << " of " << w.i.size() << " differ, first at "
                          << first << " (" << (bad ? g.i[first] : 0) << ", ref " << (bad ? w.i[first] : 0) << ")";
       continue;
     }
     ASSERT_EQ(w.f.size(), g.f.size()) << where << " " << w.name;
     const double e = norm_err(g.f.data(), w.f.data(), w.f.size(), w.floor);
-    record_summary(name_, label_, e, w.tol);
+    record_summary(name_, label, e, w.tol);
     if (e <= w.tol) continue;
     // The first element that differs, to say where.
     size_t first = 0;
@@ -398,8 +404,8 @@ void CaseCtx::check(const std::string& what, const std::function<Outs(Arena&)>& 
   }
 }
 
-void run_op_case(const OpCase& c, Backend& be, const std::string& label) {
-  CaseCtx ctx(c.name, be, label);
+void run_op_case(const OpCase& c, const std::vector<Tested>& under_test) {
+  CaseCtx ctx(c.name, under_test);
   c.run(ctx);
 }
 

@@ -172,19 +172,27 @@ class Arena {
 // ---------------------------------------------------------------------------------------------------------------
 // Cases
 // ---------------------------------------------------------------------------------------------------------------
+// A backend under test and the label the messages and the summary give it ("cpu-avx2", "cuda").
+struct Tested {
+  Backend* be;
+  std::string label;
+};
+
 class CaseCtx {
  public:
-  CaseCtx(const std::string& name, Backend& be, const std::string& label);
+  CaseCtx(const std::string& name, std::vector<Tested> under_test);
   Rng rng;
-  // Runs `body` on the ref backend and on the backend under test, compares every output (gtest EXPECTs naming the
-  // case, `what`, the output and the backend) and records the largest error for the summary.
+  // Runs `body` on the ref backend once and on each backend under test, compares every output (gtest EXPECTs
+  // naming the case, `what`, the output and the backend) and records the largest error for the summary. `body`
+  // must not draw from `rng` (every backend gets the same inputs: draw them before check).
   void check(const std::string& what, const std::function<Outs(Arena&)>& body);
   const std::string& name() const { return name_; }
-  Backend& under_test() { return be_; }
 
  private:
-  std::string name_, label_;
-  Backend& be_;
+  void compare(const std::string& what, const Outs& want, const std::function<Outs(Arena&)>& body, Backend& be,
+               const std::string& label);
+  std::string name_;
+  std::vector<Tested> tested_;
   uint64_t seed_;
 };
 
@@ -195,8 +203,8 @@ struct OpCase {
 
 // The case list (op_cases.cpp): every op of backend.h and the decode blocks.
 const std::vector<OpCase>& op_cases();
-// Runs one case on `be` (printed as `label`) against the ref backend.
-void run_op_case(const OpCase& c, Backend& be, const std::string& label);
+// Runs one case on each backend of `under_test` against the ref backend (its outputs computed once).
+void run_op_case(const OpCase& c, const std::vector<Tested>& under_test);
 // The case name as a gtest name (non-alphanumerics to '_').
 std::string gtest_name(const std::string& s);
 
