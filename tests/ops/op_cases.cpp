@@ -319,6 +319,23 @@ void grouped_mxfp4_case(CaseCtx& c, Act a) {
   grouped_once(c, "nan", gs, a);
 }
 
+// y = SiLU(x · wgᵀ) · (x · wᵀ) + residual in one call (the SwiGLU and residual epilogues together), M rows of x.
+void matmul_glu_residual_once(CaseCtx& c, const std::string& what, const HostWeight& w, const HostWeight& wg, Act a,
+                              int64_t M) {
+  const int64_t N = w.q.rows, K = w.q.cols;
+  const std::vector<float> x = c.rng.normals(M * K), res = c.rng.normals(M * N, 3.0f);
+  c.check(what, [&](Arena& A) {
+    const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
+    const QuantWeight* gp[1] = {&wgd};
+    const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
+    Epilogue e;
+    e.glu = gp;
+    e.residual = &rt;
+    A.be.matmul(wd, xt, y, e);
+    return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
+  });
+}
+
 // BF16 and FP8 (block 128, per tensor, per channel) weights with K % 128 == 0 — the dense layers and bf16 / FP8
 // experts of the published checkpoints, which a device backend may put on tensor-core skinny kernels from one
 // token to a few hundred: 16-row tile edges, one and several passes of 64 tokens, SwiGLU and residual epilogues,
@@ -335,17 +352,7 @@ void matmul_k128_case(CaseCtx& c, Act a) {
   for (Fmt f : {Fmt::BF16, Fmt::Fp8Block}) {
     const int64_t N = 45, K = 384, M = 20;
     const HostWeight w = make_weight(f, N, K, c.rng), wg = make_weight(f, N, K, c.rng);
-    const std::vector<float> x = c.rng.normals(M * K), res = c.rng.normals(M * N, 3.0f);
-    c.check(std::string(fmt_name(f)) + " glu+residual", [&](Arena& A) {
-      const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
-      const QuantWeight* gp[1] = {&wgd};
-      const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
-      Epilogue e;
-      e.glu = gp;
-      e.residual = &rt;
-      A.be.matmul(wd, xt, y, e);
-      return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
-    });
+    matmul_glu_residual_once(c, std::string(fmt_name(f)) + " glu+residual", w, wg, a, M);
   }
   for (Fmt f : {Fmt::Fp8Block, Fmt::Fp8Channel}) {
     const HostWeight w = make_weight(f, 37, 256, c.rng, /*nan=*/true);
@@ -366,19 +373,7 @@ void matmul_mxfp4_tiles_case(CaseCtx& c, Act a) {
   }
   const int64_t N = 48, K = 256;
   const HostWeight w = make_weight(Fmt::Mxfp4, N, K, c.rng), wg = make_weight(Fmt::Mxfp4, N, K, c.rng);
-  for (int64_t M : {1, 7, 40}) {
-    const std::vector<float> x = c.rng.normals(M * K), res = c.rng.normals(M * N, 3.0f);
-    c.check("glu+residual M " + S(M), [&](Arena& A) {
-      const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
-      const QuantWeight* gp[1] = {&wgd};
-      const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
-      Epilogue e;
-      e.glu = gp;
-      e.residual = &rt;
-      A.be.matmul(wd, xt, y, e);
-      return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
-    });
-  }
+  for (int64_t M : {1, 7, 40}) matmul_glu_residual_once(c, "glu+residual M " + S(M), w, wg, a, M);
   const HostWeight wn = make_weight(Fmt::Mxfp4, 32, 256, c.rng, /*nan=*/true);
   for (int64_t M : {1, 6, 40}) matmul_once(c, "nan M " + S(M), wn, a, M);
 }
