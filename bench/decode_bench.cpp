@@ -4,7 +4,7 @@
 //
 //   decode_bench --model DIR [--model DIR2 ...] [--threads 1,2] [--ctx 0,512,4096] [--batch 1,16,64]
 //                [--steps 16] [--prefill 512] [--activations fp32|bf16] [--backends cpu[,ref]] [--fill 4096]
-//                [--max-kv-gb 8] [--profile] [--mb 512]
+//                [--max-kv-gb 8] [--profile] [--shapes] [--mb 512]
 //
 // Probes first, per thread count: the streaming read bandwidth (a sum over a buffer much larger than the caches)
 // and the FMA peak (independent FMA chains on every thread, 512-bit where the CPU backend runs AVX-512).
@@ -24,7 +24,8 @@
 // (weights + KV) / step time, %bw = that over the read probe, %roof = the larger floor (bytes / bandwidth, FLOPs /
 // FMA peak) over the step time, x1t = tok/s over the same row's tok/s on one thread, cpu% = the process's CPU time
 // over (wall time x threads): well below 100 % means the machine was shared (spinning pool threads count as busy).
-// --profile adds the time per op class and step (ms, and GFLOP/s where the op has FLOPs).
+// --profile adds the time per op class and step (ms, and GFLOP/s where the op has FLOPs); --shapes (implies
+// --profile) also per weight shape and format of the decode steps (matmuls, grouped matmuls, attention).
 //
 //   decode_bench --model DIR --speculative 0,1,2,3 --prompts FILE.json [--prompt-names heldout,long]
 //                [--threads 1,2] [--max-tokens 64] [--rounds 5] [--profile]
@@ -213,6 +214,12 @@ struct DecodeResult {
 };
 
 // B sequences with ctx cached tokens each, one untimed step, then `steps` timed decode steps.
+void print_shapes(const CountingBackend& cb, double n) {
+  for (const auto& [key, d] : cb.details)
+    std::printf("      %-52s %8.3f ms %5.1f calls %7.1f GFLOP/s\n", key.c_str(), d.time / n * 1e3,
+                static_cast<double>(d.calls) / n, d.time > 0 ? d.flops / d.time / 1e9 : 0.0);
+}
+
 DecodeResult run_decode(Model& model, CountingBackend& cb, const Template* tpl, int64_t ctx, int64_t B, int64_t steps,
                         double max_kv_gb, bool profile) {
   const ModelConfig& cfg = model.config();
@@ -271,6 +278,7 @@ DecodeResult run_decode(Model& model, CountingBackend& cb, const Template* tpl, 
   r.cpu = cpu / (wall * static_cast<double>(cb.num_threads()));
   r.wall = wall;
   if (profile) print_profile(cb, n, wall, "per step");
+  if (profile && cb.detail) print_shapes(cb, n);
   return r;
 }
 
@@ -622,7 +630,7 @@ int main(int argc, char** argv) {
   int64_t n_prefill = 512, steps = 16, fill = 4096;
   double max_kv_gb = 8.0;
   size_t mb = 512;
-  bool profile = false, bf16 = false;
+  bool profile = false, bf16 = false, shapes = false;
   std::vector<int64_t> spec_ks;
   std::string prompts_path, prompt_names;
   int64_t spec_max_tokens = 64, rounds = 5;
@@ -683,6 +691,8 @@ int main(int argc, char** argv) {
       bf16 = v == "bf16";
     } else if (a == "--profile") {
       profile = true;
+    } else if (a == "--shapes") {
+      profile = shapes = true;
     } else if (a == "--speculative") {
       spec_ks = list(0);
     } else if (a == "--prompts") {
@@ -697,7 +707,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: decode_bench --model DIR [--model DIR ...] [--threads 1,2] [--ctx 0,512,4096]\n"
                    "                    [--batch 1,16,64] [--steps 16] [--prefill 512] [--activations fp32|bf16]\n"
-                   "                    [--backends cpu[,ref]] [--fill 4096] [--max-kv-gb 8] [--profile] [--mb 512]\n"
+                   "                    [--backends cpu[,ref]] [--fill 4096] [--max-kv-gb 8] [--profile] [--shapes]\n"
+                   "                    [--mb 512]\n"
                    "       decode_bench --model DIR --speculative 0,1,2,3 --prompts FILE.json [--prompt-names P,..]\n"
                    "                    [--threads 1,2] [--max-tokens 64] [--rounds 5] [--activations fp32|bf16]\n"
                    "                    [--profile]\n");
@@ -761,6 +772,7 @@ int main(int argc, char** argv) {
         for (int t : threads) {
           std::unique_ptr<Backend> be = make_backend(bname, t);
           CountingBackend cb(*be, profile);
+          cb.detail = shapes;
           Model model(*f.cfg, *f.plan, cb, mo);
           touch_weights(model.weights());
           if (!tpl && max_ctx > 0) {

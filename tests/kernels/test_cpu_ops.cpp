@@ -261,7 +261,7 @@ TEST(CpuBatchInvariance, Matmul) {
             for (int64_t m = 0; m < kMaxM; ++m) one->matmul(w.q, x.rows(m, 1), alone.rows(m, 1));
             const std::string what = std::string(ops::fmt_name(f)) + " " + cpu_isa_name(isa) + " cols " +
                                      std::to_string(cols) + " x " + ops::dtype_label(xt) + " y " + ops::dtype_label(yt);
-            for (int64_t M : {1, 3, 4, 7, 16, 17, 64, 130}) {
+            for (int64_t M : {1, 2, 3, 4, 5, 7, 16, 17, 64, 130}) {
               for (int64_t at : {int64_t{0}, (kMaxM - M) / 2 + 1}) {  // the batch at the start / in the middle
                 if (at + M > kMaxM || (at > 0 && M == kMaxM)) continue;
                 for (Backend* be : {one.get(), three.get()}) {

@@ -660,11 +660,11 @@ struct V8 {
 
   // ---- matmul tiles (mm_body.h) ----
   static constexpr int kMt = 3;  // 16 ymm registers: tiles of up to 3 activation rows
-  // bf16 M = 1: 2-row tiles, the weight stream prefetched 4 KiB ahead in memory order (TBf16::tile_pf, the next
-  // tile by default): membw_bench --step, one thread, Zen 4, weights on huge pages, five interleaved rounds, the
-  // step's matmuls 18.7-26.8 GB/s (best of 5) with 8-row tiles prefetching the next one -> 25.2-30.2; 2 rows 8 /
-  // 16 KiB ahead 23.6-28.9 / 26.3-28.4, 4 rows 8 KiB 20.7-24.7, 8 rows 32 KiB ahead slower than the base
-  // (bench/README.md, issue 26). The tile shape does not change a bit (one chain per output).
+  // bf16 M = 1: 2-row tiles, the weight stream prefetched 4 KiB ahead in memory order (TBf16::tile_pf; every
+  // one-pass tile, M <= 3, prefetches as far): membw_bench --step, one thread, Zen 4, weights on huge pages, five
+  // interleaved rounds, the step's matmuls 18.7-26.8 GB/s (best of 5) with 8-row tiles prefetching the next one
+  // -> 25.2-30.2; 2 rows 8 / 16 KiB ahead 23.6-28.9 / 26.3-28.4, 4 rows 8 KiB 20.7-24.7, 8 rows 32 KiB ahead slower
+  // than the base (bench/README.md, issue 26). The tile shape does not change a bit (one chain per output).
   static constexpr int nt_bf16(int mt) { return mt == 1 ? 2 : mt == 2 ? 4 : 3; }
   static constexpr int64_t kGemvAheadBytes = 4096;
   static constexpr int nt_mx(int mt) { return mt == 1 ? 8 : mt == 2 ? 4 : 3; }
@@ -673,7 +673,7 @@ struct V8 {
   // bf16 prefill tile (3 x 3): the activation vectors held in registers (measured ~75-80 % of the FMA peak at
   // M >= 64 on Zen 3, ~55-60 % with x as memory operands).
   static constexpr int kBf16HoldX = 3, kBf16HoldW = 99;
-  static constexpr bool kBf16GemvHalves = false;  // (V16 only: the M = 1 tile in 256-bit halves)
+  static constexpr int kBf16HalvesMaxMt = 0;  // (V16 only: the one-pass tiles in 256-bit halves)
   using I = __m256i;
   LTI static I loadi(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   LTI static F bf16_lo(I d) { return _mm256_castsi256_ps(_mm256_slli_epi32(d, 16)); }

@@ -111,9 +111,10 @@ struct V16 {
 
   // ---- matmul tiles (mm_body.h) ----
   static constexpr int kMt = 5;  // 32 zmm registers: tiles of up to 5 activation rows
-  // M = 1: 2-row tiles in 256-bit halves prefetching 8 KiB ahead (TBf16::gemv_halves).
-  static constexpr int nt_bf16(int mt) { return mt == 1 ? 2 : mt == 2 ? 8 : 4; }
-  static constexpr bool kBf16GemvHalves = true;
+  // M = 1 and 2 (one pass): 2-row and 2 x 4 tiles in 256-bit halves prefetching 8 KiB ahead (TBf16::gemv_halves;
+  // M = 2 was 2 x 8 in 512-bit vectors prefetching the next tile).
+  static constexpr int nt_bf16(int mt) { return mt == 1 ? 2 : 4; }
+  static constexpr int kBf16HalvesMaxMt = 2;
   static constexpr int64_t kGemvAheadBytes = 8192;
   using Half = V8;
   LTI static __m256 low(F v) { return _mm512_castps512_ps256(v); }

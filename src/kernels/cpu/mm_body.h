@@ -75,8 +75,8 @@ struct TBf16 {
   // (membw_bench --ops, 1 thread, Zen 4).
   template <int MT, int NT>
   LT static void tile(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy, Ahead ah) {
-    if constexpr (MT == 1 && V::kBf16GemvHalves) {
-      if (ah.rows == kAheadDefault) return gemv_halves<NT>(w, x, r, y);
+    if constexpr (MT <= V::kBf16HalvesMaxMt) {
+      if (ah.rows == kAheadDefault) return gemv_halves<MT, NT>(w, x, r, y, ldy);
     }
     if (ah.rows == kAheadDefault)
       tile_pf<MT, NT, false>(w, x, r, y, ldy, ah);
@@ -84,59 +84,75 @@ struct TBf16 {
       tile_pf<MT, NT, true>(w, x, r, y, ldy, ah);
   }
 
-  // The M = 1 tile of V16 (V::kBf16GemvHalves): the same chain per output as tile_pf's (lane j of the 16-lane
-  // accumulator is lane j mod 8 of the low or high 8-lane half, each group's even then odd fma, and hsum(acc) =
-  // hsum8(low + high), the order of V16::hsum), computed with 256-bit loads and fmas, and the weight stream
-  // prefetched V::kGemvAheadBytes ahead in the order of memory (whole tiles, spread over this tile's groups).
-  // Measured on Zen 4 (membw_bench --step, one thread, the bench shape's decode matmuls from DRAM): 512-bit loads
-  // ~3-5 % slower than two 256-bit ones; 8-row tiles prefetching the next tile (16 KiB at K = 1024) ~12-18 % slower
-  // than 2-4 rows with 8-16 KiB ahead, 12-16 rows (a 24-32 KiB tile: the L1 is 32 KiB) half the speed; prefetches
-  // in consumption order (each row's next line) as slow as none, to L2 only (T1 / T2 hints) ~15 % slower
-  // (bench/README.md, "Issue 26, AVX-512 decode GEMV").
-  template <int NT>
-  LTI static void gemv_halves(const QuantWeight& w, const float* x, int64_t r, float* y) {
+  // The one-pass tiles of up to V::kBf16HalvesMaxMt activation rows of V16 (M = 1 and 2): the same chain per output
+  // as tile_pf's (lane j of the 16-lane accumulator is lane j mod 8 of the low or high 8-lane half, each group's even
+  // then odd fma, and hsum(acc) = hsum8(low + high), the order of V16::hsum), computed with 256-bit loads and fmas,
+  // and the weight stream prefetched V::kGemvAheadBytes ahead in the order of memory (whole tiles, spread over this
+  // tile's groups). Measured on Zen 4 (membw_bench --step, one thread, the bench shape's decode matmuls from DRAM):
+  // 512-bit loads ~3-5 % slower than two 256-bit ones; 8-row tiles prefetching the next tile (16 KiB at K = 1024)
+  // ~12-18 % slower than 2-4 rows with 8-16 KiB ahead, 12-16 rows (a 24-32 KiB tile: the L1 is 32 KiB) half the
+  // speed; prefetches in consumption order (each row's next line) as slow as none, to L2 only (T1 / T2 hints) ~15 %
+  // slower (bench/README.md, "Issue 26, AVX-512 decode GEMV"). M = 2 (the routed experts at batch 16 get ~2 rows
+  // each): 2 x 4 tiles, as the M = 1 one (bench/README.md, "Issue 26, batched decode").
+  template <int MT, int NT>
+  LTI static void gemv_halves(const QuantWeight& w, const float* x, int64_t r, float* y, int64_t ldy) {
     using H = typename V::Half;
     using HF = typename H::F;
     using HI = typename H::I;
     constexpr int W = V::W, G = 2 * W;
     const int64_t K = w.cols, KG = K / G * G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
-    const int64_t ahead = gemv_ahead_rows<NT>(w) * 2 * K;  // whole tiles, as tile_pf's M = 1 tiles
+    const int64_t ahead = gemv_ahead_rows<NT>(w) * 2 * K;  // whole tiles, as tile_pf's one-pass tiles
     const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(ahead);
-    HF lo[NT], hi[NT];
-#pragma GCC unroll 8
-    for (int n = 0; n < NT; ++n) lo[n] = hi[n] = H::zero();
+    HF lo[MT][NT], hi[MT][NT];
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i) lo[i / NT][i % NT] = hi[i / NT][i % NT] = H::zero();
     for (int64_t k = 0; k < KG; k += G) {
 #pragma GCC unroll 8
       for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
-      const HF x0 = H::load(x + k), x1 = H::load(x + k + W / 2), x2 = H::load(x + k + W),
-               x3 = H::load(x + k + W + W / 2);
+      HF x0[MT], x1[MT], x2[MT], x3[MT];
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) {
+        const float* xm = x + m * K + k;
+        x0[m] = H::load(xm);
+        x1[m] = H::load(xm + W / 2);
+        x2[m] = H::load(xm + W);
+        x3[m] = H::load(xm + W + W / 2);
+      }
 #pragma GCC unroll 8
       for (int n = 0; n < NT; ++n) {
         const HI d0 = H::loadi(base + n * 2 * K + 2 * k),
                  d1 = H::loadi(base + n * 2 * K + 2 * k + 2 * W);  // (W / 2 dwords on)
-        lo[n] = H::fma(H::bf16_lo(d0), x0, lo[n]);
-        hi[n] = H::fma(H::bf16_lo(d1), x1, hi[n]);
-        lo[n] = H::fma(H::bf16_hi(d0), x2, lo[n]);
-        hi[n] = H::fma(H::bf16_hi(d1), x3, hi[n]);
+        const HF e0 = H::bf16_lo(d0), e1 = H::bf16_lo(d1), o0 = H::bf16_hi(d0), o1 = H::bf16_hi(d1);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          lo[m][n] = H::fma(e0, x0[m], lo[m][n]);
+          hi[m][n] = H::fma(e1, x1[m], hi[m][n]);
+          lo[m][n] = H::fma(o0, x2[m], lo[m][n]);
+          hi[m][n] = H::fma(o1, x3[m], hi[m][n]);
+        }
       }
     }
     for (int64_t k = KG; k < K; k += W) {  // natural-order tail (< 2W columns): tile_pf's masked W-lane steps
       const int64_t nn = K - k < W ? K - k : W;
-      const typename V::F xv = V::load_part(x + k, nn);
 #pragma GCC unroll 8
       for (int n = 0; n < NT; ++n) {
         const typename V::F f = V::load_part(reinterpret_cast<const uint16_t*>(base + n * 2 * K + 2 * k), nn);
-        lo[n] = H::fma(V::low(f), V::low(xv), lo[n]);
-        hi[n] = H::fma(V::high(f), V::high(xv), hi[n]);
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) {
+          const typename V::F xv = V::load_part(x + m * K + k, nn);
+          lo[m][n] = H::fma(V::low(f), V::low(xv), lo[m][n]);
+          hi[m][n] = H::fma(V::high(f), V::high(xv), hi[m][n]);
+        }
       }
     }
-#pragma GCC unroll 8
-    for (int n = 0; n < NT; ++n) y[n] = H::hsum(H::add(lo[n], hi[n]));
+#pragma GCC unroll 32
+    for (int i = 0; i < MT * NT; ++i)
+      y[(i / NT) * ldy + (i % NT)] = H::hsum(H::add(lo[i / NT][i % NT], hi[i / NT][i % NT]));
   }
 
-  // The M = 1 tiles' prefetch distance (tile_pf's decode tiles without a shared panel): V::kGemvAheadBytes rounded
-  // up to whole NT-row tiles, at least the next tile (V8; V16's M = 1 tile is gemv_halves).
+  // The one-pass tiles' prefetch distance (M <= kMaxMt: no shared panel): V::kGemvAheadBytes rounded up to whole
+  // NT-row tiles, at least the next tile.
   template <int NT>
   LTI static int64_t gemv_ahead_rows(const QuantWeight& w) {
     const int64_t tile_bytes = NT * 2 * w.cols;
@@ -148,11 +164,13 @@ struct TBf16 {
     constexpr int W = V::W, G = 2 * W;
     const int64_t K = w.cols, KG = K / G * G;
     const uint8_t* base = static_cast<const uint8_t*>(w.data) + r * 2 * K;
-    // Decode tiles prefetch the next tile's rows, spread over this tile's groups: an expert row is short (2 KiB at
+    // One-pass tiles (M <= kMaxMt: decode, the routed experts' few rows each) prefetch the weight stream
+    // V::kGemvAheadBytes ahead in whole tiles, spread over this tile's groups: an expert row is short (2 KiB at
     // K = 1024, 512 B for a down projection) and NT rows are NT streams at once, too little for the hardware
-    // prefetcher to ramp up on. The first activation tile of a panel prefetches the next panel's rows the same way.
-    constexpr bool kDecode = MT < V::kBf16HoldX && MT < V::kBf16HoldW;
-    const int64_t ahead_rows = kShared ? ah.rows : MT == 1 ? gemv_ahead_rows<NT>(w) : NT;
+    // prefetcher to ramp up on. (Before: the next tile, and nothing for the hold tiles, V8's 3-row and V16's 4-5-row
+    // ones: at batch 16 the routed experts took 11.5-14.0 ms per step against 9.7-11.6 now; bench/README.md, "Issue
+    // 26, batched decode".) The activation tiles of a panel share the next panel's prefetch (ah).
+    const int64_t ahead_rows = kShared ? ah.rows : gemv_ahead_rows<NT>(w);
     const uintptr_t pn = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(ahead_rows * 2 * K);
     [[maybe_unused]] int64_t wait = ah.phase;
     F acc[MT][NT];
@@ -165,7 +183,7 @@ struct TBf16 {
 #pragma GCC unroll 8
           for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
         }
-      } else if constexpr (kDecode) {
+      } else {
 #pragma GCC unroll 8
         for (int j = 0; j < NT * 2 * G; j += 64) prefetch_at(pn + static_cast<uintptr_t>(k / G * NT * 2 * G + j));
       }
