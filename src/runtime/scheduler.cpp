@@ -281,19 +281,24 @@ void Scheduler::collect_new_and_cancelled() {
       incoming_.pop_front();
     }
   }
-  int64_t removed = 0;
+  // Cancelled waiting requests leave the queue count before their handles say done, so that a caller who sees its
+  // request done never sees it still counted as waiting (stats().waiting, /metrics).
+  std::vector<std::shared_ptr<Req>> cancelled;
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if ((*it)->handle->cancelled()) {
-      abort_request(**it, std::nullopt, "");
+      cancelled.push_back(std::move(*it));
       it = waiting_.erase(it);
-      ++removed;
     } else {
       ++it;
     }
   }
-  if (removed) {
-    std::lock_guard lk(mu_);
-    queued_ -= removed;
+  if (!cancelled.empty()) {
+    {
+      std::lock_guard lk(mu_);
+      queued_ -= static_cast<int64_t>(cancelled.size());
+      st_waiting_.store(queued_);
+    }
+    for (auto& r : cancelled) abort_request(*r, std::nullopt, "");
   }
   for (auto& r : running_)
     if (!r->ended && r->handle->cancelled()) abort_request(*r, std::nullopt, "");
