@@ -213,12 +213,14 @@ struct DecodeResult {
   bool skipped = false;
 };
 
-// B sequences with ctx cached tokens each, one untimed step, then `steps` timed decode steps.
+// --shapes: the profile per weight shape and format (the counting wrapper's details), per step of n.
 void print_shapes(const CountingBackend& cb, double n) {
   for (const auto& [key, d] : cb.details)
     std::printf("      %-52s %8.3f ms %5.1f calls %7.1f GFLOP/s\n", key.c_str(), d.time / n * 1e3,
                 static_cast<double>(d.calls) / n, d.time > 0 ? d.flops / d.time / 1e9 : 0.0);
 }
+
+// B sequences with ctx cached tokens each, one untimed step, then `steps` timed decode steps.
 
 DecodeResult run_decode(Model& model, CountingBackend& cb, const Template* tpl, int64_t ctx, int64_t B, int64_t steps,
                         double max_kv_gb, bool profile) {

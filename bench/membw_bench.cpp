@@ -103,8 +103,8 @@ void run_ops(const std::vector<int>& threads, latent::CpuIsa isa) {
     std::vector<float> x(static_cast<size_t>(f.cols), 0.5f), y(static_cast<size_t>(f.rows));
     for (int t : threads) {
       auto be = latent::make_cpu_backend(t, isa);
-      const latent::QuantWeight q =
-          be->prepare_weight(w.q);  // as the model loads it (SIMD ISAs: a 64-byte aligned copy)
+      // As the model loads it (SIMD ISAs: a 64-byte aligned copy).
+      const latent::QuantWeight q = be->prepare_weight(w.q);
       be->matmul(q, latent::Tensor(x.data(), latent::DType::F32, 1, f.cols),
                  latent::Tensor(y.data(), latent::DType::F32, 1, f.rows));  // warm
       double best = 1e30;

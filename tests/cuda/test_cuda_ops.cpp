@@ -58,25 +58,12 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 // ---------------------------------------------------------------------------------------------------------------
 // The shared case list
 // ---------------------------------------------------------------------------------------------------------------
-// A case of the list; printed as its name (the name ctest or a gtest listing shows after the test's).
-struct CaseIndex {
-  size_t i;
-};
-void PrintTo(const CaseIndex& p, std::ostream* os) { *os << ops::op_cases()[p.i].name; }
-std::vector<CaseIndex> all_cases() {
-  std::vector<CaseIndex> v;
-  for (size_t i = 0; i < ops::op_cases().size(); ++i) v.push_back({i});
-  return v;
-}
-
-class CudaOps : public ::testing::TestWithParam<CaseIndex> {};
+// One gtest per case: OpHarness/CudaOps.MatchesRef/<case>.
+class CudaOps : public ::testing::TestWithParam<ops::CaseIndex> {};
 
 TEST_P(CudaOps, MatchesRef) { ops::run_op_case(ops::op_cases()[GetParam().i], {{&gpu(), "cuda"}}); }
 
-INSTANTIATE_TEST_SUITE_P(OpHarness, CudaOps, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<CaseIndex>& p) {
-                           return ops::gtest_name(ops::op_cases()[p.param.i].name);
-                         });
+INSTANTIATE_TEST_SUITE_P(OpHarness, CudaOps, ::testing::ValuesIn(ops::all_case_indices()), ops::case_test_name);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Memory and registry

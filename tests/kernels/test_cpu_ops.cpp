@@ -47,17 +47,7 @@ Backend& cpu_backend(CpuIsa isa) {
 // ---------------------------------------------------------------------------------------------------------------
 // One gtest per case: OpHarness/CpuOps.MatchesRef/<case>, run on every ISA level this machine has (the ref
 // backend's outputs computed once per check, then compared with each level's; the messages name the level).
-struct CaseIndex {
-  size_t i;
-};
-void PrintTo(const CaseIndex& p, std::ostream* os) { *os << ops::op_cases()[p.i].name; }
-std::vector<CaseIndex> all_cases() {
-  std::vector<CaseIndex> v;
-  for (size_t i = 0; i < ops::op_cases().size(); ++i) v.push_back({i});
-  return v;
-}
-
-class CpuOps : public ::testing::TestWithParam<CaseIndex> {};
+class CpuOps : public ::testing::TestWithParam<ops::CaseIndex> {};
 
 TEST_P(CpuOps, MatchesRef) {
   std::vector<ops::Tested> levels;
@@ -65,10 +55,7 @@ TEST_P(CpuOps, MatchesRef) {
   ops::run_op_case(ops::op_cases()[GetParam().i], levels);
 }
 
-INSTANTIATE_TEST_SUITE_P(OpHarness, CpuOps, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<CaseIndex>& p) {
-                           return ops::gtest_name(ops::op_cases()[p.param.i].name);
-                         });
+INSTANTIATE_TEST_SUITE_P(OpHarness, CpuOps, ::testing::ValuesIn(ops::all_case_indices()), ops::case_test_name);
 
 TEST(CpuOpHarness, CaseNamesAreUnique) {
   std::set<std::string> seen;

@@ -409,6 +409,18 @@ void run_op_case(const OpCase& c, const std::vector<Tested>& under_test) {
   c.run(ctx);
 }
 
+void PrintTo(const CaseIndex& p, std::ostream* os) { *os << op_cases()[p.i].name; }
+
+std::vector<CaseIndex> all_case_indices() {
+  std::vector<CaseIndex> v;
+  for (size_t i = 0; i < op_cases().size(); ++i) v.push_back({i});
+  return v;
+}
+
+std::string case_test_name(const ::testing::TestParamInfo<CaseIndex>& p) {
+  return gtest_name(op_cases()[p.param.i].name);
+}
+
 std::string gtest_name(const std::string& s) {
   std::string o;
   for (char ch : s) o += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

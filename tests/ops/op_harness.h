@@ -17,9 +17,12 @@
 // At the end of the program every case run prints one line, the same case names on every backend:
 //   [op harness] <case name>: <err> <backend>[, <err> <backend> ...] (tol <tol>)
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -207,6 +210,16 @@ const std::vector<OpCase>& op_cases();
 void run_op_case(const OpCase& c, const std::vector<Tested>& under_test);
 // The case name as a gtest name (non-alphanumerics to '_').
 std::string gtest_name(const std::string& s);
+
+// The parameter of a backend's one-gtest-per-case suite (tests/kernels/test_cpu_ops.cpp, tests/cuda/test_cuda_ops.cpp):
+// a case of the list, printed as its name (what ctest or a gtest listing shows after the test's); every index of
+// op_cases(); the gtest name of one (INSTANTIATE_TEST_SUITE_P's name generator).
+struct CaseIndex {
+  size_t i;
+};
+void PrintTo(const CaseIndex& p, std::ostream* os);
+std::vector<CaseIndex> all_case_indices();
+std::string case_test_name(const ::testing::TestParamInfo<CaseIndex>& p);
 
 // Records a line of the end-of-program summary for a check outside the case list (backend-specific tests).
 void record_summary(const std::string& name, const std::string& label, double err, double tol);
