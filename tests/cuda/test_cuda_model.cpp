@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/npy.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
 
@@ -322,6 +323,61 @@ TEST_P(CudaModel, GraphsEqualEagerBitForBit) {
 // (a long prompt of another sequence) grows it. The graph must keep working on the buffer it recorded: replays
 // after the growth equal the eager model bit for bit (run under compute-sanitizer memcheck by scripts/gpu_test
 // --memcheck, a freed buffer would be reported).
+// --activations declared in the bf16 mode on the tiny block-FP8 DeepSeek-V3 model: the declared linears run the FP8 x
+// FP8 cuBLASLt GEMM (counted), and the logits stay close to the ref backend's declared bf16 emulation and to the
+// CUDA default composition (the GEMM off): every difference is fp32 summation order inside the tensor cores, which
+// moves a bf16 rounding and then, now and then, an FP8 rounding of the next linear's input.
+TEST(CudaActDeclared, Bf16RunsTheFp8GemmNearTheRef) {
+  const std::vector<int32_t> ids = {5, 17, 200, 3, 99, 42, 7, 130, 64, 255, 12, 8, 77, 150, 31, 2, 180, 90, 11, 45};
+  const auto load_declared = [](const std::string& backend) {
+    auto l = std::make_unique<Loaded>();
+    l->files = open_model_files(repo() + "/tests/models/v3-tiny-fp8");
+    l->backend = make_backend(backend, 2);
+    ModelOptions o;
+    o.bf16_activations = true;
+    o.act_fp8_declared = true;
+    l->model = std::make_unique<Model>(*l->files.cfg, *l->files.plan, *l->backend, o);
+    return l;
+  };
+  auto g = load_declared("cuda"), r = load_declared("ref");
+  ASSERT_TRUE(g->files.plan->act_fp8_declared());
+  const int64_t V = g->model->config().vocab_size;
+  const int64_t n0 = cuda_fp8_gemm_calls(*g->backend);
+  const std::vector<float> lg = g->model->logits(ids), lr = r->model->logits(ids);
+  EXPECT_GT(cuda_fp8_gemm_calls(*g->backend), n0) << "no declared linear took the FP8 x FP8 GEMM";
+  cuda_set_fp8_gemm_rows(*g->backend, 0);
+  const int64_t n1 = cuda_fp8_gemm_calls(*g->backend);
+  const std::vector<float> lc = g->model->logits(ids);
+  EXPECT_EQ(cuda_fp8_gemm_calls(*g->backend), n1);
+  cuda_set_fp8_gemm_rows(*g->backend, 1);
+  const auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      den += static_cast<double>(b[i]) * b[i];
+    }
+    return std::sqrt(num / den);
+  };
+  const auto top1 = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    size_t same = 0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const float* pa = a.data() + t * static_cast<size_t>(V);
+      const float* pb = b.data() + t * static_cast<size_t>(V);
+      same += std::max_element(pa, pa + V) - pa == std::max_element(pb, pb + V) - pb;
+    }
+    return static_cast<double>(same) / static_cast<double>(ids.size());
+  };
+  const double e_ref = rel(lg, lr), e_comp = rel(lg, lc), e_comp_ref = rel(lc, lr);
+  std::printf(
+      "[cuda model] v3-tiny-fp8 declared bf16, 20 tokens: fp8 gemm vs ref emulation rel %.4f top-1 %.2f; vs the "
+      "composition rel %.4f top-1 %.2f; composition vs ref rel %.4f\n",
+      e_ref, top1(lg, lr), e_comp, top1(lg, lc), e_comp_ref);
+  // The bf16 mode's band (Bf16MatchesRefEmulation: RMS ≤ 5e-2) doubled for the FP8 roundings an ulp can flip.
+  EXPECT_LT(e_ref, 0.1);
+  EXPECT_LT(e_comp, 0.1);
+  EXPECT_GE(top1(lg, lr), 0.8);
+}
+
 TEST(CudaGraphs, ScratchGrownAfterCaptureKeepsTheGraphValid) {
   ModelFiles files = open_model_files(repo() + "/tests/models/glm5-tiny");
   std::unique_ptr<Backend> be = make_backend("cuda", 1);
