@@ -221,7 +221,6 @@ void print_shapes(const CountingBackend& cb, double n) {
 }
 
 // B sequences with ctx cached tokens each, one untimed step, then `steps` timed decode steps.
-
 DecodeResult run_decode(Model& model, CountingBackend& cb, const Template* tpl, int64_t ctx, int64_t B, int64_t steps,
                         double max_kv_gb, bool profile) {
   const ModelConfig& cfg = model.config();

@@ -225,7 +225,14 @@ void Scheduler::stop() {
 
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
-  s.waiting = st_waiting_.load();
+  // The queue count first, then the running gauges: admit() publishes a request as running before it leaves the
+  // queue count, so a request admitted between the two reads is seen in one of them at least.
+  {
+    std::lock_guard lk(mu_);
+    s.waiting = queued_;
+    s.dead = dead_;
+    s.draining = draining_;
+  }
   s.running_requests = st_running_reqs_.load();
   s.running_seqs = st_running_seqs_.load();
   s.kv_used = alloc_.used_blocks();
@@ -244,10 +251,6 @@ SchedulerStats Scheduler::stats() const {
     s.spec_proposed_at = spec_prop_at_;
     s.spec_accepted_at = spec_acc_at_;
   }
-  std::lock_guard lk(mu_);
-  s.waiting = queued_;
-  s.dead = dead_;
-  s.draining = draining_;
   return s;
 }
 
@@ -380,6 +383,9 @@ void Scheduler::admit(Clock::time_point now) {
     }
   }
   if (admitted) {
+    // The admitted requests count as running before they leave the queue count, so that a reader of stats() never
+    // sees a request in neither (running 0 and waiting 0 while one is being admitted: /metrics scraped as idle).
+    update_running_gauges();
     std::lock_guard lk(mu_);
     queued_ -= admitted;
   }
@@ -620,6 +626,10 @@ void Scheduler::update_gauges() {
     q = queued_;
   }
   st_waiting_.store(q);
+  update_running_gauges();
+}
+
+void Scheduler::update_running_gauges() {
   st_running_reqs_.store(static_cast<int64_t>(running_.size()));
   st_running_seqs_.store(static_cast<int64_t>(active_.size()));
 }

@@ -204,6 +204,7 @@ class Scheduler {
   void emit_verified(Seq& s, const EngineStepItem& it, int64_t row, Clock::time_point now, int64_t& accepted);
   int64_t commit_bound(const Seq& s) const;
   void count_drafts(Seq& s, int64_t proposed, int64_t accepted);
+  void update_running_gauges();  // st_running_reqs_ / st_running_seqs_ from running_ / active_
   void collect_new_and_cancelled();
   void expire(Clock::time_point now);
   void admit(Clock::time_point now);

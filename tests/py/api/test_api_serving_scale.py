@@ -57,6 +57,12 @@ def test_health_and_metrics_answer_while_300_streams_are_open(tiny_model, tmp_pa
         while time.time() < deadline and (s.metric("num_requests_waiting") or 0) < 50:
             time.sleep(0.05)
         assert s.metric("num_requests_waiting") >= 50
+        # Every stream is in the scheduler before any closes (requests_total counts submissions): a request still in
+        # its handler when its client goes would be queued after the wait below saw the server idle.
+        deadline = time.time() + 60
+        while time.time() < deadline and (s.metric("requests_total") or 0) < 300:
+            time.sleep(0.05)
+        assert s.metric("requests_total") == 300
         st, _, b = s.request("GET", "/health", timeout=10)
         assert st == 200 and json.loads(b)["status"] == "ok"
         st, _, _ = s.request("GET", "/metrics", timeout=10)
@@ -69,8 +75,13 @@ def test_health_and_metrics_answer_while_300_streams_are_open(tiny_model, tmp_pa
     finally:
         for k in socks:
             k.close()
+
+    def busy():  # running and waiting from one scrape (two scrapes could miss a request admitted in between)
+        m = s.metrics()
+        return sum(m.get(f'latent:{g}{{model_name="tiny-glm"}}', 0) for g in ("num_requests_running",
+                                                                              "num_requests_waiting"))
     deadline = time.time() + 30
-    while time.time() < deadline and (s.metric("num_requests_running") or s.metric("num_requests_waiting")):
+    while time.time() < deadline and busy():
         time.sleep(0.1)
     assert s.metric("num_requests_running") == 0 and s.metric("num_requests_waiting") == 0
     assert s.metric("kv_cache_blocks_used") == 0
