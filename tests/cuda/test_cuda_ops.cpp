@@ -164,6 +164,17 @@ TEST(CudaDispatch, MatmulActFp8) {
     if (c.want) ops::record_summary("cuda-only/matmul_act_fp8/fp8_gemm", "cuda", e, tol);
     EXPECT_LE(e, tol) << what;
   }
+  // The tiny models' shapes (N and K below one 128 block): printed, to see which cuBLASLt computes right.
+  const int64_t small[][3] = {{48, 64, 20}, {192, 48, 20}, {160, 64, 20}, {64, 160, 20}, {64, 96, 20}, {32, 64, 20},
+                              {128, 128, 20}, {256, 128, 20}, {128, 256, 20}, {48, 256, 20}, {256, 48, 20},
+                              {128, 64, 20}, {64, 128, 20}, {144, 144, 20}, {160, 400, 20}, {48, 400, 20}};
+  for (const auto& sh : small) {
+    const HostWeight w = ops::make_weight(Fmt::Fp8Block, sh[0], sh[1], rng);
+    bool took = false;
+    const double e = run_act_fp8(w, rng.normals(sh[2] * sh[1]), sh[2], DType::BF16, DType::BF16, took);
+    std::printf("[fp8 small] N %lld K %lld M %lld: took %d err %.3e\n", static_cast<long long>(sh[0]),
+                static_cast<long long>(sh[1]), static_cast<long long>(sh[2]), took ? 1 : 0, e);
+  }
   // Off: the default composition, the same answer within the tolerance.
   cuda_set_fp8_gemm_rows(gpu(), 0);
   const HostWeight w = ops::make_weight(Fmt::Fp8Block, 512, 1024, rng);

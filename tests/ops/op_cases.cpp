@@ -1484,6 +1484,28 @@ void matmul_act_fp8_gemm_case(CaseCtx& c, Act a) {
       });
     }
   }
+  // SwiGLU + bias + residual on the GEMM (the gate a second GEMM over the same codes).
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{256, 512}, {160, 400}}) {
+    const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng), wg = make_weight(Fmt::Fp8Block, N, K, c.rng);
+    for (int64_t M : {1, 17}) {
+      const std::vector<float> x = act_input(c.rng, M, K, 128, false), bias = c.rng.normals(N),
+                               res = c.rng.normals(M * N, 3.0f);
+      c.check("glu N " + S(N) + " K " + S(K) + " M " + S(M), [&, N = N, K = K](Arena& A) {
+        const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
+        const QuantWeight* gp[1] = {&wgd};
+        const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
+        Epilogue e;
+        e.bias = A.up(bias);
+        e.glu = gp;
+        e.residual = &rt;
+        ActFp8 ac;
+        ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+        ac.scratch_floats = M * K;
+        A.be.matmul_act_fp8(wd, xt, ac, y, e);
+        return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
+      });
+    }
+  }
   {
     const int64_t N = 256, K = 384, M = 8;
     const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng, /*nan=*/true);

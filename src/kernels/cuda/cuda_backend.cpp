@@ -379,21 +379,27 @@ class CudaBackend final : public Backend {
     const QuantWeight* g = ep.glu ? ep.glu[0] : nullptr;
     if (!fp8_gemm_eligible(w, x, y) || (g && (!fp8_gemm_eligible(*g, x, y) || g->rows != N)))
       return Backend::matmul_act_fp8(w, x, a, y, ep);
-    const int64_t Kb = (K + 127) / 128, Nb = (N + 127) / 128, ldm = cuda::LtGemm::fp8_ld(M),
-                  ldk = cuda::LtGemm::fp8_ld(Kb);
-    // Scratch: the x codes [M, K], the x scales [Kb, ldm], the weight (and gate) scales padded to [Nb, ldk] rows
+    // The GEMM runs Mp = fp8_rows(M) token rows (cuBLASLt's block-scaled kernels take multiples of 4): the rows past
+    // M are zero codes with zero scales, their outputs (zeros) never read.
+    const int64_t Mp = cuda::LtGemm::fp8_rows(M), Kb = (K + 127) / 128, Nb = (N + 127) / 128,
+                  ldm = cuda::LtGemm::fp8_ld(Mp), ldk = cuda::LtGemm::fp8_ld(Kb);
+    // Scratch: the x codes [Mp, K], the x scales [Kb, ldm], the weight (and gate) scales padded to [Nb, ldk] rows
     // when Kb is not a multiple of 4; each part 256-byte aligned.
     const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
-    const size_t codes_b = up(static_cast<size_t>(M * K)), xs_b = up(static_cast<size_t>(Kb * ldm) * 4),
+    const size_t codes_b = up(static_cast<size_t>(Mp * K)), xs_b = up(static_cast<size_t>(Kb * ldm) * 4),
                  ws_b = Kb == ldk ? 0 : up(static_cast<size_t>(Nb * ldk) * 4);
     auto* base = static_cast<uint8_t*>(tmp_bytes(kTmpAct8, codes_b + xs_b + 2 * ws_b, "FP8 activation codes"));
     uint8_t* codes = base;
     auto* xs = reinterpret_cast<float*>(base + codes_b);
-    const bool direct = ep.empty() && y.dtype == DType::F32 && y.contiguous();
-    float* acc = direct ? y.f32() : tmp_f32(kTmpAcc, M * N, "matmul accumulators");
-    float* gacc = g ? tmp_f32(kTmpGacc, M * N, "matmul gate accumulators") : nullptr;
-    if (!lt_->fp8_supported(w.data, codes, M, N, K, acc) || (g && !lt_->fp8_supported(g->data, codes, M, N, K, gacc)))
+    const bool direct = Mp == M && ep.empty() && y.dtype == DType::F32 && y.contiguous();
+    float* acc = direct ? y.f32() : tmp_f32(kTmpAcc, Mp * N, "matmul accumulators");
+    float* gacc = g ? tmp_f32(kTmpGacc, Mp * N, "matmul gate accumulators") : nullptr;
+    if (!lt_->fp8_supported(w.data, codes, Mp, N, K, acc) || (g && !lt_->fp8_supported(g->data, codes, Mp, N, K, gacc)))
       return Backend::matmul_act_fp8(w, x, a, y, ep);
+    if (Mp != M) {
+      check(cudaMemsetAsync(codes + M * K, 0, static_cast<size_t>((Mp - M) * K), stream_), "FP8 codes (padding rows)");
+      check(cudaMemsetAsync(xs, 0, static_cast<size_t>(Kb * ldm) * 4, stream_), "FP8 scales (padding rows)");
+    }
     cuda::launch_act_quant_fp8_codes(cuda::tview(x), M, K, 128, a.pow2_scale, codes, K, xs, ldm, stream_);
     check_launch("act_quant_fp8 (codes)");
     const auto scales = [&](const QuantWeight& q, int slot) {
@@ -404,10 +410,10 @@ class CudaBackend final : public Backend {
             "FP8 weight scales (padded rows)");
       return static_cast<const float*>(d);
     };
-    lt_->fp8_gemm(w.data, scales(w, 0), codes, xs, M, N, K, acc, stream_);
+    lt_->fp8_gemm(w.data, scales(w, 0), codes, xs, Mp, N, K, acc, stream_);
     check_launch("matmul_act_fp8 (cublasLtMatmul)");
     if (g) {
-      lt_->fp8_gemm(g->data, scales(*g, 1), codes, xs, M, N, K, gacc, stream_);
+      lt_->fp8_gemm(g->data, scales(*g, 1), codes, xs, Mp, N, K, gacc, stream_);
       check_launch("matmul_act_fp8 (SwiGLU gate, cublasLtMatmul)");
     }
     ++fp8_gemm_calls;
@@ -591,8 +597,8 @@ class CudaBackend final : public Backend {
     if (!fast_decode || !q.bf16() || !o.bf16() || !cuda::mla_decode_supported(L.d, pool))
       return Backend::mla_decode_attention(L, q, pool, seqs, pos, sel, o);
     const int64_t N = q.rows;
-    // Splits from the graph bucket of the run (decode_graph_bucket: a padded graph step splits as an eager one).
-    // and from the shared split context (StepSeqs::split_ctx): an eager step splits as a graph replay of its shape.
+    // Splits from the graph bucket of the run (decode_graph_bucket: a padded graph step splits as an eager one) and
+    // from the shared split context (StepSeqs::split_ctx): an eager step splits as a graph replay of its shape.
     const int64_t ctx = seqs.split_ctx > 0 ? std::max(seqs.split_ctx, seqs.max_ctx) : seqs.max_ctx;
     const int splits = cuda::mla_decode_splits(L.d, decode_graph_bucket(N), ctx, mla_split_keys);
     const cuda::MlaDecodeScratch sz = cuda::mla_decode_scratch(L.d, N, splits);

@@ -102,6 +102,15 @@ LtGemm::Plan* LtGemm::plan_for(const void* w, const void* x, int64_t M, int64_t 
     s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad));
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad));
+  // The block-scaled modes are looked up with scale pointers set (the workspace stands in; fp8_gemm sets the real
+  // ones per call): without them the heuristic answers INVALID_VALUE (cuBLASLt 13.1, probed on an H100).
+  if (kind == 1 && s == CUBLAS_STATUS_SUCCESS) {
+    auto* op8 = static_cast<cublasLtMatmulDesc_t>(desc_fp8_);
+    const void* any = workspace_;
+    s = cublasLtMatmulDescSetAttribute(op8, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any, sizeof(any));
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(op8, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &any, sizeof(any));
+  }
   cublasLtMatmulHeuristicResult_t res{};
   int n = 0;
   if (s == CUBLAS_STATUS_SUCCESS)

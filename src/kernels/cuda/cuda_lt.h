@@ -36,6 +36,10 @@ class LtGemm {
   // in the tensor cores, each 128-column block's promoted to fp32 and scaled there. K % 16 == 0 (the codes' rows
   // 16-byte aligned). False (nothing enqueued) when cuBLASLt has no algorithm for the shape.
   static int64_t fp8_ld(int64_t n) { return (n + 3) / 4 * 4; }
+  // The token rows M an FP8 GEMM is run with: cuBLASLt 13.1 on sm_90 has block-scaled algorithms for M a multiple of 4
+  // only (NOT_SUPPORTED for M = 1, 2, 6, 17, 130; served for 4, 8, 12, 16, 20, 300: probe on an H100), so callers pad
+  // the tokens to a multiple of 4.
+  static int64_t fp8_rows(int64_t m) { return (m + 3) / 4 * 4; }
   bool fp8_supported(const void* wq, const void* xq, int64_t M, int64_t N, int64_t K, const float* y);
   bool fp8_gemm(const void* wq, const float* w_scale, const void* xq, const float* x_scale, int64_t M, int64_t N,
                 int64_t K, float* y, cudaStream_t st);
