@@ -1168,7 +1168,8 @@ int main(int argc, char** argv) {
   // --mla-split-keys N the fewest keys per split of the MLA decode attention (default: 32 at one (token, head
   // tile) item, else 128); --glu-fused-rows N the most (token, expert) pairs whose MXFP4 gate and up run in one pass;
   // --profiler-step one more step in the CUDA profiler's range (for ncu); --default-blocks runs the decode blocks
-  // (mla_qkv) as the base class composes them instead of the backend's fused kernels (their A/B).
+  // (mla_qkv) as the base class composes them instead of the backend's fused kernels (their A/B);
+  // --no-mx-tile-major loads the MXFP4 codes row after row instead of tile-major (the A/B of that layout).
   if (argc > 2 && std::string(argv[1]) == "ctx") {
     std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
     bool profile = false, default_blocks = false;
@@ -1176,6 +1177,7 @@ int main(int argc, char** argv) {
       const std::string a = argv[i];
       if (a == "--profile") profile = true;
       if (a == "--default-blocks") default_blocks = true;
+      if (a == "--no-mx-tile-major") cuda_set_mx_tile_major(*be, false);
       if (a == "--profiler-step") g_profiler_step = true;
       if (a == "--no-stc") bench_no_stc(*be);
       if (a == "--no-tile") bench_no_tile(*be);
@@ -1304,7 +1306,9 @@ int main(int argc, char** argv) {
     run_prefill_benches(*be);
     return 0;
   }
-  if (argc > 1 && std::string(argv[1]) == "grouped") {  // only the MoE decode timings
+  // cuda_bench grouped [--no-mx-tile-major]: only the MoE decode timings (the flag: MXFP4 codes row after row).
+  if (argc > 1 && std::string(argv[1]) == "grouped") {
+    if (argc > 2 && std::string(argv[2]) == "--no-mx-tile-major") cuda_set_mx_tile_major(*be, false);
     for (DType act : {DType::F32, DType::BF16}) {
       bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 4096, 6144, act);
       bench_grouped(*be, WeightFormat::MXFP4, 256, 8, 6144, 2048, act);

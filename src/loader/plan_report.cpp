@@ -216,6 +216,16 @@ std::string human_count(int64_t n) {
 bool cuda_mx_swizzled(const PlanEntry& e) {
   return e.is_linear && e.compute == WeightFormat::MXFP4 && e.shape.ndim == 2 && e.shape[1] % 8 == 0;
 }
+// Whether it also stores the code bytes in tile-major order (mx_layout.h: rows whole 16-row tiles, columns whole
+// 128-column chunks — mx_tile_major_ok's rule).
+bool cuda_mx_tile_major(const PlanEntry& e) {
+  return cuda_mx_swizzled(e) && e.shape[0] > 0 && e.shape[0] % 16 == 0 && e.shape[1] % 128 == 0;
+}
+const char* cuda_layout(const PlanEntry& e) {
+  return cuda_mx_tile_major(e) ? "mxfp4_pair_swizzled_tile_major"
+         : cuda_mx_swizzled(e) ? "mxfp4_pair_swizzled"
+                               : "as_stored";
+}
 
 }  // namespace
 
@@ -314,13 +324,20 @@ std::string format_plan_text(const PrecisionPlan& plan, const ModelConfig& cfg, 
     out += fmt::format("  {} tensors not loaded (MTP layers / IndexShare), listed above as skipped\n", skipped);
   out += format_activations(plan, run);
   out += fmt::format("\nactivations  {}\n", plan.activation_scheme());
-  int64_t swizzled = 0;
-  for (const PlanEntry& e : plan.entries()) swizzled += !e.skipped && cuda_mx_swizzled(e);
+  int64_t swizzled = 0, tile_major = 0;
+  for (const PlanEntry& e : plan.entries()) {
+    swizzled += !e.skipped && cuda_mx_swizzled(e);
+    tile_major += !e.skipped && cuda_mx_tile_major(e);
+  }
   if (swizzled)
     out += fmt::format(
         "cuda layout  {} mxfp4 tensors: codes pair-swizzled inside each 32-bit word at load on --device cuda (a bit "
-        "order for the tensor-core decode; the same codes, scales and values — docs/cuda.md)\n",
-        swizzled);
+        "order for the tensor-core decode; the same codes, scales and values — docs/cuda.md){}\n",
+        swizzled,
+        tile_major ? fmt::format("; {} of them with their code bytes in tile-major order (16-row tiles of "
+                                 "128-column chunks, for the decode kernels' reads)",
+                                 tile_major)
+                   : std::string());
   if (plan.lossy())
     out += fmt::format("lossy        YES: user-requested transforms above{}\n",
                        allow_lossy ? " (guard lifted by --allow-lossy)" : "");
@@ -358,7 +375,7 @@ nlohmann::json plan_to_json(const PrecisionPlan& plan, const PlanActivations& ru
     }
     o["skipped"] = e.skipped;
     if (e.skipped) o["skip_reason"] = e.skip_reason;
-    o["cuda_layout"] = cuda_mx_swizzled(e) ? "mxfp4_pair_swizzled" : "as_stored";
+    o["cuda_layout"] = cuda_layout(e);
     arr.push_back(std::move(o));
   }
   return arr;

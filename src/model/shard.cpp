@@ -105,6 +105,11 @@ QuantWeight slice_rows(const QuantWeight& w, int64_t r0, int64_t r1, const std::
           "on a multiple of {} rows); choose a parallel size whose split falls on block boundaries",
           name, fmt_name(w), w.rows, w.cols, r0, r1, br, w.block_cols, br);
   }
+  if (w.mx_tile_major && (r0 % 16 != 0 || r1 % 16 != 0))
+    fail(
+        "tensor '{}': rows [{}, {}) cut a 16-row tile of its tile-major MXFP4 codes (a slice must start and end on a "
+        "multiple of 16 rows)",
+        name, r0, r1);
   QuantWeight s = w;
   s.rows = r1 - r0;
   if (!w.data) return s;

@@ -36,6 +36,9 @@ struct QuantWeight {
   // MXFP4 on the CUDA backend: each 32-bit word of codes in the pair-swizzled layout of kernels/cuda/mx_layout.h (set
   // by its prepare_weight; the same codes and values, only their bit order inside a word). Host views: false.
   bool mx_swizzled = false;
+  // MXFP4 on the CUDA backend: the code bytes in the tile-major order of kernels/cuda/mx_layout.h (16-row tiles of
+  // 128-column chunks; set by its prepare_weight where the shape allows; only the bytes' order). Host views: false.
+  bool mx_tile_major = false;
   // The checkpoint declares dynamic 1 x block_cols FP8 activations for this module and latent can run them
   // (PrecisionPlan: block FP8 as stored, a plain linear of its input); used only with --activations declared.
   bool act_fp8 = false;

@@ -296,7 +296,8 @@ void grouped_uniform_case(CaseCtx& c, Act a) {
 // tensor-core kernel for these at decode sizes): groups of 1 .. 17 tokens, empty groups, ragged row tiles, the
 // decode shape, SwiGLU and residual epilogues, NaN scales.
 void grouped_mxfp4_case(CaseCtx& c, Act a) {
-  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{37, 128}, {200, 1152}, {16, 2048}}) {
+  // ({48, 256}, {16, 2048}: whole 16-row tiles of 128-column chunks, a device backend's tile-major codes.)
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{37, 128}, {200, 1152}, {16, 2048}, {48, 256}}) {
     Groups gs;
     gs.fmts.assign(8, Fmt::Mxfp4);
     gs.N = N;
@@ -357,6 +358,24 @@ void matmul_k128_case(CaseCtx& c, Act a) {
     const HostWeight w = make_weight(f, 37, 256, c.rng, /*nan=*/true);
     for (int64_t M : {1, 6, 40}) matmul_once(c, std::string(fmt_name(f)) + " nan M " + S(M), w, a, M);
   }
+}
+
+// MXFP4 weights of whole 16-row tiles and 128-column chunks (the shapes a device backend may store in another byte
+// order: the CUDA backend's tile-major codes) through every matmul route — one token, the skinny sizes, several
+// passes, the prefill tiles — with SwiGLU + residual and NaN scales.
+void matmul_mxfp4_tiles_case(CaseCtx& c, Act a) {
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{16, 128}, {48, 1024}, {160, 384}}) {
+    const HostWeight w = make_weight(Fmt::Mxfp4, N, K, c.rng);
+    for (int64_t M : {1, 2, 5, 8, 9, 17, 64, 130, 300}) {
+      if (M * N * K > 12'000'000) continue;
+      matmul_once(c, "N " + S(N) + " K " + S(K) + " M " + S(M), w, a, M);
+    }
+  }
+  const int64_t N = 48, K = 256;
+  const HostWeight w = make_weight(Fmt::Mxfp4, N, K, c.rng), wg = make_weight(Fmt::Mxfp4, N, K, c.rng);
+  for (int64_t M : {1, 7, 40}) matmul_glu_residual_once(c, "glu+residual M " + S(M), w, wg, a, M);
+  const HostWeight wn = make_weight(Fmt::Mxfp4, 32, 256, c.rng, /*nan=*/true);
+  for (int64_t M : {1, 6, 40}) matmul_once(c, "nan M " + S(M), wn, a, M);
 }
 
 // Expert groups of BF16 / FP8 weights with K % 128 == 0 (DeepSeek-V3's block-FP8 experts, bf16 experts): every
@@ -1499,6 +1518,7 @@ std::vector<OpCase> build() {
     add(std::string("matmul/strided/") + a.name, [a](CaseCtx& c) { matmul_strided_case(c, a); });
     add(std::string("matmul/nan_codes/") + a.name, [a](CaseCtx& c) { matmul_nan_case(c, a); });
     add(std::string("matmul/k128/") + a.name, [a](CaseCtx& c) { matmul_k128_case(c, a); });
+    add(std::string("matmul/mxfp4_tiles/") + a.name, [a](CaseCtx& c) { matmul_mxfp4_tiles_case(c, a); });
   }
   for (Ep e : {Ep::Bias, Ep::Glu, Ep::Gate, Ep::Residual, Ep::ResidualY, Ep::BiasGluResidual, Ep::BiasGateResidual})
     for (Act a : {kActF32, kActBf16})

@@ -143,6 +143,22 @@ def test_handmade_checkpoint_plans(tmp_path):
     assert "model.layers.1.mlp.experts.*.{gate,up,down}_proj.weight" in text
     assert "mxfp4 (quark, e8m0/32)" in text
     assert "cuda layout" in text and "pair-swizzled" in text
+    assert "tile-major" not in text  # no MXFP4 weight here has whole 16-row tiles of 128-column chunks
+
+
+def test_bundled_model_experts_tile_major_on_cuda():
+    # The demo model's routed experts ([256, 128] and [128, 256] MXFP4): whole 16-row tiles of 128-column chunks, so
+    # the CUDA backend also stores their code bytes tile-major (mx_layout.h); the plan says so per tensor and in all.
+    p = run("plan", "--json", check=True)
+    plan = {o["name"]: o for o in json.loads(p.stdout)}
+    down = plan["model.layers.1.mlp.experts.0.down_proj.weight"]
+    assert down["shape"] == [256, 128] and down["cuda_layout"] == "mxfp4_pair_swizzled_tile_major"
+    assert plan["model.layers.1.mlp.experts.0.up_proj.weight"]["cuda_layout"] == "mxfp4_pair_swizzled_tile_major"
+    assert all(o["cuda_layout"] == "as_stored" for o in plan.values() if o["stored"] != "mxfp4")
+    text = run("plan", check=True).stdout
+    line = next(l for l in text.splitlines() if l.startswith("cuda layout"))
+    n = sum(o["cuda_layout"] == "mxfp4_pair_swizzled_tile_major" for o in plan.values() if not o["skipped"])
+    assert n > 0 and f"{n} of them with their code bytes in tile-major order" in line
 
 
 def test_config_disagreement_is_a_warning(tmp_path):

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "kernels/cuda/mx_layout.h"
 #include "quant/float_formats.h"
@@ -70,6 +72,38 @@ TEST(MxLayout, SwizzleIsAPermutationOfBits) {
     seen |= s;
   }
   EXPECT_EQ(seen, 0xFFFFFFFFu);
+}
+
+// The tile-major byte order: a bijection of the weight's bytes onto [0, rows · row_bytes); a tile's 128-column chunk
+// is 1 KiB of consecutive bytes, its rows' 64 bytes in row order; 16-byte pieces (the kernels' loads) stay whole and
+// 16-byte aligned; the shapes it takes.
+TEST(MxLayout, TileMajorOrderIsABijectionOfWholeChunks) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 128}, {48, 384}, {32, 2048}, {160, 1152}}) {
+    const int64_t rb = cols / 2, n = rows * rb;
+    ASSERT_TRUE(cuda::mx_tile_major_ok(rows, cols, rb));
+    std::vector<uint8_t> hit(static_cast<size_t>(n), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < rb; ++b) {
+        const int64_t o = cuda::mx_tile_major_offset(r, b, rb);
+        ASSERT_GE(o, 0);
+        ASSERT_LT(o, n);
+        EXPECT_EQ(hit[static_cast<size_t>(o)]++, 0) << "row " << r << " byte " << b;
+        // Consecutive bytes of a 64-byte chunk stay consecutive; a 16-byte piece starts 16-byte aligned.
+        if (b % 64 != 0) {
+          EXPECT_EQ(o, cuda::mx_tile_major_offset(r, b - 1, rb) + 1);
+        }
+        if (b % 16 == 0) {
+          EXPECT_EQ(o % 16, 0);
+        }
+        // Tile t's chunk k: bytes [(t · chunks + k) · 1024, + 1024), row r % 16 at 64 · (r % 16).
+        EXPECT_EQ(o / 1024, (r / 16) * (rb / 64) + b / 64);
+        EXPECT_EQ(o % 1024 / 64, r % 16);
+      }
+  }
+  EXPECT_FALSE(cuda::mx_tile_major_ok(37, 128, 64));  // rows not whole tiles
+  EXPECT_FALSE(cuda::mx_tile_major_ok(16, 160, 80));  // columns not whole 128-column chunks
+  EXPECT_FALSE(cuda::mx_tile_major_ok(16, 128, 80));  // padded rows
+  EXPECT_FALSE(cuda::mx_tile_major_ok(0, 128, 64));
 }
 
 }  // namespace

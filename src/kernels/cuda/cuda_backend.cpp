@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_lt.h"
 #include "kernels/cuda/cuda_mla_decode.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/mx_layout.h"
 
 namespace latent {
 
@@ -141,7 +142,10 @@ class CudaBackend final : public Backend {
       case WeightFormat::MXFP4: scale_bytes = static_cast<size_t>(w.rows * w.scale_cols()); break;
       default: break;
     }
-    d.data = upload_owned(w.data, data_bytes, "weight data");
+    // (MXFP4 whose shape allows it: the code bytes in tile-major order, mx_layout.h; else as stored.)
+    void* tiled = tile_major_upload(w, data_bytes);
+    d.data = tiled ? tiled : upload_owned(w.data, data_bytes, "weight data");
+    if (tiled) d.mx_tile_major = true;
     d.scale = scale_bytes ? upload_owned(w.scale, scale_bytes, "weight scales") : nullptr;
     // MXFP4 codes into the pair-swizzled layout the tensor-core kernels decode cheaply (kernels/cuda/mx_layout.h: a
     // bit order inside each 32-bit word of codes; every kernel reading the weight knows it — values unchanged).
@@ -594,6 +598,7 @@ class CudaBackend final : public Backend {
   bool tc_indexer = true;       // cuda_set_tc_indexer (cuda_backend.h)
   int mla_split_keys = 0;       // cuda_set_mla_split_keys (cuda_backend.h); 0: mla_decode_splits' rule
   int64_t glu_fused_rows = 32;  // cuda_set_glu_fused_rows (cuda_backend.h): 4 decode tokens x top-8
+  bool mx_tile_major = true;    // cuda_set_mx_tile_major (cuda_backend.h)
   int64_t tc_indexer_calls = 0;
   static constexpr int64_t kTileDefaults[4] = {1, 0, 33, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
   int64_t tile_bf16_min = kTileDefaults[0], tile_bf16_max = kTileDefaults[1], tile_fp8_min = kTileDefaults[2],
@@ -760,6 +765,33 @@ class CudaBackend final : public Backend {
     return s.p;
   }
 
+  // MXFP4 codes whose shape allows it (mx_tile_major_ok) uploaded into the tile-major byte order (mx_layout.h):
+  // through a staging buffer, permuted into the owned one. Null (the caller uploads as stored) for other weights,
+  // with cuda_set_mx_tile_major(false), or when the staging buffer does not fit.
+  void* tile_major_upload(const QuantWeight& w, size_t bytes) {
+    if (!mx_tile_major || w.format != WeightFormat::MXFP4 || w.mx_tile_major || !w.data ||
+        !cuda::mx_tile_major_ok(w.rows, w.cols, w.row_bytes()))
+      return nullptr;
+    void* stage = nullptr;
+    if (cudaMalloc(&stage, bytes) != cudaSuccess) {
+      cudaGetLastError();  // (clears the failed allocation's error)
+      return nullptr;
+    }
+    void* p = nullptr;
+    try {
+      upload(stage, w.data, bytes);
+      p = alloc(bytes, "weight data");
+      owned_.push_back(p);
+      cuda::launch_mx_tile_major(stage, p, w.rows, w.row_bytes(), stream_);
+      check_launch("MXFP4 tile-major order");
+      sync();
+    } catch (...) {
+      cudaFree(stage);
+      throw;
+    }
+    check(cudaFree(stage), "cudaFree");
+    return p;
+  }
   void* upload_owned(const void* src, size_t bytes, const char* what) {
     void* p = alloc(bytes, what);
     owned_.push_back(p);
@@ -943,6 +975,10 @@ void cuda_set_flash_prefill(Backend& be, bool on) {
 int64_t cuda_flash_prefill_calls(const Backend& be) {
   const auto* c = dynamic_cast<const CudaBackend*>(&be);
   return c ? c->flash_calls : -1;
+}
+
+void cuda_set_mx_tile_major(Backend& be, bool on) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->mx_tile_major = on;
 }
 
 void cuda_set_glu_fused_rows(Backend& be, int64_t rows) {

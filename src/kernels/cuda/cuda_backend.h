@@ -74,6 +74,10 @@ void cuda_set_mla_split_keys(Backend& be, int keys);
 // weights in one pass (default 32: 4 decode tokens at top-8); above, the gate and then up with the gate epilogue.
 // The same bits either way.
 void cuda_set_glu_fused_rows(Backend& be, int64_t rows);
+// MXFP4 weights whose rows are whole 16-row tiles and columns whole 128-column chunks stored in the tile-major byte
+// order at load (kernels/cuda/mx_layout.h; on by default); off: as stored, row after row (the A/B of the layout:
+// `cuda_bench ctx --no-mx-tile-major`). Weights prepared afterwards only; the same values and results either way.
+void cuda_set_mx_tile_major(Backend& be, bool on);
 int64_t cuda_tc_indexer_calls(const Backend& be);
 
 }  // namespace latent

@@ -101,6 +101,18 @@ __device__ __forceinline__ float e8m0_to_f(uint32_t c) {
   return __uint_as_float(c << 23);
 }
 
+// MXFP4 codes: the address of byte b of row r's codes, in either byte order (w.tiled: tile-major, mx_layout.h).
+// A read of up to 16 bytes at b % 16 == 0 (or of 4 at b % 4 == 0) stays inside one 64-byte chunk, so it reads the
+// same consecutive bytes as in the row-major order.
+__device__ __forceinline__ const uint8_t* mx_code_ptr(const WDesc& w, int64_t r, int64_t b) {
+  const uint8_t* d = static_cast<const uint8_t*>(w.data);
+  return w.tiled ? d + mx_tile_major_offset(r, b, w.row_bytes) : d + r * w.row_bytes + b;
+}
+// The distance in bytes from a row's 64-byte chunk k to its chunk k + 1 (64 row-major, 1,024 tile-major).
+__device__ __forceinline__ int64_t mx_chunk_stride(const WDesc& w) {
+  return w.tiled ? kMxTileChunkBytes : kMxChunkBytes;
+}
+
 // W[r][c] dequantized exactly as dequant_row_ref does (decode(code) · scale, one fp32 multiply).
 __device__ __forceinline__ float wget(const WDesc& w, int64_t r, int64_t c) {
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes;
@@ -117,10 +129,10 @@ __device__ __forceinline__ float wget(const WDesc& w, int64_t r, int64_t c) {
     case kFmtMxfp4: {
       const float s = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r * w.scale_cols + (c >> 5)]);
       if (w.swz) {  // the word of columns c & ~7 .. (c | 7), pair-swizzled
-        const uint32_t word = mx_unswizzle(reinterpret_cast<const uint32_t*>(row)[c >> 3]);
+        const uint32_t word = mx_unswizzle(*reinterpret_cast<const uint32_t*>(mx_code_ptr(w, r, (c >> 3) * 4)));
         return __fmul_rn(e2m1_to_f(word >> (4 * (c & 7))), s);
       }
-      const uint32_t byte = row[c >> 1];
+      const uint32_t byte = *mx_code_ptr(w, r, c >> 1);
       return __fmul_rn(e2m1_to_f((c & 1) ? byte >> 4 : byte), s);
     }
     default: return f_nan();

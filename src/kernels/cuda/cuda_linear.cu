@@ -136,8 +136,13 @@ __device__ __forceinline__ void rows_dot_vec(const WDesc& w, const int64_t (&r)[
 #pragma unroll 2
   for (int64_t ch = tid; ch < nch; ch += STRIDE) {
     uint4 raw[kR];
+    if (FMT == kFmtMxfp4 && w.tiled) {  // 16-byte piece ch of each row in the tile-major order
 #pragma unroll
-    for (int i = 0; i < kR; ++i) raw[i] = __ldcs(rowp[i] + ch);
+      for (int i = 0; i < kR; ++i) raw[i] = __ldcs(reinterpret_cast<const uint4*>(mx_code_ptr(w, r[i], 16 * ch)));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kR; ++i) raw[i] = __ldcs(rowp[i] + ch);
+    }
     if constexpr (FMT == kFmtMxfp4)
       if (w.swz)
 #pragma unroll
@@ -494,15 +499,17 @@ __device__ __forceinline__ void mx_tc_pass(const WDesc& w, int64_t m0, int64_t m
   const int g = lane >> 2, t = lane & 3;
   const int64_t N = w.rows, nkb = w.cols / 128;
   const int64_t ra = rbase + g < N ? rbase + g : N - 1, rb = rbase + g + 8 < N ? rbase + g + 8 : N - 1;
-  const uint4* pa = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + ra * w.row_bytes) + t;
-  const uint4* pb = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + rb * w.row_bytes) + t;
+  // Chunk kb of a row at p + ks · kb (uint4 units): ks 4 row-major, 64 tile-major (mx_layout.h).
+  const int64_t ks = mx_chunk_stride(w) / 16, kgs = GLU ? mx_chunk_stride(*wg) / 16 : ks;
+  const uint4* pa = reinterpret_cast<const uint4*>(mx_code_ptr(w, ra, 16 * t));
+  const uint4* pb = reinterpret_cast<const uint4*>(mx_code_ptr(w, rb, 16 * t));
   const uint8_t* sa = static_cast<const uint8_t*>(w.scale) + ra * w.scale_cols + t;
   const uint8_t* sb = static_cast<const uint8_t*>(w.scale) + rb * w.scale_cols + t;
   const uint4 *qa = pa, *qb = pb;
   const uint8_t *ta = sa, *tb = sb;
   if constexpr (GLU) {
-    qa = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(wg->data) + ra * wg->row_bytes) + t;
-    qb = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(wg->data) + rb * wg->row_bytes) + t;
+    qa = reinterpret_cast<const uint4*>(mx_code_ptr(*wg, ra, 16 * t));
+    qb = reinterpret_cast<const uint4*>(mx_code_ptr(*wg, rb, 16 * t));
     ta = static_cast<const uint8_t*>(wg->scale) + ra * wg->scale_cols + t;
     tb = static_cast<const uint8_t*>(wg->scale) + rb * wg->scale_cols + t;
   }
@@ -524,13 +531,13 @@ __device__ __forceinline__ void mx_tc_pass(const WDesc& w, int64_t m0, int64_t m
 #pragma unroll
     for (int j = 0; j < kMxChunks; ++j) {
       const int64_t kb = kb0 + j < nkb ? kb0 + j : nkb - 1;  // clamped: loads stay in bounds, results unused
-      wa[j] = __ldcs(pa + 4 * kb);
-      wb[j] = __ldcs(pb + 4 * kb);
+      wa[j] = __ldcs(pa + ks * kb);
+      wb[j] = __ldcs(pb + ks * kb);
       ea[j] = __ldg(sa + 4 * kb);
       eb[j] = __ldg(sb + 4 * kb);
       if constexpr (GLU) {
-        ga[j] = __ldcs(qa + 4 * kb);
-        gb[j] = __ldcs(qb + 4 * kb);
+        ga[j] = __ldcs(qa + kgs * kb);
+        gb[j] = __ldcs(qb + kgs * kb);
         fa[j] = __ldg(ta + 4 * kb);
         fb[j] = __ldg(tb + 4 * kb);
       }
@@ -741,7 +748,7 @@ __device__ __forceinline__ void tc_load_w(const WDesc& w, int64_t n0, int64_t k0
     const int64_t n = n0 + a, k = k0 + c;
     uint4 o0 = make_uint4(0, 0, 0, 0), o1 = o0;
     if (n < N && k < K) {
-      uint2 u = *reinterpret_cast<const uint2*>(data + n * w.row_bytes + k / 2);
+      uint2 u = *reinterpret_cast<const uint2*>(mx_code_ptr(w, n, k / 2));
       if (w.swz) u = make_uint2(mx_unswizzle(u.x), mx_unswizzle(u.y));
       const float s = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[n * w.scale_cols + k / 32]);
       float v[16];
@@ -922,7 +929,7 @@ __global__ void dequant_bf16_kernel(WDesc w, int64_t Kp, bool fast, uint4* out) 
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes;
     float v[8];
     if (fast && c0 + 8 <= K && w.format == kFmtMxfp4) {
-      uint32_t codes = *reinterpret_cast<const uint32_t*>(row + c0 / 2);
+      uint32_t codes = *reinterpret_cast<const uint32_t*>(mx_code_ptr(w, r, c0 / 2));
       if (w.swz) codes = mx_unswizzle(codes);
       const float s = e8m0_to_f(static_cast<const uint8_t*>(w.scale)[r * w.scale_cols + c0 / 32]);
 #pragma unroll
@@ -949,6 +956,16 @@ __global__ void mx_swizzle_kernel(uint32_t* words, int64_t n) {
     words[i] = mx_swizzle(words[i]);
 }
 
+// One thread per 16-byte piece of the source (row r, piece j) to its place in the tile-major order.
+__global__ void mx_tile_major_kernel(const uint4* src, uint4* dst, int64_t rows, int64_t row_bytes) {
+  const int64_t per_row = row_bytes / 16, n = rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, j = i % per_row;
+    dst[mx_tile_major_offset(r, 16 * j, row_bytes) / 16] = src[i];
+  }
+}
+
 __global__ void embedding_kernel(WDesc t, const int32_t* ids, int64_t M, TView out) {
   const int64_t D = t.cols, n = M * D;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -973,6 +990,7 @@ WDesc make_wdesc(const QuantWeight& w) {
   d.block_rows = static_cast<int32_t>(w.block_rows);
   d.block_cols = static_cast<int32_t>(w.block_cols);
   d.swz = w.format == WeightFormat::MXFP4 && w.mx_swizzled ? 1 : 0;
+  d.tiled = w.format == WeightFormat::MXFP4 && w.mx_tile_major ? 1 : 0;
   return d;
 }
 
@@ -1054,6 +1072,13 @@ void launch_mx_swizzle(void* data, int64_t rows, int64_t cols, cudaStream_t st) 
   const int64_t n = rows * (cols / 8);
   if (n <= 0) return;
   mx_swizzle_kernel<<<grid_for(n, 256), 256, 0, st>>>(static_cast<uint32_t*>(data), n);
+}
+
+void launch_mx_tile_major(const void* src, void* dst, int64_t rows, int64_t row_bytes, cudaStream_t st) {
+  const int64_t n = rows * (row_bytes / 16);
+  if (n <= 0) return;
+  mx_tile_major_kernel<<<grid_for(n, 256), 256, 0, st>>>(static_cast<const uint4*>(src), static_cast<uint4*>(dst), rows,
+                                                         row_bytes);
 }
 
 void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st) {

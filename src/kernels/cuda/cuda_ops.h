@@ -18,7 +18,8 @@ struct WDesc {
   int32_t format = 0;  // WeightFormat
   int32_t fnuz = 0;
   int32_t block_rows = 128, block_cols = 128;
-  int32_t swz = 0;  // MXFP4 codes in the pair-swizzled layout (mx_layout.h)
+  int32_t swz = 0;    // MXFP4 codes in the pair-swizzled layout (mx_layout.h)
+  int32_t tiled = 0;  // MXFP4 code bytes in tile-major order (mx_layout.h): address them through mx_code_ptr
 };
 WDesc make_wdesc(const QuantWeight& w);
 
@@ -113,6 +114,9 @@ void launch_dequant_bf16(const WDesc& w, int64_t Kp, void* out, cudaStream_t st)
 // (mx_swizzle_ok: cols % 8 == 0, data 4-byte aligned). prepare_weight does it once per weight.
 bool mx_swizzle_ok(int64_t cols, const void* data);
 void launch_mx_swizzle(void* data, int64_t rows, int64_t cols, cudaStream_t st);
+// MXFP4 codes [rows, row_bytes] from the row-major src into the tile-major order at dst (mx_layout.h; the shape must
+// pass mx_tile_major_ok; src and dst 16-byte aligned, distinct).
+void launch_mx_tile_major(const void* src, void* dst, int64_t rows, int64_t row_bytes, cudaStream_t st);
 
 // ---- norms / elementwise / MoE / top-k (cuda_ops.cu) ----
 // Typed views; the bf16 points of an op apply when its output view is bf16.

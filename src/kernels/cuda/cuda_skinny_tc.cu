@@ -266,7 +266,7 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
   for (int q = 0; q < kWPer; ++q) {
     const int i = threadIdx.x + kStcThreads * q, row = i / kChunks, c = i % kChunks;
     const int64_t gr = rbase + row < N ? rbase + row : N - 1;
-    wsrc[q] = static_cast<const uint8_t*>(w.data) + gr * w.row_bytes + 16 * c;
+    wsrc[q] = kMx ? mx_code_ptr(w, gr, 16 * c) : static_cast<const uint8_t*>(w.data) + gr * w.row_bytes + 16 * c;
     wdst[q] = row * kRowBytes + 16 * (kBf16 ? swz(c, row) : kMx ? c : c ^ ((row & 1) << 2));
   }
   const uint16_t* xsrc[kXPer];
@@ -278,12 +278,14 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
     xsrc[q] = x + tok * ldx + 8 * c;
     xdst[q] = kWBytes + row * 256 + 16 * swz(c, row);
   }
+  // A row's next 128-column block of W: kRowBytes on, or for tile-major MXFP4 codes the next 1 KiB chunk.
+  const int64_t wstep = kMx ? mx_chunk_stride(w) : kRowBytes;
   auto load_stage = [&](int i) {
     if (i < n_kb) {
       uint8_t* st = smem + (i % kStages) * kStageBytes;
       const int64_t kb = kb_begin + i;
 #pragma unroll
-      for (int q = 0; q < kWPer; ++q) cp_async16(st + wdst[q], wsrc[q] + kb * kRowBytes, true);
+      for (int q = 0; q < kWPer; ++q) cp_async16(st + wdst[q], wsrc[q] + kb * wstep, true);
 #pragma unroll
       for (int q = 0; q < kXPer; ++q) cp_async16(st + xdst[q], xsrc[q] + kb * 128, true);
       if constexpr (kMx) {  // the rows' 4 scale bytes of this block, after the codes
