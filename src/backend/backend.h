@@ -169,6 +169,10 @@ struct StepSeqs {
   const int32_t* block_table = nullptr;  // [n_seqs, max_blocks]
   int64_t max_blocks = 0;
   int64_t max_ctx = 0;  // host-known bound: max over s of ctx_len[s] (sizes scratch; a kernel may use it for grids)
+  // The context a kernel chooses its launch shape (e.g. the decode attention's key splits) from, when it may differ
+  // from max_ctx: the model's reserved context, the same in an eager decode step and in a graph replay of its shape
+  // (whose max_ctx is the reservation), so the two compute alike. 0: max_ctx.
+  int64_t split_ctx = 0;
 };
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -705,6 +705,7 @@ void Model::attention(int64_t l, const Meta& m, PagedKvCache& cache, Buffers& b,
       run.ctx_len = m.seqs.ctx_len + s;
       run.block_table = m.seqs.block_table + s * m.max_blocks;
       run.max_ctx = T;
+      run.split_ctx = 0;  // (prompt rows: never in a graph; split by their own context)
       be_.mla_decode_attention(L, q, pool, run, b.pos, all, o);
     }
     ++s;
@@ -768,7 +769,9 @@ Model::Meta Model::stage_step(const Step& st, const PagedKvCache& cache, const S
   if (stage_host_.size() < bytes) stage_host_.resize(bytes);
   const MetaHost h = fill_meta(st, cache, max_blocks, b, base, stage_host_.data(), mtp_hrows, n_real);
   be_.upload(base, stage_host_.data(), bytes);
-  return Meta(st, N, S, sh.max_ctx, max_blocks, rows, sh.any_long, h.q_begin, h.ctx, b);
+  Meta m(st, N, S, sh.max_ctx, max_blocks, rows, sh.any_long, h.q_begin, h.ctx, b);
+  m.seqs.split_ctx = res_ctx_;  // (a graph step's max_ctx is res_ctx_ too: eager and replayed steps split alike)
+  return m;
 }
 
 Model::MetaHost Model::fill_meta(const Step& st, const PagedKvCache& cache, int64_t max_blocks, const Buffers& b,

@@ -56,7 +56,7 @@ struct Model::Meta {
         any_long(long_seq),
         q_begin(h_qb),
         ctx(h_ctx),
-        seqs{s, b.q_begin, b.ctx_len, b.btab, blocks_max, ctx_max},
+        seqs{s, b.q_begin, b.ctx_len, b.btab, blocks_max, ctx_max, 0},
         step(&st) {}
 };
 

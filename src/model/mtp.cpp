@@ -236,6 +236,7 @@ int32_t* Model::stage_draft_passes(std::vector<DraftPass>& ps, int64_t Bmax, int
     metas.emplace_back(p.pad.step, n, p.g.B, res_ctx_, res_blocks_, p.pad.shape.rows, p.sh.any_long, h.q_begin, h.ctx,
                        b);
     metas.back().graph = true;
+    metas.back().seqs.split_ctx = res_ctx_;
   }
   be_.upload(dstep_buf_, dstep_host_.data(), bytes);
   return ids;

@@ -545,8 +545,10 @@ class CudaBackend final : public Backend {
     if (!fast_decode || !q.bf16() || !o.bf16() || !cuda::mla_decode_supported(L.d, pool))
       return Backend::mla_decode_attention(L, q, pool, seqs, pos, sel, o);
     const int64_t N = q.rows;
-    // Splits from the graph bucket of the run (decode_graph_bucket: a padded graph step splits as an eager one).
-    const int splits = cuda::mla_decode_splits(L.d, decode_graph_bucket(N), seqs.max_ctx, mla_split_keys);
+    // Splits from the graph bucket of the run (decode_graph_bucket: a padded graph step splits as an eager one) and
+    // from the shared split context (StepSeqs::split_ctx): an eager step splits as a graph replay of its shape.
+    const int64_t ctx = seqs.split_ctx > 0 ? std::max(seqs.split_ctx, seqs.max_ctx) : seqs.max_ctx;
+    const int splits = cuda::mla_decode_splits(L.d, decode_graph_bucket(N), ctx, mla_split_keys);
     const cuda::MlaDecodeScratch sz = cuda::mla_decode_scratch(L.d, N, splits);
     char* base = static_cast<char*>(
         tmp_bytes(kTmpMla, sz.qlat_bytes + sz.olat_bytes + sz.part_o_bytes + sz.part_ml_bytes + 256, "MLA decode"));
