@@ -144,7 +144,6 @@ std::shared_ptr<RequestHandle> Scheduler::submit(GenerationRequest req) {
       throw SchedulerRejected(K::Overloaded, fmt::format("the request queue is full ({} waiting)", queued_));
     incoming_.push_back(r);
     ++queued_;
-    st_waiting_.store(queued_);
   }
   if (metrics_) metrics_->requests_total.inc();
   cv_.notify_all();
@@ -299,7 +298,6 @@ void Scheduler::collect_new_and_cancelled() {
     {
       std::lock_guard lk(mu_);
       queued_ -= static_cast<int64_t>(cancelled.size());
-      st_waiting_.store(queued_);
     }
     for (auto& r : cancelled) abort_request(*r, std::nullopt, "");
   }
@@ -385,7 +383,7 @@ void Scheduler::admit(Clock::time_point now) {
   if (admitted) {
     // The admitted requests count as running before they leave the queue count, so that a reader of stats() never
     // sees a request in neither (running 0 and waiting 0 while one is being admitted: /metrics scraped as idle).
-    update_running_gauges();
+    update_gauges();
     std::lock_guard lk(mu_);
     queued_ -= admitted;
   }
@@ -620,16 +618,6 @@ MetricsGauges Scheduler::gauges() const {
 }
 
 void Scheduler::update_gauges() {
-  int64_t q;
-  {
-    std::lock_guard lk(mu_);
-    q = queued_;
-  }
-  st_waiting_.store(q);
-  update_running_gauges();
-}
-
-void Scheduler::update_running_gauges() {
   st_running_reqs_.store(static_cast<int64_t>(running_.size()));
   st_running_seqs_.store(static_cast<int64_t>(active_.size()));
 }

@@ -204,7 +204,6 @@ class Scheduler {
   void emit_verified(Seq& s, const EngineStepItem& it, int64_t row, Clock::time_point now, int64_t& accepted);
   int64_t commit_bound(const Seq& s) const;
   void count_drafts(Seq& s, int64_t proposed, int64_t accepted);
-  void update_running_gauges();  // st_running_reqs_ / st_running_seqs_ from running_ / active_
   void collect_new_and_cancelled();
   void expire(Clock::time_point now);
   void admit(Clock::time_point now);
@@ -219,7 +218,7 @@ class Scheduler {
   bool plan_device_sampling(std::span<const EngineStepItem> items, const std::vector<Seq*>& seqs);
   void on_prefill_done(Seq& s, float* row, Clock::time_point now);
   void retire_finished_requests(Clock::time_point now);
-  void update_gauges();
+  void update_gauges();  // st_running_reqs_ / st_running_seqs_ (the queue count stats() reads live, under mu_)
 
   Engine& engine_;
   SchedulerOptions opt_;
@@ -255,7 +254,7 @@ class Scheduler {
   std::vector<uint32_t> smp_allow_;
   std::vector<int32_t> smp_ids_;
 
-  std::atomic<int64_t> st_waiting_{0}, st_running_reqs_{0}, st_running_seqs_{0}, st_steps_{0}, st_max_batch_{0};
+  std::atomic<int64_t> st_running_reqs_{0}, st_running_seqs_{0}, st_steps_{0}, st_max_batch_{0};
 };
 
 }  // namespace latent

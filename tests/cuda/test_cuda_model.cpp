@@ -251,8 +251,7 @@ TEST(CudaDemoModel, Bf16MatchesRefEmulationTop1) {
 // buffers) give the eager steps' logits bit for bit: batches of 1, 3 (padded to 4), 8, 16 and 20 sequences of
 // different lengths over one paged pool, 6 decode steps each (the first captures, the rest replay), both activation
 // modes; on the DSA models the sequences cross index_topk, so the graphs with the indexer's selection are covered.
-// Graph replays equal eager steps bit for bit (batches 1 / 3 / 8 / 16 / 20, 6 decode steps each, fp32 and bf16) on
-// the model in dir.
+// (The model in dir.)
 void graphs_equal_eager(const std::string& dir, const std::string& name) {
   for (bool bf16 : {false, true}) {
     ModelFiles files = open_model_files(dir);
