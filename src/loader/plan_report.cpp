@@ -6,6 +6,8 @@
 #include <map>
 #include <set>
 
+#include "kernels/cuda/mx_layout.h"
+
 namespace latent {
 
 namespace {
@@ -216,10 +218,10 @@ std::string human_count(int64_t n) {
 bool cuda_mx_swizzled(const PlanEntry& e) {
   return e.is_linear && e.compute == WeightFormat::MXFP4 && e.shape.ndim == 2 && e.shape[1] % 8 == 0;
 }
-// Whether it also stores the code bytes in tile-major order (mx_layout.h: rows whole 16-row tiles, columns whole
-// 128-column chunks — mx_tile_major_ok's rule).
+// Whether it also stores the code bytes in tile-major order (the backend's own rule, mx_tile_major_ok: rows whole
+// 16-row tiles, columns whole 128-column chunks).
 bool cuda_mx_tile_major(const PlanEntry& e) {
-  return cuda_mx_swizzled(e) && e.shape[0] > 0 && e.shape[0] % 16 == 0 && e.shape[1] % 128 == 0;
+  return cuda_mx_swizzled(e) && cuda::mx_tile_major_ok(e.shape[0], e.shape[1], e.shape[1] / 2);
 }
 const char* cuda_layout(const PlanEntry& e) {
   return cuda_mx_tile_major(e) ? "mxfp4_pair_swizzled_tile_major"
