@@ -326,31 +326,31 @@ TEST_P(CudaModel, GraphsEqualEagerBitForBit) { graphs_equal_eager(repo() + "/tes
 // bit for bit there too.
 TEST(CudaDemoModel, GraphsEqualEagerBitForBit) { graphs_equal_eager(repo() + "/models/latent-demo", "latent-demo"); }
 
-// A decode graph recorded the backend's op scratch (DSA top-k, grouped matmul); a later eager step that needs more
-// (a long prompt of another sequence) grows it. The graph must keep working on the buffer it recorded: replays
-// after the growth equal the eager model bit for bit (run under compute-sanitizer memcheck by scripts/gpu_test
-// --memcheck, a freed buffer would be reported).
 // --activations declared in the bf16 mode on the tiny block-FP8 DeepSeek-V3 model: the declared linears run the FP8 x
-// FP8 cuBLASLt GEMM (counted), and the logits stay close to the ref backend's declared bf16 emulation and to the
-// CUDA default composition (the GEMM off): every difference is fp32 summation order inside the tensor cores, which
-// moves a bf16 rounding and then, now and then, an FP8 rounding of the next linear's input.
+// FP8 cuBLASLt GEMM (counted); with the GEMM off the CUDA composition equals the ref backend's declared bf16
+// emulation. The GEMM's logits cannot be held to a tight band here: each call is within ~1e-3 of the composition
+// (CudaDispatch.MatmulActFp8, down to these shapes), but a different fp32 summation order moves a bf16 rounding, which
+// moves an FP8 rounding of the next linear's input (an e4m3 step is 6-12 %), and this random 64-wide model amplifies
+// that: measured on an H100, the declared route is 0.37 (relative RMS of the logits) away from the exact route, and
+// the GEMM 0.40 from the exact route and 0.41 from the composition. What must hold: the GEMM's distance from the
+// exact route is that of the declared scheme itself, not more.
 TEST(CudaActDeclared, Bf16RunsTheFp8GemmNearTheRef) {
   const std::vector<int32_t> ids = {5, 17, 200, 3, 99, 42, 7, 130, 64, 255, 12, 8, 77, 150, 31, 2, 180, 90, 11, 45};
-  const auto load_declared = [](const std::string& backend) {
+  const auto load = [](const std::string& backend, bool declared) {
     auto l = std::make_unique<Loaded>();
     l->files = open_model_files(repo() + "/tests/models/v3-tiny-fp8");
     l->backend = make_backend(backend, 2);
     ModelOptions o;
     o.bf16_activations = true;
-    o.act_fp8_declared = true;
+    o.act_fp8_declared = declared;
     l->model = std::make_unique<Model>(*l->files.cfg, *l->files.plan, *l->backend, o);
     return l;
   };
-  auto g = load_declared("cuda"), r = load_declared("ref");
+  auto g = load("cuda", true), r = load("ref", true), x = load("cuda", false);
   ASSERT_TRUE(g->files.plan->act_fp8_declared());
   const int64_t V = g->model->config().vocab_size;
   const int64_t n0 = cuda_fp8_gemm_calls(*g->backend);
-  const std::vector<float> lg = g->model->logits(ids), lr = r->model->logits(ids);
+  const std::vector<float> lg = g->model->logits(ids), lr = r->model->logits(ids), lx = x->model->logits(ids);
   EXPECT_GT(cuda_fp8_gemm_calls(*g->backend), n0) << "no declared linear took the FP8 x FP8 GEMM";
   cuda_set_fp8_gemm_rows(*g->backend, 0);
   const int64_t n1 = cuda_fp8_gemm_calls(*g->backend);
@@ -374,17 +374,22 @@ TEST(CudaActDeclared, Bf16RunsTheFp8GemmNearTheRef) {
     }
     return static_cast<double>(same) / static_cast<double>(ids.size());
   };
-  const double e_ref = rel(lg, lr), e_comp = rel(lg, lc), e_comp_ref = rel(lc, lr);
+  const double e_gx = rel(lg, lx), e_cx = rel(lc, lx), e_cr = rel(lc, lr);
   std::printf(
-      "[cuda model] v3-tiny-fp8 declared bf16, 20 tokens: fp8 gemm vs ref emulation rel %.4f top-1 %.2f; vs the "
-      "composition rel %.4f top-1 %.2f; composition vs ref rel %.4f\n",
-      e_ref, top1(lg, lr), e_comp, top1(lg, lc), e_comp_ref);
-  // The bf16 mode's band (Bf16MatchesRefEmulation: RMS ≤ 5e-2) doubled for the FP8 roundings an ulp can flip.
-  EXPECT_LT(e_ref, 0.1);
-  EXPECT_LT(e_comp, 0.1);
-  EXPECT_GE(top1(lg, lr), 0.8);
+      "[cuda model] v3-tiny-fp8 bf16, 20 tokens, relative RMS of the logits (top-1 agreement): declared on the FP8 "
+      "GEMM vs the exact route %.4f (%.2f); declared composition vs the exact route %.4f (%.2f); GEMM vs "
+      "composition %.4f (%.2f); composition vs the ref emulation %.2e\n",
+      e_gx, top1(lg, lx), e_cx, top1(lc, lx), rel(lg, lc), top1(lg, lc), e_cr);
+  EXPECT_LT(e_cr, 1e-3) << "the CUDA composition left the ref backend's declared emulation";
+  EXPECT_LE(e_gx, 1.25 * e_cx + 0.05) << "the FP8 GEMM moved the logits further from the exact route than the "
+                                         "declared scheme does";
+  EXPECT_GE(top1(lg, lx), top1(lc, lx) - 0.2);
 }
 
+// A decode graph recorded the backend's op scratch (DSA top-k, grouped matmul); a later eager step that needs more
+// (a long prompt of another sequence) grows it. The graph must keep working on the buffer it recorded: replays
+// after the growth equal the eager model bit for bit (run under compute-sanitizer memcheck by scripts/gpu_test
+// --memcheck, a freed buffer would be reported).
 TEST(CudaGraphs, ScratchGrownAfterCaptureKeepsTheGraphValid) {
   ModelFiles files = open_model_files(repo() + "/tests/models/glm5-tiny");
   std::unique_ptr<Backend> be = make_backend("cuda", 1);
