@@ -234,6 +234,60 @@ void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows,
   be.dealloc(yd.data);
 }
 
+// Declared FP8 activations (--activations declared) on block-FP8 weights, bf16 mode: matmul_act_fp8 on the FP8 x FP8
+// cuBLASLt GEMM (quantize x to codes + 1 x 128 scales, the block-scaled GEMM, the epilogue) against the default
+// composition (cuda_set_fp8_gemm_rows 0: quantize to q · s in fp32, then the exact fp32 kernels) and against the
+// exact route of the bf16 mode (matmul: raw e4m3 codes into bf16 tensor cores, no activation rounding). Per M: µs,
+// weight GB/s (% of 4.31 TB/s) and TFLOP/s against the dense peaks of the H200's datasheet: FP8 1,979, bf16 990.
+void bench_act_fp8(Backend& be, const char* label, int64_t rows, int64_t cols, const std::vector<int64_t>& ms) {
+  const HostWeight h = make(WeightFormat::FP8_E4M3_BLOCK, rows, cols);
+  const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
+  std::vector<QuantWeight> ws;
+  for (size_t i = 0; i < copies; ++i) ws.push_back(be.prepare_weight(h.q));
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  std::vector<float> x(static_cast<size_t>(max_m * cols));
+  for (float& v : x) v = next_normalish();
+  const Tensor xb = upload_act(be, x, max_m, cols, DType::BF16);
+  const Tensor yd(be.alloc(static_cast<size_t>(max_m * rows) * 2, "y"), DType::BF16, max_m, rows);
+  ActFp8 a;
+  a.scratch = static_cast<float*>(be.alloc(static_cast<size_t>(max_m * cols) * 4, "act scratch"));
+  a.scratch_floats = max_m * cols;
+  for (int64_t M : ms) {
+    double t[3] = {0.0, 0.0, 0.0};
+    int64_t took = 0;
+    for (int path = 0; path < 3; ++path) {
+      cuda_set_fp8_gemm_rows(be, path == 0 ? 1 : 0);
+      auto run = [&](size_t i) {
+        if (path == 2)
+          be.matmul(ws[i % copies], xb.with_rows(M), yd.with_rows(M));
+        else
+          be.matmul_act_fp8(ws[i % copies], xb.with_rows(M), a, yd.with_rows(M));
+      };
+      const double flop = 2.0 * static_cast<double>(M * rows * cols);
+      const int iters = std::clamp(static_cast<int>(2e12 / std::max(flop, 1e9)), path == 1 ? 2 : 5, 200);
+      for (size_t i = 0; i < 2; ++i) run(i);
+      be.sync();
+      const int64_t n0 = cuda_fp8_gemm_calls(be);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) run(static_cast<size_t>(i));
+      be.sync();
+      t[path] = seconds_since(t0) / iters;
+      if (path == 0) took = cuda_fp8_gemm_calls(be) - n0;
+    }
+    cuda_set_fp8_gemm_rows(be, 1);
+    const double flop = 2.0 * static_cast<double>(M * rows * cols), gb = static_cast<double>(h.bytes()) / 1e9;
+    std::printf(
+        "act-fp8 %-22s %5lld x %-5lld M=%-5lld fp8xfp8 %9.1f us %7.0f GB/s (%4.1f%%) %7.1f TFLOP/s = %4.1f%% of 1979%s"
+        " | composition %9.1f us (%5.1fx) | exact bf16 mode %9.1f us %6.1f TFLOP/s (%4.1fx)\n",
+        label, static_cast<long long>(rows), static_cast<long long>(cols), static_cast<long long>(M), t[0] * 1e6,
+        gb / t[0], 100.0 * gb / t[0] / 4310.0, flop / t[0] / 1e12, 100.0 * flop / t[0] / 1e12 / 1979.0,
+        took > 0 ? "" : " (NOT TAKEN)", t[1] * 1e6, t[1] / t[0], t[2] * 1e6, flop / t[2] / 1e12, t[2] / t[0]);
+  }
+  be.dealloc(a.scratch);
+  be.dealloc(xb.data);
+  be.dealloc(yd.data);
+}
+
 // One MoE layer's routed experts at prefill: `tokens` tokens × top_k over E experts, spread evenly (tokens·top_k/E
 // rows each), fp32 tiled kernel (grouped_matmul) vs the bf16 mode's tensor-core kernel (grouped_matmul_bf16).
 void bench_grouped_prefill(Backend& be, WeightFormat f, int64_t E, int64_t tokens, int64_t top_k, int64_t rows,
@@ -1304,6 +1358,18 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "prefill") {  // only the prefill matmul timings (bf16 path vs exact)
     run_prefill_benches(*be);
+    return 0;
+  }
+  // cuda_bench act-fp8 [M,M,...]: declared FP8 activations on DeepSeek-V3's block-FP8 dense shapes (bench_act_fp8).
+  if (argc > 1 && std::string(argv[1]) == "act-fp8") {
+    const std::vector<int64_t> ms = argc > 2 ? int_list(argv[2]) : std::vector<int64_t>{1, 16, 64, 512, 2048, 4096};
+    bench_act_fp8(*be, "q_a (DeepSeek-V3)", 1536, 7168, ms);
+    bench_act_fp8(*be, "q_b", 24576, 1536, ms);
+    bench_act_fp8(*be, "kv_a", 576, 7168, ms);
+    bench_act_fp8(*be, "o_proj", 7168, 16384, ms);
+    bench_act_fp8(*be, "dense gate / up", 18432, 7168, ms);
+    bench_act_fp8(*be, "dense down", 7168, 18432, ms);
+    bench_act_fp8(*be, "shared expert down", 7168, 2048, ms);
     return 0;
   }
   // cuda_bench grouped [--no-mx-tile-major]: only the MoE decode timings (the flag: MXFP4 codes row after row).

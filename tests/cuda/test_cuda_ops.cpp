@@ -107,6 +107,87 @@ TEST(CudaBackend, MemoryOps) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Declared FP8 activations: matmul_act_fp8 with bf16 x and y and 128 x 128 block-FP8 weights (K % 16 == 0) runs the
+// FP8 x FP8 cuBLASLt GEMM (the counter proves it), within the bf16 tolerance of the ref's definition; the fp32
+// mode, bf16 x into F32 y, e4m3fnuz codes, other block shapes, K % 16 != 0 and the switch set to 0 keep the
+// default composition.
+// ---------------------------------------------------------------------------------------------------------------
+double run_act_fp8(const HostWeight& w, const std::vector<float>& x, int64_t M, DType xt, DType yt, bool& took) {
+  const int64_t N = w.q.rows, K = w.q.cols;
+  std::vector<float> want, got;
+  for (Backend* be : {&ref(), &gpu()}) {
+    Arena A(*be);
+    const QuantWeight wd = A.weight(w);
+    const Tensor xd = A.up(x, xt, M, K), y = A.tensor(yt, M, N);
+    ActFp8 a;
+    a.scratch = A.out<float>(static_cast<size_t>(M * K));
+    a.scratch_floats = M * K;
+    const int64_t n0 = cuda_fp8_gemm_calls(gpu());
+    be->matmul_act_fp8(wd, xd, a, y);
+    (be == &ref() ? want : got) = A.down(y);
+    took = cuda_fp8_gemm_calls(gpu()) > n0;
+  }
+  return ops::norm_err(got.data(), want.data(), want.size());
+}
+
+TEST(CudaDispatch, MatmulActFp8) {
+  Rng rng(29);
+  ASSERT_GE(cuda_fp8_gemm_calls(gpu()), 0);
+  EXPECT_EQ(cuda_fp8_gemm_calls(ref()), -1);
+  struct Case {
+    Fmt f;
+    int64_t N, K, M;
+    DType xt, yt;
+    bool want;
+  };
+  const Case cases[] = {
+      {Fmt::Fp8Block, 512, 1024, 1, DType::BF16, DType::BF16, true},
+      {Fmt::Fp8Block, 512, 1024, 64, DType::BF16, DType::BF16, true},
+      {Fmt::Fp8Block, 384, 640, 300, DType::BF16, DType::BF16, true},  // 5 column blocks: padded scale rows
+      {Fmt::Fp8Block, 160, 400, 17, DType::BF16, DType::BF16, true},   // partial row and column blocks
+      {Fmt::Fp8Block, 512, 1024, 64, DType::F32, DType::F32, false},   // the fp32 mode
+      {Fmt::Fp8Block, 512, 1024, 64, DType::BF16, DType::F32, false},  // bf16 x into F32 y
+      {Fmt::Fp8BlockFnuz, 512, 1024, 64, DType::BF16, DType::BF16, false},
+      {Fmt::Fp8BlockOdd, 512, 1024, 64, DType::BF16, DType::BF16, false},
+      {Fmt::Fp8Block, 512, 1031, 64, DType::BF16, DType::BF16, false},  // K % 16 != 0
+  };
+  for (const Case& c : cases) {
+    const HostWeight w = ops::make_weight(c.f, c.N, c.K, rng);
+    const std::vector<float> x = rng.normals(c.M * c.K);
+    const std::string what = std::string(ops::fmt_name(c.f)) + " N " + std::to_string(c.N) + " K " +
+                             std::to_string(c.K) + " M " + std::to_string(c.M) + (c.xt == DType::F32 ? " f32" : "") +
+                             (c.yt == DType::F32 ? " >f32" : "");
+    bool took = false;
+    const double e = run_act_fp8(w, x, c.M, c.xt, c.yt, took);
+    EXPECT_EQ(took, c.want) << what;
+    const double tol = c.yt == DType::BF16 ? ops::kTolBf16 : ops::kTolF32;
+    if (c.want) ops::record_summary("cuda-only/matmul_act_fp8/fp8_gemm", "cuda", e, tol);
+    EXPECT_LE(e, tol) << what;
+  }
+  // The tiny models' shapes (N and K below or across one 128 block, K down to 16): the GEMM, within the tolerance.
+  const int64_t small[][2] = {{48, 64},   {192, 48},  {160, 64}, {64, 160}, {64, 96},  {32, 64},  {128, 128},
+                              {256, 128}, {128, 256}, {48, 256}, {256, 48}, {128, 64}, {64, 128}, {144, 144},
+                              {48, 400},  {64, 32},   {96, 32},  {64, 16},  {160, 32}, {32, 32},  {48, 32}};
+  for (const auto& sh : small) {
+    const HostWeight w = ops::make_weight(Fmt::Fp8Block, sh[0], sh[1], rng);
+    bool took = false;
+    const double e = run_act_fp8(w, rng.normals(20 * sh[1]), 20, DType::BF16, DType::BF16, took);
+    const std::string what = "N " + std::to_string(sh[0]) + " K " + std::to_string(sh[1]) + " M 20";
+    EXPECT_TRUE(took) << what;
+    EXPECT_LE(e, ops::kTolBf16) << what;
+    ops::record_summary("cuda-only/matmul_act_fp8/fp8_gemm", "cuda", e, ops::kTolBf16);
+  }
+  // Off: the default composition, the same answer within the tolerance.
+  cuda_set_fp8_gemm_rows(gpu(), 0);
+  const HostWeight w = ops::make_weight(Fmt::Fp8Block, 512, 1024, rng);
+  bool took = true;
+  const double e = run_act_fp8(w, rng.normals(64 * 1024), 64, DType::BF16, DType::BF16, took);
+  cuda_set_fp8_gemm_rows(gpu(), 1);
+  EXPECT_FALSE(took);
+  EXPECT_LE(e, ops::kTolBf16);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Dispatch of the bf16 activation mode (BF16 x): cuBLASLt for weights whose values are exactly bf16 (BF16, MXFP4)
 // from cuda_lt_min_rows() rows, the own tensor-core kernel for FP8 weights whose scale blocks are multiples of
 // 16 x 32 (block 128, tensor, channel; not the 32 x 40 blocks); F32 / F16 weights, M <= 16 and F32 x take the

@@ -1464,6 +1464,85 @@ void matmul_act_fp8_epilogue_case(CaseCtx& c, Act a) {
   }
 }
 
+// The shapes a device backend may run on an FP8 x FP8 GEMM (the CUDA backend's cuBLASLt block-scaled GEMM in the
+// bf16 mode: 128 x 128 blocks, K % 16 == 0): whole and partial 128-column blocks (K 400), a block count that is not
+// a multiple of 4 (K 640: padded scale rows), partial row blocks (N 160), one to 130 tokens, the quantizer's
+// special rows, NaN / Inf rows and NaN weight codes, SwiGLU + bias + residual.
+void matmul_act_fp8_gemm_case(CaseCtx& c, Act a) {
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{256, 512}, {384, 640}, {160, 400}}) {
+    const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng);
+    for (int64_t M : {1, 3, 16, 33, 130}) {
+      const std::vector<float> x = act_input(c.rng, M, K, 128, false);
+      c.check("N " + S(N) + " K " + S(K) + " M " + S(M), [&, N = N, K = K](Arena& A) {
+        const QuantWeight wd = A.weight(w);
+        const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N);
+        ActFp8 ac;
+        ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+        ac.scratch_floats = M * K;
+        A.be.matmul_act_fp8(wd, xt, ac, y);
+        return Outs{A.result("y", y).with_floor(typical(w.rms, x, K))};
+      });
+    }
+  }
+  // SwiGLU + bias + residual on the GEMM (the gate a second GEMM over the same codes).
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{256, 512}, {160, 400}}) {
+    const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng), wg = make_weight(Fmt::Fp8Block, N, K, c.rng);
+    for (int64_t M : {1, 17}) {
+      const std::vector<float> x = act_input(c.rng, M, K, 128, false), bias = c.rng.normals(N),
+                               res = c.rng.normals(M * N, 3.0f);
+      c.check("glu N " + S(N) + " K " + S(K) + " M " + S(M), [&, N = N, K = K](Arena& A) {
+        const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
+        const QuantWeight* gp[1] = {&wgd};
+        const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
+        Epilogue e;
+        e.bias = A.up(bias);
+        e.glu = gp;
+        e.residual = &rt;
+        ActFp8 ac;
+        ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+        ac.scratch_floats = M * K;
+        A.be.matmul_act_fp8(wd, xt, ac, y, e);
+        return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
+      });
+    }
+  }
+  {
+    const int64_t N = 256, K = 384, M = 8;
+    const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng, /*nan=*/true);
+    std::vector<float> x = act_input(c.rng, M, K, 128, true);
+    x[2 * K] = 30.0f;  // (not 3e30: the norm of the finite rows would be that row's)
+    c.check("nan N 256 K 384 M 8", [&](Arena& A) {
+      const QuantWeight wd = A.weight(w);
+      const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N);
+      ActFp8 ac;
+      ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+      ac.scratch_floats = M * K;
+      A.be.matmul_act_fp8(wd, xt, ac, y);
+      return Outs{A.result("y", y).with_floor(typical(w.rms, x, K))};
+    });
+  }
+  const int64_t N = 384, K = 640;
+  const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng), wg = make_weight(Fmt::Fp8Block, N, K, c.rng);
+  for (int64_t M : {2, 40}) {
+    const std::vector<float> x = act_input(c.rng, M, K, 128, false), bias = c.rng.normals(N),
+                             res = c.rng.normals(M * N, 3.0f);
+    c.check("glu+bias+residual M " + S(M), [&](Arena& A) {
+      const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
+      const QuantWeight* gp[1] = {&wgd};
+      const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
+      Epilogue e;
+      e.bias = A.up(bias);
+      e.glu = gp;
+      e.residual = &rt;
+      ActFp8 ac;
+      ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+      ac.scratch_floats = M * K;
+      A.be.matmul_act_fp8(wd, xt, ac, y, e);
+      return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
+    });
+  }
+}
+
 // Expert groups (offsets from row 2, an empty group, one of 65 rows), with and without SwiGLU.
 void grouped_act_fp8_case(CaseCtx& c, Act a, bool glu) {
   for (const auto& [N, K] : {std::pair<int64_t, int64_t>{37, 160}, {64, 1031}}) {
@@ -1550,6 +1629,7 @@ std::vector<OpCase> build() {
     add(std::string("matmul_act_fp8/nan/") + a.name, [a](CaseCtx& c) { matmul_act_fp8_nan_case(c, a); });
     add(std::string("matmul_act_fp8/bias+glu+residual/") + a.name,
         [a](CaseCtx& c) { matmul_act_fp8_epilogue_case(c, a); });
+    add(std::string("matmul_act_fp8/gemm_shapes/") + a.name, [a](CaseCtx& c) { matmul_act_fp8_gemm_case(c, a); });
     for (bool glu : {false, true})
       add(std::string("grouped_matmul_act_fp8/") + (glu ? "glu/" : "plain/") + a.name,
           [a, glu](CaseCtx& c) { grouped_act_fp8_case(c, a, glu); });

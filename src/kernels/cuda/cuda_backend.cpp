@@ -362,10 +362,62 @@ class CudaBackend final : public Backend {
     check_launch("embedding");
   }
 
-  // Declared FP8 activations (cuda_act_quant.cu); the linear ops take the default composition over it.
+  // Declared FP8 activations (cuda_act_quant.cu). The linear op in the bf16 mode (bf16 x and y), for block-FP8 weights
+  // of 128 x 128 blocks (e4m3fn codes, K % 16 == 0, and the gate weight of a SwiGLU alike) from fp8_gemm_min_rows rows:
+  // x quantized to codes and 1 x 128 scales, then the FP8 x FP8 cuBLASLt GEMM (cuda_lt.h fp8_gemm: each 128-column
+  // block's partial sum promoted to fp32 and scaled by s_x · s_w), then the epilogue. Everything else — the fp32
+  // mode (its exact fp32 sums), other block shapes, shapes cuBLASLt has no algorithm for, grouped experts — the
+  // default composition (act_quant_fp8, then the exact matmul over q · s).
   void act_quant_fp8(const Tensor& x, int64_t group, bool pow2_scale, const Tensor& xq) override {
     cuda::launch_act_quant_fp8(cuda::tview(x), x.rows, x.cols, group, pow2_scale, xq.f32(), xq.ld, stream_);
     check_launch("act_quant_fp8");
+  }
+  void matmul_act_fp8(const QuantWeight& w, const Tensor& x, const ActFp8& a, const Tensor& y,
+                      const Epilogue& ep = {}) override {
+    const int64_t M = x.rows, N = w.rows, K = w.cols;
+    if (M <= 0 || N <= 0) return;
+    const QuantWeight* g = ep.glu ? ep.glu[0] : nullptr;
+    if (!fp8_gemm_eligible(w, x, y) || (g && (!fp8_gemm_eligible(*g, x, y) || g->rows != N)))
+      return Backend::matmul_act_fp8(w, x, a, y, ep);
+    // The GEMM runs Mp = fp8_rows(M) token rows (cuBLASLt's block-scaled kernels take multiples of 4): the rows past
+    // M are zero codes with zero scales, their outputs (zeros) never read.
+    const int64_t Mp = cuda::LtGemm::fp8_rows(M), Kb = (K + 127) / 128, Nb = (N + 127) / 128,
+                  ldm = cuda::LtGemm::fp8_ld(Mp), ldk = cuda::LtGemm::fp8_ld(Kb);
+    // Scratch: the x codes [Mp, K], the x scales [Kb, ldm], the weight (and gate) scales padded to [Nb, ldk] rows
+    // when Kb is not a multiple of 4; each part 256-byte aligned.
+    const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t codes_b = up(static_cast<size_t>(Mp * K)), xs_b = up(static_cast<size_t>(Kb * ldm) * 4),
+                 ws_b = Kb == ldk ? 0 : up(static_cast<size_t>(Nb * ldk) * 4);
+    auto* base = static_cast<uint8_t*>(tmp_bytes(kTmpAct8, codes_b + xs_b + 2 * ws_b, "FP8 activation codes"));
+    uint8_t* codes = base;
+    auto* xs = reinterpret_cast<float*>(base + codes_b);
+    const bool direct = Mp == M && ep.empty() && y.dtype == DType::F32 && y.contiguous();
+    float* acc = direct ? y.f32() : tmp_f32(kTmpAcc, Mp * N, "matmul accumulators");
+    float* gacc = g ? tmp_f32(kTmpGacc, Mp * N, "matmul gate accumulators") : nullptr;
+    if (!lt_->fp8_supported(w.data, codes, Mp, N, K, acc) || (g && !lt_->fp8_supported(g->data, codes, Mp, N, K, gacc)))
+      return Backend::matmul_act_fp8(w, x, a, y, ep);
+    if (Mp != M) {
+      check(cudaMemsetAsync(codes + M * K, 0, static_cast<size_t>((Mp - M) * K), stream_), "FP8 codes (padding rows)");
+      check(cudaMemsetAsync(xs, 0, static_cast<size_t>(Kb * ldm) * 4, stream_), "FP8 scales (padding rows)");
+    }
+    cuda::launch_act_quant_fp8_codes(cuda::tview(x), M, K, 128, a.pow2_scale, codes, K, xs, ldm, stream_);
+    check_launch("act_quant_fp8 (codes)");
+    const auto scales = [&](const QuantWeight& q, int slot) {
+      if (!ws_b) return static_cast<const float*>(q.scale);
+      auto* d = reinterpret_cast<float*>(base + codes_b + xs_b + static_cast<size_t>(slot) * ws_b);
+      check(cudaMemcpy2DAsync(d, static_cast<size_t>(ldk) * 4, q.scale, static_cast<size_t>(Kb) * 4,
+                              static_cast<size_t>(Kb) * 4, static_cast<size_t>(Nb), cudaMemcpyDeviceToDevice, stream_),
+            "FP8 weight scales (padded rows)");
+      return static_cast<const float*>(d);
+    };
+    lt_->fp8_gemm(w.data, scales(w, 0), codes, xs, Mp, N, K, acc, stream_);
+    check_launch("matmul_act_fp8 (cublasLtMatmul)");
+    if (g) {
+      lt_->fp8_gemm(g->data, scales(*g, 1), codes, xs, Mp, N, K, gacc, stream_);
+      check_launch("matmul_act_fp8 (SwiGLU gate, cublasLtMatmul)");
+    }
+    ++fp8_gemm_calls;
+    if (!direct) epilogue(acc, gacc, ep, M, N, y, nullptr, nullptr);
   }
 
   // ---------------- norms / elementwise ----------------
@@ -602,6 +654,15 @@ class CudaBackend final : public Backend {
   int64_t glu_fused_rows = 32;  // cuda_set_glu_fused_rows (cuda_backend.h): 4 decode tokens x top-8
   bool mx_tile_major = true;    // cuda_set_mx_tile_major (cuda_backend.h)
   int64_t tc_indexer_calls = 0;
+  int64_t fp8_gemm_min_rows = 1;  // cuda_set_fp8_gemm_rows (cuda_backend.h); 0: off
+  int64_t fp8_gemm_calls = 0;
+  // (bf16 x and y: the bf16 mode; its tolerance covers the tensor cores' partial sums inside a 128-column block.)
+  bool fp8_gemm_eligible(const QuantWeight& w, const Tensor& x, const Tensor& y) const {
+    return fp8_gemm_min_rows > 0 && x.rows >= fp8_gemm_min_rows && x.dtype == DType::BF16 && y.dtype == DType::BF16 &&
+           w.format == WeightFormat::FP8_E4M3_BLOCK && !w.fnuz && w.block_rows == 128 && w.block_cols == 128 &&
+           w.cols % 16 == 0 && w.data && w.scale && (reinterpret_cast<uintptr_t>(w.data) & 15) == 0 &&
+           (reinterpret_cast<uintptr_t>(w.scale) & 15) == 0;
+  }
   static constexpr int64_t kTileDefaults[4] = {1, 0, 33, int64_t{1} << 40};  // BF16 min, max; FP8 min, max
   int64_t tile_bf16_min = kTileDefaults[0], tile_bf16_max = kTileDefaults[1], tile_fp8_min = kTileDefaults[2],
           tile_fp8_max = kTileDefaults[3];
@@ -695,7 +756,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- typed-tensor scratch ----
-  enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpTile, kTmpMask, kTmpSlots };
+  enum TmpSlot { kTmpX = 0, kTmpAcc, kTmpGacc, kTmpMla, kTmpGlu, kTmpTile, kTmpMask, kTmpAct8, kTmpSlots };
   static constexpr int64_t kWarpGroupedMaxRows = 1024;  // 128 decode tokens x top-8
   // Device scratch slot of at least n floats (grow-only; a growth during a graph capture is an engine error: the
   // eager step at the graph's shape grows every slot first).
@@ -981,6 +1042,15 @@ int64_t cuda_flash_prefill_calls(const Backend& be) {
 
 void cuda_set_mx_tile_major(Backend& be, bool on) {
   if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->mx_tile_major = on;
+}
+
+void cuda_set_fp8_gemm_rows(Backend& be, int64_t min_rows) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->fp8_gemm_min_rows = min_rows > 0 ? min_rows : 0;
+}
+
+int64_t cuda_fp8_gemm_calls(const Backend& be) {
+  const auto* c = dynamic_cast<const CudaBackend*>(&be);
+  return c ? c->fp8_gemm_calls : -1;
 }
 
 void cuda_set_glu_fused_rows(Backend& be, int64_t rows) {

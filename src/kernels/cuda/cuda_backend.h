@@ -79,5 +79,11 @@ void cuda_set_glu_fused_rows(Backend& be, int64_t rows);
 // `cuda_bench ctx --no-mx-tile-major`). Weights prepared afterwards only; the same values and results either way.
 void cuda_set_mx_tile_major(Backend& be, bool on);
 int64_t cuda_tc_indexer_calls(const Backend& be);
+// Declared FP8 activations (--activations declared) in the bf16 mode: matmul_act_fp8 of block-FP8 weights with
+// 128 x 128 blocks takes the FP8 x FP8 cuBLASLt GEMM from this many rows of x (default 1; 0: never, the default
+// composition of backend.h: quantize, then the exact matmul over q · s). Diagnostics: the calls that took it so far
+// (-1 when `be` is not the CUDA backend).
+void cuda_set_fp8_gemm_rows(Backend& be, int64_t min_rows);
+int64_t cuda_fp8_gemm_calls(const Backend& be);
 
 }  // namespace latent

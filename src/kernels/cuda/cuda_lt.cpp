@@ -47,6 +47,17 @@ LtGemm::LtGemm() {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
   check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB");
+  cublasLtMatmulDesc_t op8 = nullptr;
+  check_lt(cublasLtMatmulDescCreate(&op8, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate (fp8)");
+  desc_fp8_ = op8;
+  check_lt(cublasLtMatmulDescSetAttribute(op8, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA (fp8)");
+  check_lt(cublasLtMatmulDescSetAttribute(op8, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "set TRANSB (fp8)");
+  const cublasLtMatmulMatrixScale_t wmode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                                    xmode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  check_lt(cublasLtMatmulDescSetAttribute(op8, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &wmode, sizeof(wmode)),
+           "set A_SCALE_MODE (128 x 128 blocks)");
+  check_lt(cublasLtMatmulDescSetAttribute(op8, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &xmode, sizeof(xmode)),
+           "set B_SCALE_MODE (1 x 128 groups)");
   const cudaError_t e = cudaMalloc(&workspace_, kWorkspaceBytes);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -60,18 +71,21 @@ LtGemm::~LtGemm() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
   if (desc_) cublasLtMatmulDescDestroy(static_cast<cublasLtMatmulDesc_t>(desc_));
+  if (desc_fp8_) cublasLtMatmulDescDestroy(static_cast<cublasLtMatmulDesc_t>(desc_fp8_));
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-LtGemm::Plan* LtGemm::plan_for(const void* w, const void* x, int64_t M, int64_t N, int64_t Kp, const float* y) {
-  const Key key{M, N, Kp, alignment_of(w), alignment_of(x), alignment_of(y)};
+LtGemm::Plan* LtGemm::plan_for(const void* w, const void* x, int64_t M, int64_t N, int64_t Kp, const float* y,
+                               int kind) {
+  const Key key{M, N, Kp, alignment_of(w), alignment_of(x), alignment_of(y), kind};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
   auto p = std::make_unique<Plan>();
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   // Column-major terms: A = W stored [Kp x N] (ld Kp), op T; B = x stored [Kp x M] (ld Kp); D [N x M] (ld N).
-  check_lt(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, u(Kp), u(N), Kp), "layout A");
-  check_lt(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, u(Kp), u(M), Kp), "layout B");
+  const cudaDataType_t in = kind == 1 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  check_lt(cublasLtMatrixLayoutCreate(&p->a, in, u(Kp), u(N), Kp), "layout A");
+  check_lt(cublasLtMatrixLayoutCreate(&p->b, in, u(Kp), u(M), Kp), "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, u(N), u(M), N), "layout D");
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -88,11 +102,21 @@ LtGemm::Plan* LtGemm::plan_for(const void* w, const void* x, int64_t M, int64_t 
     s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad));
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad));
+  // The block-scaled modes are looked up with scale pointers set (the workspace stands in; fp8_gemm sets the real
+  // ones per call): without them the heuristic answers INVALID_VALUE (cuBLASLt 13.1, probed on an H100).
+  if (kind == 1 && s == CUBLAS_STATUS_SUCCESS) {
+    auto* op8 = static_cast<cublasLtMatmulDesc_t>(desc_fp8_);
+    const void* any = workspace_;
+    s = cublasLtMatmulDescSetAttribute(op8, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any, sizeof(any));
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulDescSetAttribute(op8, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &any, sizeof(any));
+  }
   cublasLtMatmulHeuristicResult_t res{};
   int n = 0;
   if (s == CUBLAS_STATUS_SUCCESS)
-    s = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), static_cast<cublasLtMatmulDesc_t>(desc_),
-                                       p->a, p->b, p->d, p->d, pref, 1, &res, &n);
+    s = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_),
+                                       static_cast<cublasLtMatmulDesc_t>(kind == 1 ? desc_fp8_ : desc_), p->a, p->b,
+                                       p->d, p->d, pref, 1, &res, &n);
   cublasLtMatmulPreferenceDestroy(pref);
   // No algorithm (NOT_SUPPORTED or none returned): the plan says so and the caller keeps its own kernel.
   p->ok = s == CUBLAS_STATUS_SUCCESS && n > 0 && res.state == CUBLAS_STATUS_SUCCESS;
@@ -113,6 +137,29 @@ bool LtGemm::gemm(const void* w, const void* x, int64_t M, int64_t N, int64_t Kp
   check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), static_cast<cublasLtMatmulDesc_t>(desc_), &alpha, w,
                           p->a, x, p->b, &beta, y, p->d, y, p->d, &p->algo, workspace_, kWorkspaceBytes, st),
            "matmul (cublasLtMatmul)");
+  return true;
+}
+
+bool LtGemm::fp8_supported(const void* wq, const void* xq, int64_t M, int64_t N, int64_t K, const float* y) {
+  return K % 16 == 0 && plan_for(wq, xq, M, N, K, y, 1)->ok;
+}
+
+bool LtGemm::fp8_gemm(const void* wq, const float* w_scale, const void* xq, const float* x_scale, int64_t M, int64_t N,
+                      int64_t K, float* y, cudaStream_t st) {
+  if (K % 16 != 0) return false;
+  Plan* p = plan_for(wq, xq, M, N, K, y, 1);
+  if (!p->ok) return false;
+  // The scale pointers are read when the GEMM is enqueued (into its launch: graph-safe); one stream, so setting
+  // them on the shared descriptor right before is race-free.
+  auto* op = static_cast<cublasLtMatmulDesc_t>(desc_fp8_);
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)),
+           "set A_SCALE_POINTER");
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)),
+           "set B_SCALE_POINTER");
+  const float alpha = 1.0f, beta = 0.0f;
+  check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), op, &alpha, wq, p->a, xq, p->b, &beta, y, p->d, y,
+                          p->d, &p->algo, workspace_, kWorkspaceBytes, st),
+           "FP8 x FP8 matmul (cublasLtMatmul)");
   return true;
 }
 
