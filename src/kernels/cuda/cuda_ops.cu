@@ -1,6 +1,8 @@
 // Norms, RoPE, elementwise ops, the MoE router and weighted combine, the DSA indexer scores and the deterministic
 // top-k select. Each op rounds at exactly the points of the ref backend (src/kernels/ref) and uses the same
 // precision for its statistics and transcendentals (double), so bf16-mode values match the ref backend's.
+#include <algorithm>
+
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace latent::cuda {
@@ -204,11 +206,13 @@ __global__ void rope_kernel(TView x, int64_t n_tokens, int64_t n_heads, int64_t 
   }
 }
 
-// The tail of the MLA query / latent path (Backend::mla_qkv after its matmuls) for one token per block: q_pe of
-// every head rotated, c = RMSNorm(c) (the register form of launch_rms_norm, PER ≥ its elements per thread: the
-// same per-thread sums), k_pe rotated, then [c | k_pe] stored to the pool at the token's slot (none for a slot < 0).
-// The four kernels' arithmetic element for element (rope_cs / rope_pair, rms_norm_row_reg, the store's tget /
-// tset): the same bits as the primitives, in one launch instead of four.
+// The tail of the MLA query / latent path (Backend::mla_qkv after its matmuls), blocks (token, part): part 0
+// normalizes c = RMSNorm(c) (the register form of launch_rms_norm, PER ≥ its elements per thread: the same
+// per-thread sums), rotates k_pe and stores [c | k_pe] to the pool at the token's slot (none for a slot < 0); parts
+// 1.. rotate q_pe, one (head, pair) per thread (one block per token did all of it, its loads one after another:
+// 14 µs a layer at batch 1 on the GLM-5 shape, H100). The four kernels' arithmetic element for element (rope_cs /
+// rope_pair, rms_norm_row_reg, the store's tget / tset): the same bits as the primitives, in one launch instead of
+// four.
 template <int PER>
 __global__ void __launch_bounds__(kNormThreads)
     mla_qkv_tail_kernel(TView q, int64_t q_col0, int64_t n_heads, int64_t head_stride, TView kv, int64_t dc,
@@ -216,18 +220,23 @@ __global__ void __launch_bounds__(kNormThreads)
                         const float* inv_freq, int64_t half, float attention_factor, bool interleaved) {
   __shared__ double sh[32];
   const int64_t t = blockIdx.x, p = pos[t];
-  const bool qb = q.bf16 != 0, kb = kv.bf16 != 0;
-  for (int64_t idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
-    const int64_t i = idx % half, h = idx / half;
-    float c, s;
-    rope_cs(p, inv_freq, i, attention_factor, qb, c, s);
-    const int64_t ia = q_col0 + h * head_stride + (interleaved ? 2 * i : i);
-    const int64_t ib = q_col0 + h * head_stride + (interleaved ? 2 * i + 1 : i + half);
-    float ya, yb;
-    rope_pair(tget(q, t, ia), tget(q, t, ib), c, s, qb, ya, yb);
-    tset(q, t, ia, ya);
-    tset(q, t, ib, yb);
+  if (blockIdx.y > 0) {
+    const bool qb = q.bf16 != 0;
+    for (int64_t idx = (blockIdx.y - 1) * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n_heads * half;
+         idx += static_cast<int64_t>(gridDim.y - 1) * blockDim.x) {
+      const int64_t i = idx % half, h = idx / half;
+      float c, s;
+      rope_cs(p, inv_freq, i, attention_factor, qb, c, s);
+      const int64_t ia = q_col0 + h * head_stride + (interleaved ? 2 * i : i);
+      const int64_t ib = q_col0 + h * head_stride + (interleaved ? 2 * i + 1 : i + half);
+      float ya, yb;
+      rope_pair(tget(q, t, ia), tget(q, t, ib), c, s, qb, ya, yb);
+      tset(q, t, ia, ya);
+      tset(q, t, ib, yb);
+    }
+    return;
   }
+  const bool kb = kv.bf16 != 0;
   rms_norm_row_reg<PER, false>(kv, TView{}, norm_w, t, dc, eps, kv, sh);  // c: columns 0 .. dc-1
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {              // k_pe: columns dc .. dc + 2·half - 1
     float c, s;
@@ -671,8 +680,10 @@ void launch_mla_qkv_tail(TView q, int64_t q_col0, int64_t n_heads, int64_t head_
                          const float* norm_w, float eps, const int64_t* pos, const int64_t* slots, int64_t n,
                          const KvPool& pool, const RopeParams& rp, cudaStream_t st) {
   if (n <= 0) return;
-  const unsigned g = static_cast<unsigned>(n);
   const int64_t half = rp.dim / 2;
+  // Part 0 the latent; 1 .. the q_pe pairs, one per thread (at most 64 parts: a loop beyond).
+  const int64_t q_parts = std::min<int64_t>((n_heads * half + kNormThreads - 1) / kNormThreads, 64);
+  const dim3 g(static_cast<unsigned>(n), static_cast<unsigned>(1 + q_parts));
 #define LATENT_QKV_TAIL(PER)                                                                                      \
   mla_qkv_tail_kernel<PER><<<g, kNormThreads, 0, st>>>(q, q_col0, n_heads, head_stride, kv, dc, norm_w, eps, pos, \
                                                        slots, pool, rp.inv_freq, half, rp.attention_factor,       \
