@@ -255,8 +255,20 @@ class CudaBackend final : public Backend {
       check_launch("matmul");
       return;
     }
-    const float* xf = f32_rows(x, kTmpX, "matmul activations (fp32)");
     const bool direct = ep.empty() && y.dtype == DType::F32 && y.contiguous();
+    // bf16 x that cuBLASLt can read in place (contiguous, K % 8 == 0, 16-byte aligned): the GEMM reads x's bf16
+    // bytes, not an fp32 copy converted back to bf16 (the same values, two kernels fewer per linear).
+    if (lt_reads_x(w, x) && (!ep.glu || lt_reads_x(*ep.glu[0], x))) {
+      float* acc = direct ? y.f32() : tmp_f32(kTmpAcc, M * N, "matmul accumulators");
+      float* gacc = ep.glu ? tmp_f32(kTmpGacc, M * N, "matmul gate accumulators") : nullptr;
+      if (lt_gemm_ok(w, x.data, M, acc) && (!ep.glu || lt_gemm_ok(*ep.glu[0], x.data, M, gacc))) {
+        lt_gemm_bf16(w, x.data, M, acc);
+        if (ep.glu) lt_gemm_bf16(*ep.glu[0], x.data, M, gacc);
+        if (!direct) epilogue(acc, gacc, ep, M, N, y, nullptr, nullptr);
+        return;
+      }
+    }
+    const float* xf = f32_rows(x, kTmpX, "matmul activations (fp32)");
     float* acc = direct ? y.f32() : tmp_f32(kTmpAcc, M * N, "matmul accumulators");
     linear_f32(w, xf, M, acc, x.bf16());
     if (direct) return;
@@ -706,6 +718,37 @@ class CudaBackend final : public Backend {
       check_launch("matmul (weights to bf16)");
     }
     lt_->gemm(wb, xb, M, N, Kp, y, stream_);
+    check_launch("matmul (cublasLtMatmul)");
+    ++lt_calls_;
+  }
+  // The cuBLASLt path straight from a bf16 activation tensor: x [M, K] contiguous with K % 8 == 0 (then Kp == K and
+  // its rows are x's), 16-byte aligned.
+  bool lt_reads_x(const QuantWeight& w, const Tensor& x) const {
+    return x.dtype == DType::BF16 && x.contiguous() && w.cols == x.cols && x.cols % 8 == 0 &&
+           (reinterpret_cast<uintptr_t>(x.data) & 15) == 0 && lt_eligible(w, x.rows);
+  }
+  // Whether cuBLASLt has an algorithm for w times the bf16 rows xb (K = w.cols, a multiple of 8); grows the bf16
+  // weight scratch for weights that are not used in place.
+  bool lt_gemm_ok(const QuantWeight& w, const void* xb, int64_t M, float* y) {
+    const int64_t N = w.rows, K = w.cols;
+    const bool direct = lt_direct(w);
+    void* ws = direct ? nullptr : lt_scratch(lt_w_, static_cast<size_t>(N * K) * 2, "bf16 matmul weights");
+    const void* wb = direct ? w.data : ws;
+    return wb && lt_->supported(wb, xb, M, N, K, y);
+  }
+  // y = xb · Wᵀ (fp32) on cuBLASLt after lt_gemm_ok said yes: MXFP4 (or unaligned BF16) weights dequantized whole
+  // into the bf16 scratch first (exact).
+  void lt_gemm_bf16(const QuantWeight& w, const void* xb, int64_t M, float* y) {
+    const int64_t N = w.rows, K = w.cols;
+    const bool direct = lt_direct(w);
+    const void* wb = w.data;
+    if (!direct) {
+      void* ws = lt_scratch(lt_w_, static_cast<size_t>(N * K) * 2, "bf16 matmul weights");
+      cuda::launch_dequant_bf16(cuda::make_wdesc(w), K, ws, stream_);
+      check_launch("matmul (weights to bf16)");
+      wb = ws;
+    }
+    lt_->gemm(wb, xb, M, N, K, y, stream_);
     check_launch("matmul (cublasLtMatmul)");
     ++lt_calls_;
   }
