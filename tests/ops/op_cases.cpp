@@ -1193,9 +1193,12 @@ void mla_decode_attention_case(CaseCtx& c, Fmt f, DType t, int shape) {
   for (int64_t bt : {5, 16, 64}) {
     if (shape >= 2 && bt != 64) continue;
     std::vector<PagedStep> steps = {
-        paged_step(c.rng, d, 0, bt, {{1, 37}, {1, 100}, {1, 1}, {1, 9}, {1, 130}}, 0),      // decode
-        paged_step(c.rng, d, 0, bt, {{1, 23}, {6, 40}, {1, 2}}, 1)};                        // and a chunk
-    if (shape > 0) steps.push_back(paged_step(c.rng, d, 0, bt, {{1, 700}, {2, 1500}}, 2));  // long: key splits
+        paged_step(c.rng, d, 0, bt, {{1, 37}, {1, 100}, {1, 1}, {1, 9}, {1, 130}}, 0),  // decode
+        paged_step(c.rng, d, 0, bt, {{1, 23}, {6, 40}, {1, 2}}, 1)};                    // and a chunk
+    // Long: key splits. Under the sanitizers not for the 70-head shape (10 cases, ~5 s each there, CI ASan -O1): the
+    // GLM-5, DeepSeek and long_splits cases keep long contexts there; the release build runs all.
+    if (shape > 0 && !(LATENT_SANITIZED && shape == 1))
+      steps.push_back(paged_step(c.rng, d, 0, bt, {{1, 700}, {2, 1500}}, 2));
     for (const PagedStep& p : steps)
       for (bool use_sel : {false, true})
         decode_attention_check(c, h, p, t, use_sel ? 19 : 0, "bt " + S(bt) + " seqs " + S(p.n_seqs) + " N " + S(p.N));
