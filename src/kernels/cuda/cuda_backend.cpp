@@ -403,8 +403,8 @@ class CudaBackend final : public Backend {
     auto* base = static_cast<uint8_t*>(tmp_bytes(kTmpAct8, codes_b + xs_b + 2 * ws_b, "FP8 activation codes"));
     uint8_t* codes = base;
     auto* xs = reinterpret_cast<float*>(base + codes_b);
-    const bool direct = Mp == M && ep.empty() && y.dtype == DType::F32 && y.contiguous();
-    float* acc = direct ? y.f32() : tmp_f32(kTmpAcc, Mp * N, "matmul accumulators");
+    // (y is bf16 here: the fp32 sums always go through the epilogue, which rounds them.)
+    float* acc = tmp_f32(kTmpAcc, Mp * N, "matmul accumulators");
     float* gacc = g ? tmp_f32(kTmpGacc, Mp * N, "matmul gate accumulators") : nullptr;
     if (!lt_->fp8_supported(w.data, codes, Mp, N, K, acc) || (g && !lt_->fp8_supported(g->data, codes, Mp, N, K, gacc)))
       return Backend::matmul_act_fp8(w, x, a, y, ep);
@@ -429,7 +429,7 @@ class CudaBackend final : public Backend {
       check_launch("matmul_act_fp8 (SwiGLU gate, cublasLtMatmul)");
     }
     ++fp8_gemm_calls;
-    if (!direct) epilogue(acc, gacc, ep, M, N, y, nullptr, nullptr);
+    epilogue(acc, gacc, ep, M, N, y, nullptr, nullptr);
   }
 
   // ---------------- norms / elementwise ----------------
