@@ -103,16 +103,36 @@ Tensor upload_act(Backend& be, const std::vector<float>& v, int64_t rows, int64_
   return t;
 }
 
-void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols, DType act) {
-  const HostWeight h = make(f, rows, cols);
+// Copies of one weight spanning at least 512 MiB, so that the calls of a timing loop each read a copy no longer in
+// L2.
+std::vector<QuantWeight> weight_copies(Backend& be, const HostWeight& h) {
   const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
   std::vector<QuantWeight> ws;
   for (size_t i = 0; i < copies; ++i) ws.push_back(be.prepare_weight(h.q));
-  const int64_t max_m = 512;
+  return ws;
+}
+
+// The operands of a linear timing: weight_copies of h, a random x of max_m rows and its y, both of dtype act.
+struct LinearOperands {
+  std::vector<QuantWeight> ws;
+  Tensor x, y;
+};
+LinearOperands linear_operands(Backend& be, const HostWeight& h, int64_t max_m, DType act = DType::BF16) {
+  const int64_t rows = h.q.rows, cols = h.q.cols;
+  LinearOperands o{weight_copies(be, h), {}, {}};
   std::vector<float> x(static_cast<size_t>(max_m * cols));
   for (float& v : x) v = next_normalish();
-  const Tensor xd = upload_act(be, x, max_m, cols, act);
-  const Tensor yd(be.alloc(static_cast<size_t>(max_m * rows) * Tensor::size_of(act), "y"), act, max_m, rows);
+  o.x = upload_act(be, x, max_m, cols, act);
+  o.y = Tensor(be.alloc(static_cast<size_t>(max_m * rows) * Tensor::size_of(act), "y"), act, max_m, rows);
+  return o;
+}
+
+void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols, DType act) {
+  const HostWeight h = make(f, rows, cols);
+  const LinearOperands op = linear_operands(be, h, 512, act);
+  const std::vector<QuantWeight>& ws = op.ws;
+  const size_t copies = ws.size();
+  const Tensor &xd = op.x, &yd = op.y;
   for (int64_t M : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{16}, int64_t{512}}) {
     const int iters = M >= 512 ? 6 : 60;
     for (int i = 0; i < 3; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd.with_rows(M), yd.with_rows(M));
@@ -143,14 +163,10 @@ void bench_skinny(Backend& be, const char* label, WeightFormat f, int64_t rows, 
                   const std::vector<int64_t>& ms) {
   if (g_skinny_only && !std::strstr(label, g_skinny_only)) return;
   const HostWeight h = make(f, rows, cols);
-  const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
-  std::vector<QuantWeight> ws;
-  for (size_t i = 0; i < copies; ++i) ws.push_back(be.prepare_weight(h.q));
-  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
-  std::vector<float> x(static_cast<size_t>(max_m * cols));
-  for (float& v : x) v = next_normalish();
-  const Tensor xd = upload_act(be, x, max_m, cols, DType::BF16);
-  const Tensor yd(be.alloc(static_cast<size_t>(max_m * rows) * 2, "y"), DType::BF16, max_m, rows);
+  const LinearOperands op = linear_operands(be, h, *std::max_element(ms.begin(), ms.end()));
+  const std::vector<QuantWeight>& ws = op.ws;
+  const size_t copies = ws.size();
+  const Tensor &xd = op.x, &yd = op.y;
   auto time = [&](int64_t M) {
     const int iters = M >= 256 ? 10 : 50;
     for (int i = 0; i < 3; ++i) be.matmul(ws[static_cast<size_t>(i) % copies], xd.with_rows(M), yd.with_rows(M));
@@ -198,9 +214,8 @@ void bench_skinny(Backend& be, const char* label, WeightFormat f, int64_t rows, 
 // between calls); x is bf16 values.
 void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols) {
   const HostWeight h = make(f, rows, cols);
-  const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
-  std::vector<QuantWeight> ws;
-  for (size_t i = 0; i < copies; ++i) ws.push_back(be.prepare_weight(h.q));
+  const std::vector<QuantWeight> ws = weight_copies(be, h);
+  const size_t copies = ws.size();
   const int64_t max_m = 2048;
   std::vector<float> x(static_cast<size_t>(max_m * cols));
   for (float& v : x) v = bf16_to_f32(f32_to_bf16(next_normalish()));
@@ -241,14 +256,11 @@ void bench_prefill(Backend& be, const char* label, WeightFormat f, int64_t rows,
 // weight GB/s (% of 4.31 TB/s) and TFLOP/s against the dense peaks of the H200's datasheet: FP8 1,979, bf16 990.
 void bench_act_fp8(Backend& be, const char* label, int64_t rows, int64_t cols, const std::vector<int64_t>& ms) {
   const HostWeight h = make(WeightFormat::FP8_E4M3_BLOCK, rows, cols);
-  const size_t copies = std::max<size_t>(2, (size_t{512} << 20) / h.bytes() + 1);
-  std::vector<QuantWeight> ws;
-  for (size_t i = 0; i < copies; ++i) ws.push_back(be.prepare_weight(h.q));
   const int64_t max_m = *std::max_element(ms.begin(), ms.end());
-  std::vector<float> x(static_cast<size_t>(max_m * cols));
-  for (float& v : x) v = next_normalish();
-  const Tensor xb = upload_act(be, x, max_m, cols, DType::BF16);
-  const Tensor yd(be.alloc(static_cast<size_t>(max_m * rows) * 2, "y"), DType::BF16, max_m, rows);
+  const LinearOperands op = linear_operands(be, h, max_m);
+  const std::vector<QuantWeight>& ws = op.ws;
+  const size_t copies = ws.size();
+  const Tensor &xb = op.x, &yd = op.y;
   ActFp8 a;
   a.scratch = static_cast<float*>(be.alloc(static_cast<size_t>(max_m * cols) * 4, "act scratch"));
   a.scratch_floats = max_m * cols;

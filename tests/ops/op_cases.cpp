@@ -1442,28 +1442,33 @@ void matmul_act_fp8_nan_case(CaseCtx& c, Act a) {
   }
 }
 
+// One check of matmul_act_fp8 with bias + SwiGLU (the gate wg from the same quantized x) + residual, M rows of x.
+void act_fp8_glu_check(CaseCtx& c, Act a, const HostWeight& w, const HostWeight& wg, int64_t M,
+                       const std::string& what) {
+  const int64_t N = w.q.rows, K = w.q.cols;
+  const std::vector<float> x = act_input(c.rng, M, K, 128, false), bias = c.rng.normals(N),
+                           res = c.rng.normals(M * N, 3.0f);
+  c.check(what, [&](Arena& A) {
+    const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
+    const QuantWeight* gp[1] = {&wgd};
+    const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
+    Epilogue e;
+    e.bias = A.up(bias);
+    e.glu = gp;
+    e.residual = &rt;
+    ActFp8 ac;
+    ac.scratch = A.out<float>(static_cast<size_t>(M * K));
+    ac.scratch_floats = M * K;
+    A.be.matmul_act_fp8(wd, xt, ac, y, e);
+    return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
+  });
+}
+
 // bias + SwiGLU (the gate from the same quantized x) + residual.
 void matmul_act_fp8_epilogue_case(CaseCtx& c, Act a) {
   for (const auto& [N, K] : {std::pair<int64_t, int64_t>{37, 161}, {130, 1031}}) {
     const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng), wg = make_weight(Fmt::Fp8Block, N, K, c.rng);
-    for (int64_t M : {1, 17}) {
-      const std::vector<float> x = act_input(c.rng, M, K, 128, false), bias = c.rng.normals(N),
-                               res = c.rng.normals(M * N, 3.0f);
-      c.check("N " + S(N) + " K " + S(K) + " M " + S(M), [&, N = N, K = K](Arena& A) {
-        const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
-        const QuantWeight* gp[1] = {&wgd};
-        const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
-        Epilogue e;
-        e.bias = A.up(bias);
-        e.glu = gp;
-        e.residual = &rt;
-        ActFp8 ac;
-        ac.scratch = A.out<float>(static_cast<size_t>(M * K));
-        A.be.matmul_act_fp8(wd, xt, ac, y, e);
-        const double typ = typical(w.rms, x, K);
-        return Outs{A.result("y", y).with_floor(typ * typical(wg.rms, x, K))};
-      });
-    }
+    for (int64_t M : {1, 17}) act_fp8_glu_check(c, a, w, wg, M, "N " + S(N) + " K " + S(K) + " M " + S(M));
   }
 }
 
@@ -1490,24 +1495,7 @@ void matmul_act_fp8_gemm_case(CaseCtx& c, Act a) {
   // SwiGLU + bias + residual on the GEMM (the gate a second GEMM over the same codes).
   for (const auto& [N, K] : {std::pair<int64_t, int64_t>{256, 512}, {160, 400}}) {
     const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng), wg = make_weight(Fmt::Fp8Block, N, K, c.rng);
-    for (int64_t M : {1, 17}) {
-      const std::vector<float> x = act_input(c.rng, M, K, 128, false), bias = c.rng.normals(N),
-                               res = c.rng.normals(M * N, 3.0f);
-      c.check("glu N " + S(N) + " K " + S(K) + " M " + S(M), [&, N = N, K = K](Arena& A) {
-        const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
-        const QuantWeight* gp[1] = {&wgd};
-        const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
-        Epilogue e;
-        e.bias = A.up(bias);
-        e.glu = gp;
-        e.residual = &rt;
-        ActFp8 ac;
-        ac.scratch = A.out<float>(static_cast<size_t>(M * K));
-        ac.scratch_floats = M * K;
-        A.be.matmul_act_fp8(wd, xt, ac, y, e);
-        return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
-      });
-    }
+    for (int64_t M : {1, 17}) act_fp8_glu_check(c, a, w, wg, M, "glu N " + S(N) + " K " + S(K) + " M " + S(M));
   }
   {
     const int64_t N = 256, K = 384, M = 8;
@@ -1526,24 +1514,7 @@ void matmul_act_fp8_gemm_case(CaseCtx& c, Act a) {
   }
   const int64_t N = 384, K = 640;
   const HostWeight w = make_weight(Fmt::Fp8Block, N, K, c.rng), wg = make_weight(Fmt::Fp8Block, N, K, c.rng);
-  for (int64_t M : {2, 40}) {
-    const std::vector<float> x = act_input(c.rng, M, K, 128, false), bias = c.rng.normals(N),
-                             res = c.rng.normals(M * N, 3.0f);
-    c.check("glu+bias+residual M " + S(M), [&](Arena& A) {
-      const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
-      const QuantWeight* gp[1] = {&wgd};
-      const Tensor xt = A.up(x, a.x, M, K), y = A.tensor(a.y, M, N), rt = A.up(res, a.y, M, N);
-      Epilogue e;
-      e.bias = A.up(bias);
-      e.glu = gp;
-      e.residual = &rt;
-      ActFp8 ac;
-      ac.scratch = A.out<float>(static_cast<size_t>(M * K));
-      ac.scratch_floats = M * K;
-      A.be.matmul_act_fp8(wd, xt, ac, y, e);
-      return Outs{A.result("y", y).with_floor(typical(w.rms, x, K) * typical(wg.rms, x, K))};
-    });
-  }
+  for (int64_t M : {2, 40}) act_fp8_glu_check(c, a, w, wg, M, "glu+bias+residual M " + S(M));
 }
 
 // Expert groups (offsets from row 2, an empty group, one of 65 rows), with and without SwiGLU.
