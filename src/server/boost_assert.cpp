@@ -7,6 +7,7 @@
 // as few as 3 or 4 bytes there (our fuzzer found "0\n\r\n" fed in pieces). The code after it returns need_more or a
 // parse error, as a Release build does (ASan + UBSan clean); Beast fixed the assertion upstream (boostorg/beast#2861,
 // Boost 1.86). Without this handler a Debug server aborted on such a request. Every other failed assertion aborts.
+#include <boost/assert.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
