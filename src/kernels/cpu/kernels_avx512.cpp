@@ -1,7 +1,8 @@
 // AVX-512 (F + BW + VL) kernels of the CPU backend: V16, the 512-bit vector traits with which this translation unit
 // instantiates the width-generic matmul tiles (mm_body.h) and small GEMMs (vec_body.h); the small row ops reuse the
-// 256-bit code of avx2_body.h compiled for this target.
-#if defined(__x86_64__) || defined(__i386__)
+// 256-bit code of avx2_body.h compiled for this target. LATENT_CPU_NO_AVX512 (CMake LATENT_CPU_AVX512=OFF) compiles
+// the null stub below instead.
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(LATENT_CPU_NO_AVX512)
 #define LATENT_CPU_TARGET "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
 // GCC 12's avx512fintrin.h builds "undefined" vectors as `__m512 __Y = __Y;`, which -Wuninitialized flags at
 // every inlined use (_mm512_reduce_add_ps, _mm512_broadcast_i32x4, ...).
