@@ -293,17 +293,20 @@ __global__ void epilogue_kernel(const float* acc, const float* gacc, const float
   }
 }
 
-// One block per token: sigmoid + bias in parallel; thread 0 masks the groups not kept (group scores, groups);
-// warp 0 then selects the experts: K rounds of a warp arg-max (larger score, ties to the lower index), which is
-// exactly the ref's repeated scan with strict '>' (the first maximum among the experts not yet taken). A score that
-// is NaN breaks that equivalence (the scan's comparisons are not a total order), so a token with one takes the ref's
-// serial scan; so do more than 64 experts per lane (E > 2048).
+// One block per token: sigmoid + bias in parallel; with groups, each group's score (the sum of its two largest) by
+// its own thread (the ref's scan within a group), thread 0 keeps the topk_group best groups, and the experts of the
+// other groups are masked in parallel; warp 0 then selects the experts: K rounds of a warp arg-max (larger score,
+// ties to the lower index), which is exactly the ref's repeated scan with strict '>' (the first maximum among the
+// experts not yet taken). A score that is NaN breaks that equivalence (the scan's comparisons are not a total order),
+// so a token with one takes the ref's serial scan; so do more than 64 experts per lane (E > 2048). The selected ids
+// stay in shared memory until the weights are written (sel[K]).
 __global__ void router_kernel(const float* logits, const float* bias, int64_t E, int64_t G, int64_t topk_group,
                               int64_t K, bool norm, float scaling, int32_t* ids, float* weights) {
   extern __shared__ float sm[];
-  float* s = sm;           // [E]
-  float* b = sm + E;       // [E]
-  float* gs = sm + 2 * E;  // [G]
+  float* s = sm;                                              // [E]
+  float* b = sm + E;                                          // [E]
+  float* gs = sm + 2 * E;                                     // [G]
+  int32_t* sel = reinterpret_cast<int32_t*>(sm + 2 * E + G);  // [K]
   const int64_t m = blockIdx.x;
   const float* lg = logits + m * E;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
@@ -313,8 +316,8 @@ __global__ void router_kernel(const float* logits, const float* bias, int64_t E,
   __syncthreads();
   const float kNegInf = __uint_as_float(0xFF800000u);
   const int64_t gsize = E / G;
-  if (threadIdx.x == 0 && G > 1 && topk_group < G) {
-    for (int64_t g = 0; g < G; ++g) {
+  if (G > 1 && topk_group < G) {  // (uniform over the block: the barriers below are reached by every thread)
+    for (int64_t g = threadIdx.x; g < G; g += blockDim.x) {
       float top1 = kNegInf, top2 = kNegInf;
       for (int64_t e = g * gsize; e < (g + 1) * gsize; ++e) {
         if (b[e] > top1) {
@@ -326,36 +329,41 @@ __global__ void router_kernel(const float* logits, const float* bias, int64_t E,
       }
       gs[g] = gsize >= 2 ? __fadd_rn(top1, top2) : top1;
     }
-    // keep the topk_group best groups (stable: ties to the lower group); mark kept groups by NaN-free flag.
-    for (int64_t j = 0; j < topk_group; ++j) {
-      int64_t best = -1;
-      for (int64_t g = 0; g < G; ++g) {
-        if (gs[g] != gs[g]) continue;  // taken (NaN marker)
-        if (best < 0 || gs[g] > gs[best]) best = g;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // keep the topk_group best groups (stable: ties to the lower group); a kept group's score becomes NaN.
+      for (int64_t j = 0; j < topk_group; ++j) {
+        int64_t best = -1;
+        for (int64_t g = 0; g < G; ++g) {
+          if (gs[g] != gs[g]) continue;  // taken (NaN marker)
+          if (best < 0 || gs[g] > gs[best]) best = g;
+        }
+        if (best >= 0) gs[best] = f_nan();
       }
-      if (best >= 0) gs[best] = f_nan();
     }
-    for (int64_t e = 0; e < E; ++e)
-      if (gs[e / gsize] == gs[e / gsize]) b[e] = kNegInf;  // group not kept
+    __syncthreads();
+    const int gs32 = static_cast<int>(gsize);
+    for (int e = static_cast<int>(threadIdx.x); e < E; e += static_cast<int>(blockDim.x))
+      if (gs[e / gs32] == gs[e / gs32]) b[e] = kNegInf;  // group not kept
   }
   __syncthreads();
   if (threadIdx.x >= 32) return;
   const int lane = static_cast<int>(threadIdx.x);
-  int32_t* idm = ids + m * K;
   bool nan = false;
   for (int64_t e = lane; e < E; e += 32) nan |= b[e] != b[e];
   float sum = 0.0f;
-  if (__any_sync(0xffffffffu, nan) || E > 64 * 32) {
+  const bool serial = __any_sync(0xffffffffu, nan) || E > 64 * 32;
+  if (serial) {
     if (lane != 0) return;
     for (int64_t k = 0; k < K; ++k) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e) {
         bool taken = false;
-        for (int64_t j = 0; j < k; ++j) taken |= idm[j] == e;
+        for (int64_t j = 0; j < k; ++j) taken |= sel[j] == e;
         if (taken) continue;
         if (best < 0 || b[e] > b[best]) best = e;
       }
-      idm[k] = static_cast<int32_t>(best);
+      sel[k] = static_cast<int32_t>(best);
       sum = __fadd_rn(sum, s[best]);
     }
   } else {
@@ -381,15 +389,17 @@ __global__ void router_kernel(const float* logits, const float* bias, int64_t E,
         }
       }
       if (bi >= 0 && bi % 32 == lane) taken |= uint64_t{1} << (bi / 32);
-      if (lane == 0) idm[k] = bi;
+      if (lane == 0) sel[k] = bi;
       sum = __fadd_rn(sum, s[bi]);
     }
     __syncwarp();
-    if (lane != 0) return;
   }
-  for (int64_t k = 0; k < K; ++k) {
-    float wv = s[idm[k]];
+  // The K ids and weights: lane 0 after the serial scan, else a lane each (every lane holds the same sum of all K,
+  // accumulated in order above).
+  for (int64_t k = serial ? 0 : lane; k < K; k += serial ? 1 : 32) {
+    float wv = s[sel[k]];
     if (norm) wv = __fdiv_rn(wv, __fadd_rn(sum, 1e-20f));
+    ids[m * K + k] = sel[k];
     weights[m * K + k] = __fmul_rn(wv, scaling);
   }
 }
@@ -736,7 +746,7 @@ void launch_router(const float* logits, const float* bias, int64_t M, const Rout
                    float* weights, cudaStream_t st) {
   if (M <= 0) return;
   const int64_t G = p.n_group > 1 ? p.n_group : 1;
-  const size_t smem = static_cast<size_t>(2 * p.n_experts + G) * sizeof(float);
+  const size_t smem = static_cast<size_t>(2 * p.n_experts + G + p.top_k) * sizeof(float);  // + sel[K]
   router_kernel<<<static_cast<unsigned>(M), 128, smem, st>>>(logits, bias, p.n_experts, G, p.topk_group, p.top_k,
                                                              p.norm_topk_prob, p.routed_scaling_factor, ids, weights);
 }
