@@ -39,6 +39,9 @@ struct QuantWeight {
   // MXFP4 on the CUDA backend: the code bytes in the tile-major order of kernels/cuda/mx_layout.h (16-row tiles of
   // 128-column chunks; set by its prepare_weight where the shape allows; only the bytes' order). Host views: false.
   bool mx_tile_major = false;
+  // FP8 (e4m3fn) on the CUDA backend: no code of the weight is NaN (0x7F / 0xFF), found by a scan at upload (set by
+  // its prepare_weight); the tensor-core kernels then leave out their per-block NaN vote. Host views: false.
+  bool fp8_nan_free = false;
   // The checkpoint declares dynamic 1 x block_cols FP8 activations for this module and latent can run them
   // (PrecisionPlan: block FP8 as stored, a plain linear of its input); used only with --activations declared.
   bool act_fp8 = false;

@@ -745,23 +745,31 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
       }
     }
   }
-  // NaN codes (0x7F / 0xFF) in one FP8 row: that row's outputs are NaN, every other row finite and as the ref.
+  // NaN codes (0x7F / 0xFF) in two FP8 rows: those rows' outputs are NaN, every other row finite — at one token
+  // (the CUDA-core kernel), 9 (the skinny tensor-core kernel, its per-block NaN vote) and 40 (this kernel); the
+  // upload's scan marks the weight (fp8_nan_free false), and a weight without NaN codes true.
   {
     HostWeight w = ops::make_weight(Fmt::Fp8Block, 256, 1024, rng);
+    {
+      Arena A(gpu());
+      EXPECT_TRUE(A.weight(w).fp8_nan_free);
+    }
     w.data[1 + 77 * 1024 + 300] = 0x7F;  // q.data = data + 1
     w.data[1 + 200 * 1024 + 5] = 0xFF;
-    const int64_t M = 40;
-    const std::vector<float> x = rng.normals(M * 1024);
-    Arena A(gpu());
-    const QuantWeight wd = A.weight(w);
-    const Tensor y = A.tensor(DType::F32, M, 256);
-    gpu().matmul(wd, A.up(x, DType::BF16, M, 1024), y);
-    const std::vector<float> got = A.down(y);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t r = 0; r < 256; ++r) {
-        const float v = got[static_cast<size_t>(m * 256 + r)];
-        EXPECT_EQ(std::isnan(v), r == 77 || r == 200) << "token " << m << " row " << r;
-      }
+    for (int64_t M : {1, 9, 40}) {
+      const std::vector<float> x = rng.normals(M * 1024);
+      Arena A(gpu());
+      const QuantWeight wd = A.weight(w);
+      EXPECT_FALSE(wd.fp8_nan_free);
+      const Tensor y = A.tensor(DType::F32, M, 256);
+      gpu().matmul(wd, A.up(x, DType::BF16, M, 1024), y);
+      const std::vector<float> got = A.down(y);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < 256; ++r) {
+          const float v = got[static_cast<size_t>(m * 256 + r)];
+          EXPECT_EQ(std::isnan(v), r == 77 || r == 200) << "M " << M << " token " << m << " row " << r;
+        }
+    }
   }
 }
 

@@ -147,6 +147,22 @@ class CudaBackend final : public Backend {
     d.data = tiled ? tiled : upload_owned(w.data, data_bytes, "weight data");
     if (tiled) d.mx_tile_major = true;
     d.scale = scale_bytes ? upload_owned(w.scale, scale_bytes, "weight scales") : nullptr;
+    // FP8 (e4m3fn) codes scanned once for NaN codes: a weight without any lets the tensor-core kernels leave out
+    // their per-block NaN vote (the same values either way).
+    const bool fp8 = w.format == WeightFormat::FP8_E4M3_BLOCK || w.format == WeightFormat::FP8_E4M3_TENSOR ||
+                     w.format == WeightFormat::FP8_E4M3_CHANNEL;
+    if (fp8 && !w.fnuz && data_bytes) {
+      if (!nan_flag_) {
+        nan_flag_ = static_cast<uint32_t*>(alloc(sizeof(uint32_t), "FP8 NaN scan flag"));
+        owned_.push_back(nan_flag_);
+      }
+      check(cudaMemsetAsync(nan_flag_, 0, sizeof(uint32_t), stream_), "cudaMemsetAsync (FP8 NaN scan)");
+      cuda::launch_fp8_nan_scan(d.data, static_cast<int64_t>(data_bytes), nan_flag_, stream_);
+      check_launch("FP8 NaN scan");
+      uint32_t flag = 1;
+      download(&flag, nan_flag_, sizeof(flag));
+      d.fp8_nan_free = flag == 0;
+    }
     // MXFP4 codes into the pair-swizzled layout the tensor-core kernels decode cheaply (kernels/cuda/mx_layout.h: a
     // bit order inside each 32-bit word of codes; every kernel reading the weight knows it — values unchanged).
     if (w.format == WeightFormat::MXFP4 && !w.mx_swizzled && cuda::mx_swizzle_ok(w.cols, d.data)) {
@@ -989,6 +1005,7 @@ class CudaBackend final : public Backend {
   std::vector<Graph> graphs_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  uint32_t* nan_flag_ = nullptr;  // prepare_weight's FP8 NaN scan (device, in owned_)
   std::vector<void*> owned_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;

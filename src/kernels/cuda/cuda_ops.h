@@ -18,8 +18,9 @@ struct WDesc {
   int32_t format = 0;  // WeightFormat
   int32_t fnuz = 0;
   int32_t block_rows = 128, block_cols = 128;
-  int32_t swz = 0;    // MXFP4 codes in the pair-swizzled layout (mx_layout.h)
-  int32_t tiled = 0;  // MXFP4 code bytes in tile-major order (mx_layout.h): address them through mx_code_ptr
+  int32_t swz = 0;       // MXFP4 codes in the pair-swizzled layout (mx_layout.h)
+  int32_t tiled = 0;     // MXFP4 code bytes in tile-major order (mx_layout.h): address them through mx_code_ptr
+  int32_t nan_free = 0;  // FP8: no code is NaN (QuantWeight::fp8_nan_free)
 };
 WDesc make_wdesc(const QuantWeight& w);
 
@@ -117,6 +118,9 @@ void launch_mx_swizzle(void* data, int64_t rows, int64_t cols, cudaStream_t st);
 // MXFP4 codes [rows, row_bytes] from the row-major src into the tile-major order at dst (mx_layout.h; the shape must
 // pass mx_tile_major_ok; src and dst 16-byte aligned, distinct).
 void launch_mx_tile_major(const void* src, void* dst, int64_t rows, int64_t row_bytes, cudaStream_t st);
+// *flag |= 1 when any of the n bytes at data (e4m3fn codes, 16-byte aligned) is a NaN code (0x7F / 0xFF); flag on
+// the device, zeroed by the caller.
+void launch_fp8_nan_scan(const void* data, int64_t n, uint32_t* flag, cudaStream_t st);
 
 // ---- norms / elementwise / MoE / top-k (cuda_ops.cu) ----
 // Typed views; the bf16 points of an op apply when its output view is bf16.
