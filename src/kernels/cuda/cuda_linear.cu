@@ -972,10 +972,9 @@ __global__ void fp8_nan_scan_kernel(const uint8_t* data, int64_t n, uint32_t* fl
   uint32_t any = 0;
   for (int64_t i = i0; i < n16; i += stride) {
     const uint4 v = reinterpret_cast<const uint4*>(data)[i];
-    any |= ((v.x & 0x7F7F7F7Fu) + 0x01010101u) | ((v.y & 0x7F7F7F7Fu) + 0x01010101u) |
-           ((v.z & 0x7F7F7F7Fu) + 0x01010101u) | ((v.w & 0x7F7F7F7Fu) + 0x01010101u);
+    any |= fp8_nan_marks(v.x) | fp8_nan_marks(v.y) | fp8_nan_marks(v.z) | fp8_nan_marks(v.w);
   }
-  for (int64_t i = 16 * n16 + i0; i < n; i += stride) any |= ((data[i] & 0x7Fu) + 1u) & 0x80u;
+  for (int64_t i = 16 * n16 + i0; i < n; i += stride) any |= fp8_nan_marks(data[i]) & 0x80u;
   if (__any_sync(0xFFFFFFFFu, (any & 0x80808080u) != 0u) && (threadIdx.x & 31) == 0) atomicOr(flag, 1u);
 }
 

@@ -181,7 +181,7 @@ __device__ __forceinline__ void fp8x16_to_bf16(const uint4& raw, uint16_t* dst) 
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     const uint32_t c = word_of(raw, w);
-    fp8_word(c, (((c & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0u, out[2 * w], out[2 * w + 1]);
+    fp8_word(c, (fp8_nan_marks(c) & 0x80808080u) != 0u, out[2 * w], out[2 * w + 1]);
   }
   reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
   reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);

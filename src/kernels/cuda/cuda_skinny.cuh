@@ -78,6 +78,10 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint3
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Bit 7 of each byte of the result is set where that byte of w is an e4m3fn NaN code (magnitude 0x7F); the other
+// bits are noise. OR several words' marks, then test with & 0x80808080u.
+__device__ __forceinline__ uint32_t fp8_nan_marks(uint32_t w) { return (w & 0x7F7F7F7Fu) + 0x01010101u; }
+
 // Four e4m3fn codes (a word, column order = byte order) as two exact bf16 pairs: the high bytes H (sign and the
 // exponent's bits 3..1 — (w >> 4) & 0x07 | w & 0x80 per byte) and the low bytes L (exponent bit 0 and mantissa:
 // (w << 4) & 0xF0) interleaved by two byte permutes give each code as bf16 bits s 000 eeee mmm 0000 (its value times
@@ -88,7 +92,7 @@ __device__ __forceinline__ void fp8_word(uint32_t w, bool nan, uint32_t& lo, uin
   const uint32_t H = ((w >> 4) & 0x07070707u) | (w & 0x80808080u), L = (w << 4) & 0xF0F0F0F0u;
   uint32_t rl = __byte_perm(L, H, 0x5140u), rh = __byte_perm(L, H, 0x7362u);
   if (nan) {
-    const uint32_t nb = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;  // 0x80 in the bytes of NaN codes
+    const uint32_t nb = fp8_nan_marks(w) & 0x80808080u;  // 0x80 in the bytes of NaN codes
     rl |= ((__byte_perm(nb, 0u, 0x1404u) >> 15) & 0x00010001u) * 0x7FC0u;
     rh |= ((__byte_perm(nb, 0u, 0x3424u) >> 15) & 0x00010001u) * 0x7FC0u;
   }

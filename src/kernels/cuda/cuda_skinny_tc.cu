@@ -93,8 +93,7 @@ __device__ __forceinline__ void stc_tile(const WDesc& w, int64_t m0, int64_t m1,
 #pragma unroll
       for (int u = 0; u < kBlocksPerUnit * kPieces; ++u)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          any |= ((word_of(wa[u], i) & 0x7F7F7F7Fu) + 0x01010101u) | ((word_of(wb[u], i) & 0x7F7F7F7Fu) + 0x01010101u);
+        for (int i = 0; i < 4; ++i) any |= fp8_nan_marks(word_of(wa[u], i)) | fp8_nan_marks(word_of(wb[u], i));
       return __any_sync(0xFFFFFFFFu, (any & 0x80808080u) != 0u);
     };
     // A round's MMAs, compiled once per value of nan_tag (no branch per code word): with true, NaN codes become NaN.
@@ -333,7 +332,7 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
         const uint4 v = lds128(st + row * 128 + 16 * (cc ^ ((row & 1) << 2)));
         uint32_t any = 0;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) any |= (word_of(v, u) & 0x7F7F7F7Fu) + 0x01010101u;
+        for (int u = 0; u < 4; ++u) any |= fp8_nan_marks(word_of(v, u));
         const bool nan = (any & 0x80808080u) != 0u;
         uint32_t o[8];
 #pragma unroll
