@@ -15,6 +15,12 @@
 
 namespace latent::cuda {
 
+// cuBLASLt is not linked: the first LtGemm opens it with dlopen (its soname libcublasLt.so.<CUDA major> through the
+// loader's search, else the toolkit directory of the build) and resolves the entry points used here. This opens
+// `library` (null: the library an LtGemm would open) and resolves them, returning how many; throws Error naming the
+// library and what is missing (no GPU needed).
+int cublaslt_check(const char* library = nullptr);
+
 class LtGemm {
  public:
   LtGemm();  // throws Error naming the cuBLASLt or CUDA failure
