@@ -1254,10 +1254,17 @@ void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, in
     // Class 0 (one token) on the warp kernel: it reads BF16 / FP8 rows at one token faster than a tensor-core
     // pass of 16 (H100, 8 FP8 experts [4096 x 7168]: 125 against 190 us); the other classes on the tensor cores.
     const auto* xb = static_cast<const uint16_t*>(x.p);
-    // (FP8 tables measured faster at three blocks per SM — 115 against 125 us for 8 experts x 1 token [4096 x 7168]
-    // on an H100 — but not yet run through the tests on a GPU: bench/README.md.)
-    warp_grouped_kernel<1, uint16_t, 2><<<static_cast<unsigned>(sm_count() * 16), 256, 0, st>>>(
-        table, offsets, lists, counts, (rows + 1) / 2, xb, x.ld, small_out(y, e));
+    // FP8 tables at three blocks per SM (80 registers, 56 bytes spilled): H100, 8 experts x 1 token, [4096 x 7168] /
+    // [7168 x 2048] (cuda_bench skinny grouped, 2026-12-07): 115 / 72 us against 125 / 83 at two (122 registers)
+    // and 209 / 139 at one (237 registers). Other tables at two (not measured at three).
+    const unsigned wg = static_cast<unsigned>(sm_count() * 16);
+    const bool fp8 = tile_fmt == kFmtFp8Block || tile_fmt == kFmtFp8Tensor || tile_fmt == kFmtFp8Channel;
+    if (fp8)
+      warp_grouped_kernel<1, uint16_t, 2, 3>
+          <<<wg, 256, 0, st>>>(table, offsets, lists, counts, (rows + 1) / 2, xb, x.ld, small_out(y, e));
+    else
+      warp_grouped_kernel<1, uint16_t, 2>
+          <<<wg, 256, 0, st>>>(table, offsets, lists, counts, (rows + 1) / 2, xb, x.ld, small_out(y, e));
     launch_grouped_stc(table, n_groups, rows, offsets, x, y, e, lists, counts, st, tile, tile_fmt, pairs);
     return;
   }

@@ -265,6 +265,7 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
   const int wr = warp & 3, wm = warp >> 2;
   const int64_t N = w.rows, M = m_end;
   const int n_kb = static_cast<int>(kb_end - kb_begin);
+  const bool nan_free = w.nan_free != 0;
 
   // This thread's cp.async chunks: W chunk i = threadIdx.x + 256·q (row i / kChunks), x chunk likewise (16 a row).
   // BF16 W and x rows are stored swizzled for ldmatrix; FP8 rows of 128 codes with chunk ^ 4 on odd rows (the
@@ -330,13 +331,18 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
         const int q = threadIdx.x + kStcThreads * j, pr = q >> 3, k = q & 7;
         const int row = 2 * (pr >> 1) + (k >> 2), cc = (k & 3) + 4 * (pr & 1);
         const uint4 v = lds128(st + row * 128 + 16 * (cc ^ ((row & 1) << 2)));
-        uint32_t any = 0;
-#pragma unroll
-        for (int u = 0; u < 4; ++u) any |= fp8_nan_marks(word_of(v, u));
-        const bool nan = (any & 0x80808080u) != 0u;
         uint32_t o[8];
+        if (nan_free) {  // (uniform: the weight has no NaN code, QuantWeight::fp8_nan_free)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) fp8_word(word_of(v, u), nan, o[2 * u], o[2 * u + 1]);
+          for (int u = 0; u < 4; ++u) fp8_word(word_of(v, u), false, o[2 * u], o[2 * u + 1]);
+        } else {
+          uint32_t any = 0;
+#pragma unroll
+          for (int u = 0; u < 4; ++u) any |= fp8_nan_marks(word_of(v, u));
+          const bool nan = (any & 0x80808080u) != 0u;
+#pragma unroll
+          for (int u = 0; u < 4; ++u) fp8_word(word_of(v, u), nan, o[2 * u], o[2 * u + 1]);
+        }
         *reinterpret_cast<uint4*>(wb + row * 256 + 16 * swz(2 * cc, row)) = make_uint4(o[0], o[1], o[2], o[3]);
         *reinterpret_cast<uint4*>(wb + row * 256 + 16 * swz(2 * cc + 1, row)) = make_uint4(o[4], o[5], o[6], o[7]);
       }
@@ -657,12 +663,13 @@ void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, cons
   const auto* xb = static_cast<const uint16_t*>(x.p);
   const int64_t tiles = (rows + 15) / 16;
   // Class 1 (2 .. 16 tokens: one pass of 16; class 0 is the caller's), class 2 (the tiled kernel, or passes of 32).
-  // FP8 tables at three blocks per SM (some registers spilled; 2,900 -> 2,490 us for 128 experts x 4 tokens
-  // [4096 x 7168] on the H100), BF16 at one (729 -> 909 us at three). (Two blocks for FP8 measured faster since the
-  // NaN vote left the loop — 1,606 against 2,121 us — but not yet run through the tests on a GPU: bench/README.md.)
+  // FP8 tables at two blocks per SM (≤ 128 registers), BF16 at one (729 -> 909 us at three). H100, 128 experts x 4
+  // tokens, [4096 x 7168] / [7168 x 2048] (cuda_bench skinny grouped, 2026-12-07): two blocks 1,606 / 960 us, three
+  // (80 registers, 192 bytes spilled) 2,121 / 1,697, three with one 128-column block per round 2,028 / 1,505, one
+  // block 2,376 / 1,515.
   const bool fp8 = tile_fmt == kFmtFp8Block || tile_fmt == kFmtFp8Tensor || tile_fmt == kFmtFp8Channel;
   if (fp8)
-    stc_grouped_kernel<2, 3>
+    stc_grouped_kernel<2, 2>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 1, 2, tiles, xb, x.ld, out);
   else
     stc_grouped_kernel<2>
