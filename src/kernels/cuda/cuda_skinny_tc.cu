@@ -555,11 +555,14 @@ void launch_matmul_stc(const WDesc& w, TView x, int64_t M, TView y, const LinEpi
     stc_kernel<8><<<blocks, kStcThreads, 0, st>>>(w, M, xb, x.ld, out);
 }
 
-// The K split of a tiled matmul: the smallest part count minimizing (waves of blocks at one block per SM) × (128-
-// column blocks per part) plus the workspace's write and read (a part's 64 × 128 fp32 sums, twice, in units of a
-// weight stage), parts of at least two column blocks, at most 32.
+// The K split of a tiled matmul: the smallest part count minimizing (waves of blocks at two blocks per SM, as
+// tile_kernel<FMT, 2, 2> runs) × (128-column blocks per part) plus the workspace's write and read (a part's 64 × 128
+// fp32 sums, twice, in units of a weight stage), parts of at least two column blocks, at most 32. (At one block per
+// SM, the rule before: o_proj [7168 × 16384] at 64 tokens split in 2 parts, 112 blocks on 132 SMs, 12.5 % achieved
+// occupancy under ncu on an H100.)
 int tile_splits(const WDesc& w, int64_t M) {
-  const int64_t sms = stc_sm_count(), nb = ((w.rows + kTileRows - 1) / kTileRows) * ((M + kTileToks - 1) / kTileToks);
+  const int64_t sms = 2 * stc_sm_count(),
+                nb = ((w.rows + kTileRows - 1) / kTileRows) * ((M + kTileToks - 1) / kTileToks);
   const int64_t nkb = w.cols / 128;
   if (nb >= sms || nkb < 4) return 1;
   const double ws_units = 2.0 * kTileToks * kTileRows * 4 /
