@@ -4,11 +4,11 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "../common/run_command.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_lt.h"
 
@@ -22,15 +22,14 @@ bool maps_have(const std::string& what) {
   return false;
 }
 
-std::string run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
+// The message of the Error cublaslt_check(library) throws ("" when it throws none).
+std::string check_error(const char* library) {
+  try {
+    latent::cuda::cublaslt_check(library);
+  } catch (const latent::Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // First in the file: under ctest each test runs in its own process, and run whole GoogleTest keeps this order, so no
@@ -42,7 +41,7 @@ TEST(CublasLtLoader, NotMappedUntilAGemmNeedsIt) {
 TEST(CublasLtLoader, LatentBinaryDoesNotLinkIt) {
   const char* b = std::getenv("LATENT_BIN");
   const std::string bin = b && *b ? b : LATENT_BINARY_DIR "/latent";
-  const std::string deps = run("ldd '" + bin + "' 2>&1");
+  const std::string deps = latent::test::run_command("ldd '" + bin + "' 2>&1");
   ASSERT_NE(deps.find("libc.so"), std::string::npos) << "ldd " << bin << ": " << deps;
   EXPECT_EQ(deps.find("libcublasLt"), std::string::npos) << deps;
   EXPECT_NE(deps.find("libcudart"), std::string::npos) << deps;  // (the runtime stays linked: small)
@@ -55,22 +54,12 @@ TEST(CublasLtLoader, OpensAndResolvesEveryEntryPoint) {
 }
 
 TEST(CublasLtLoader, MissingLibraryIsAClearError) {
-  try {
-    latent::cuda::cublaslt_check("libcublasLt.so.404");
-    FAIL() << "no error for a library that does not exist";
-  } catch (const latent::Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("cannot load cuBLASLt (libcublasLt.so.404)"), std::string::npos) << m;
-    EXPECT_NE(m.find("LD_LIBRARY_PATH"), std::string::npos) << m;
-  }
+  const std::string missing = check_error("libcublasLt.so.404");
+  EXPECT_NE(missing.find("cannot load cuBLASLt (libcublasLt.so.404)"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("LD_LIBRARY_PATH"), std::string::npos) << missing;
   // A library without the entry points (the C library) names the first missing one.
-  try {
-    latent::cuda::cublaslt_check("libc.so.6");
-    FAIL() << "no error for a library without cuBLASLt's entry points";
-  } catch (const latent::Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("libc.so.6 has no symbol cublasLtCreate"), std::string::npos) << m;
-  }
+  const std::string no_symbol = check_error("libc.so.6");
+  EXPECT_NE(no_symbol.find("libc.so.6 has no symbol cublasLtCreate"), std::string::npos) << no_symbol;
 }
 
 }  // namespace

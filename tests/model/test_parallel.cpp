@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "../common/run_command.h"
 #include "core/error.h"
 #include "model/generate.h"
 #include "model/parallel_model.h"
@@ -339,16 +340,7 @@ std::string latent_bin() {
   const char* b = std::getenv("LATENT_BIN");
   return b ? b : "";
 }
-std::string capture(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  *rc = pclose(p);
-  return out;
-}
+std::string capture(const std::string& cmd, int* rc) { return latent::test::run_command(cmd, rc); }
 
 TEST(ParallelCli, RunTensorParallelEqualsOneRank) {
   const std::string bin = latent_bin();
