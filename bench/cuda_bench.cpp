@@ -156,7 +156,8 @@ void bench_matmul(Backend& be, const char* label, WeightFormat f, int64_t rows, 
 // The BF16 / FP8 tensor-core skinny kernels and the tiled kernel (cuda_skinny_tc.cu), each forced, against the
 // kernels they replace (GEMV / CUDA-core skinny kernels up to 16 rows, cuBLASLt for BF16 and the wmma tensor-core
 // kernel for FP8 above), bf16 x, per M: µs, weight GB/s and % of 4.31 TB/s for each path (TFLOP/s for the tiled
-// kernel), and which the default dispatch takes.
+// kernel; for FP8 also its mma.sync form, the wgmma one being the default on sm_90), and which the default dispatch
+// takes.
 const char* g_skinny_only = nullptr;  // cuda_bench skinny [substring]: only the matrices whose label has it
 
 void bench_skinny(Backend& be, const char* label, WeightFormat f, int64_t rows, int64_t cols,
@@ -187,6 +188,10 @@ void bench_skinny(Backend& be, const char* label, WeightFormat f, int64_t rows, 
     const int64_t t0 = cuda_tile_matmuls(be);
     const double tt = time(M);
     const bool took_tile = cuda_tile_matmuls(be) > t0;
+    const bool fp8 = f != WeightFormat::BF16;
+    cuda_set_tile_wgmma(be, false);  // FP8: the tiled kernel's mma.sync form
+    const double tm = fp8 ? time(M) : 0.0;
+    cuda_set_tile_wgmma(be, true);
     cuda_set_tile_rows(be, 1, 0, 1, 0);  // neither: the paths they replace
     const double to = time(M);
     cuda_reset_stc_rows(be);  // the defaults (cuda_backend.h)
@@ -197,11 +202,12 @@ void bench_skinny(Backend& be, const char* label, WeightFormat f, int64_t rows, 
     const double flop = 2.0 * static_cast<double>(M) * static_cast<double>(rows) * static_cast<double>(cols);
     std::printf(
         "skinny %-22s %-18s %6lld x %-6lld M=%-4lld  stc %8.2f us %6.0f GB/s (%5.1f%%)%s  tile %8.2f us %6.0f GB/s "
-        "(%5.1f%%) %6.1f TFLOP/s%s  before %8.2f us %6.0f GB/s (%5.1f%%)  default: %s\n",
+        "(%5.1f%%) %6.1f TFLOP/s%s  mma.sync %8.2f us %6.1f TFLOP/s  before %8.2f us %6.0f GB/s (%5.1f%%)  "
+        "default: %s\n",
         label, std::string(weight_format_name(f)).c_str(), static_cast<long long>(rows), static_cast<long long>(cols),
         static_cast<long long>(M), ts * 1e6, gbs(ts), 100.0 * gbs(ts) / 4310.0, took ? "" : " (not taken)", tt * 1e6,
-        gbs(tt), 100.0 * gbs(tt) / 4310.0, flop / tt / 1e12, took_tile ? "" : " (not taken)", to * 1e6, gbs(to),
-        100.0 * gbs(to) / 4310.0, dflt);
+        gbs(tt), 100.0 * gbs(tt) / 4310.0, flop / tt / 1e12, took_tile ? "" : " (not taken)", tm * 1e6,
+        tm > 0 ? flop / tm / 1e12 : 0.0, to * 1e6, gbs(to), 100.0 * gbs(to) / 4310.0, dflt);
   }
   be.dealloc(xd.data);
   be.dealloc(yd.data);
@@ -1235,7 +1241,8 @@ int main(int argc, char** argv) {
   // tile) item, else 128); --glu-fused-rows N the most (token, expert) pairs whose MXFP4 gate and up run in one pass;
   // --profiler-step one more step in the CUDA profiler's range (for ncu); --default-blocks runs the decode blocks
   // (mla_qkv) as the base class composes them instead of the backend's fused kernels (their A/B);
-  // --no-mx-tile-major loads the MXFP4 codes row after row instead of tile-major (the A/B of that layout).
+  // --no-mx-tile-major loads the MXFP4 codes row after row instead of tile-major (the A/B of that layout);
+  // --no-wgmma runs the tiled kernel's FP8 calls on mma.sync instead of wgmma (the A/B of that form).
   if (argc > 2 && std::string(argv[1]) == "ctx") {
     std::vector<int64_t> batches{1, 8, 32, 64, 128}, ctxs{1024, 8192, 32768};
     bool profile = false, default_blocks = false;
@@ -1247,6 +1254,7 @@ int main(int argc, char** argv) {
       if (a == "--profiler-step") g_profiler_step = true;
       if (a == "--no-stc") bench_no_stc(*be);
       if (a == "--no-tile") bench_no_tile(*be);
+      if (a == "--no-wgmma") cuda_set_tile_wgmma(*be, false);
       if (a == "--mla-split-keys" && i + 1 < argc) cuda_set_mla_split_keys(*be, std::stoi(argv[++i]));
       if (a == "--glu-fused-rows" && i + 1 < argc) cuda_set_glu_fused_rows(*be, std::stoll(argv[++i]));
       if (a == "--batch" && i + 1 < argc) batches = int_list(argv[++i]);
@@ -1265,9 +1273,9 @@ int main(int argc, char** argv) {
     bench_decode_matrix(argv[2], m, cb, batches, ctxs, profile);
     return 0;
   }
-  // cuda_bench prefill-model <dir> [--tokens 512,2048,4096] [--chunk 2048] [--no-tile] [--no-flash]
+  // cuda_bench prefill-model <dir> [--tokens 512,2048,4096] [--chunk 2048] [--no-tile] [--no-wgmma] [--no-flash]
   // [--no-tc-indexer] [--profile]: end-to-end prefill of one prompt through Model::step (bf16), tok/s and TFLOP/s;
-  // --no-tile as for ctx (the tiled kernel off), --no-flash the tensor-core prefill attention off (the CUDA-core
+  // --no-tile and --no-wgmma as for ctx, --no-flash the tensor-core prefill attention off (the CUDA-core
   // kernel), --no-tc-indexer the DSA indexer's scores on CUDA cores; --profile adds one more run per size with every
   // op timed (by op class: GEMMs, attention, indexer + top-k, ...; the slowest ops).
   if (argc > 2 && std::string(argv[1]) == "prefill-model") {
@@ -1284,6 +1292,8 @@ int main(int argc, char** argv) {
         chunk = int_list(argv[++i]).at(0);
       else if (a == "--no-tile")
         bench_no_tile(*be);
+      else if (a == "--no-wgmma")
+        cuda_set_tile_wgmma(*be, false);
       else if (a == "--no-flash")
         cuda_set_flash_prefill(*be, false);
       else if (a == "--no-tc-indexer")

@@ -614,16 +614,29 @@ TEST(CudaDispatch, Bf16Fp8SkinnyTensorCores) {
 // blocks would not fill the GPU), forced on for BF16 and FP8 (block / tensor / channel): every weight row and token
 // against the ref at odd sizes (rows and tokens past a tile, a single 128-column block, splits of 1 to many parts),
 // bf16 and fp32 y, with the bias + residual epilogue and SwiGLU (the gate weight through the same kernel); a call
-// is deterministic (the same bits twice); NaN codes of an FP8 weight reach exactly their rows.
+// is deterministic (the same bits twice); NaN codes of an FP8 weight reach exactly their rows. FP8 in both forms:
+// wgmma (the default on sm_90) and mma.sync (cuda_set_tile_wgmma off).
 TEST(CudaDispatch, TiledTensorCoreMatmul) {
   Rng rng(26);
   const TcOn tc_on;
   struct Restore {
-    ~Restore() { cuda_reset_stc_rows(gpu()); }
+    ~Restore() {
+      cuda_reset_stc_rows(gpu());
+      cuda_set_tile_wgmma(gpu(), true);
+    }
   } restore;
   cuda_set_stc_rows(gpu(), 1, 0, 1, 0, true);
   cuda_set_tile_rows(gpu(), 1, int64_t{1} << 40, 1, int64_t{1} << 40);
-  for (Fmt f : {Fmt::BF16, Fmt::Fp8Block, Fmt::Fp8Tensor, Fmt::Fp8Channel}) {
+  for (const auto& [f, wgmma] : {std::pair{Fmt::BF16, false},
+                                 {Fmt::Fp8Block, true},
+                                 {Fmt::Fp8Tensor, true},
+                                 {Fmt::Fp8Channel, true},
+                                 {Fmt::Fp8Block, false},
+                                 {Fmt::Fp8Channel, false}}) {
+    cuda_set_tile_wgmma(gpu(), wgmma);
+    if (wgmma) {
+      ASSERT_TRUE(cuda::wg_tile_ok()) << "the GPU machines are sm_90: the wgmma form must be the one tested";
+    }
     for (const auto& [rows, cols] :
          {std::pair<int64_t, int64_t>{37, 1152}, {300, 6144}, {1037, 384}, {130, 128}, {2048, 1024}}) {
       const HostWeight w = ops::make_weight(f, rows, cols, rng), wg = ops::make_weight(f, rows, cols, rng);
@@ -649,9 +662,10 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
           Arena A(gpu());
           const QuantWeight wd = A.weight(w), wgd = A.weight(wg);
           const QuantWeight* gq[1] = {&wgd};
-          const std::string what = std::string(ops::fmt_name(f)) + " rows " + std::to_string(rows) + " cols " +
-                                   std::to_string(cols) + " M " + std::to_string(M) + " y " + ops::dtype_label(yt) +
-                                   " K parts " + std::to_string(cuda::tile_splits(cuda::make_wdesc(wd), M));
+          const std::string what = std::string(ops::fmt_name(f)) + (wgmma ? " wgmma" : "") + " rows " +
+                                   std::to_string(rows) + " cols " + std::to_string(cols) + " M " + std::to_string(M) +
+                                   " y " + ops::dtype_label(yt) + " K parts " +
+                                   std::to_string(cuda::tile_splits(cuda::make_wdesc(wd), M));
           const Tensor xd = A.up(x, DType::BF16, M, cols), r = A.up(res, yt, M, rows), y = A.tensor(yt, M, rows),
                        y2 = A.tensor(yt, M, rows), yg = A.tensor(yt, M, rows);
           Epilogue e;
@@ -667,7 +681,8 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
           const std::vector<float> got = A.down(y), got2 = A.down(y2), got_glu = A.down(yg);
           EXPECT_TRUE(same(got, got2)) << what << ": two calls differ";
           const double tol = ops::tol_for(yt), err = ops::norm_err(got.data(), want.data(), want.size());
-          ops::record_summary(std::string("cuda-only/matmul_tile/") + ops::fmt_name(f) + "/" + ops::dtype_label(yt),
+          ops::record_summary(std::string("cuda-only/matmul_tile/") + ops::fmt_name(f) + (wgmma ? "-wgmma/" : "/") +
+                                  ops::dtype_label(yt),
                               "cuda", err, tol);
           EXPECT_LE(err, tol) << what;
           EXPECT_LE(ops::norm_err(got_glu.data(), want_glu.data(), want_glu.size()), tol) << what << " SwiGLU";
@@ -685,15 +700,17 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
     }
   }
   // Grouped at prefill sizes (more rows than the decode kernels take): groups of more than 16 tokens on the tiled
-  // kernel, the others on the skinny ones, a table mixing BF16 and FP8 and one of MXFP4 weights (decoded in shared
-  // memory), plain and SwiGLU, every group's rows checked.
-  for (int variant = 0; variant < 4; ++variant) {
-    const bool glu = variant & 1, mx = variant >= 2;
+  // kernel, the others on the skinny ones, a table mixing BF16 and FP8, one of MXFP4 weights (decoded in shared
+  // memory) and one of FP8 block weights (wgmma, and mma.sync in variant 6), plain and SwiGLU, every group's rows
+  // checked.
+  for (int variant = 0; variant < 7; ++variant) {
+    const bool glu = variant & 1, mx = variant == 2 || variant == 3, fp8 = variant >= 4;
+    cuda_set_tile_wgmma(gpu(), variant != 6);
     const int64_t G = 7, rows = 200, cols = 640;
     const Fmt mixed[G] = {Fmt::Fp8Block,  Fmt::BF16, Fmt::Fp8Channel, Fmt::Fp8Block,
                           Fmt::Fp8Tensor, Fmt::BF16, Fmt::Fp8Block};
     Fmt fmts[G];
-    for (int64_t g = 0; g < G; ++g) fmts[g] = mx ? Fmt::Mxfp4 : mixed[g];
+    for (int64_t g = 0; g < G; ++g) fmts[g] = mx ? Fmt::Mxfp4 : fp8 ? Fmt::Fp8Block : mixed[g];
     const int64_t counts[G] = {700, 0, 1, 17, 5, 64, 400};
     std::vector<HostWeight> ws, gs;
     for (Fmt f : fmts) {
@@ -730,18 +747,23 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
     if (glu) e.glu = gp.data();
     const int64_t t0 = cuda_tile_matmuls(gpu());
     gpu().grouped_matmul(wp.data(), G, A.up(off), A.up(x, DType::BF16, n, cols), y, e);
-    EXPECT_EQ(cuda_tile_matmuls(gpu()), t0 + 1) << "grouped prefill glu " << glu << " mxfp4 " << mx;
+    const std::string what = "grouped prefill variant " + std::to_string(variant);
+    EXPECT_EQ(cuda_tile_matmuls(gpu()), t0 + 1) << what;
     const std::vector<float> got = A.down(y);
     const double err = ops::norm_err(got.data(), want.data(), want.size());
-    ops::record_summary(
-        std::string("cuda-only/grouped_tile/") + (mx ? "mxfp4/" : "bf16+fp8/") + (glu ? "swiglu" : "plain"), "cuda",
-        err, ops::kTolBf16);
-    EXPECT_LE(err, ops::kTolBf16) << "grouped prefill glu " << glu << " mxfp4 " << mx;
+    ops::record_summary(std::string("cuda-only/grouped_tile/") +
+                            (mx             ? "mxfp4/"
+                             : !fp8         ? "bf16+fp8/"
+                             : variant != 6 ? "fp8-wgmma/"
+                                            : "fp8/") +
+                            (glu ? "swiglu" : "plain"),
+                        "cuda", err, ops::kTolBf16);
+    EXPECT_LE(err, ops::kTolBf16) << what;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t a = off[static_cast<size_t>(g)] * rows, b = off[static_cast<size_t>(g + 1)] * rows;
       if (b > a) {
         EXPECT_LE(ops::norm_err(got.data() + a, want.data() + a, static_cast<size_t>(b - a)), ops::kTolBf16)
-            << "grouped prefill glu " << glu << " mxfp4 " << mx << " group " << g;
+            << what << " group " << g;
       }
     }
   }
@@ -756,7 +778,8 @@ TEST(CudaDispatch, TiledTensorCoreMatmul) {
     }
     w.data[1 + 77 * 1024 + 300] = 0x7F;  // q.data = data + 1
     w.data[1 + 200 * 1024 + 5] = 0xFF;
-    for (int64_t M : {1, 9, 40}) {
+    for (int64_t M : {1, 9, 40, 41}) {
+      cuda_set_tile_wgmma(gpu(), M == 40);  // 40: wgmma, 41: mma.sync
       const std::vector<float> x = rng.normals(M * 1024);
       Arena A(gpu());
       const QuantWeight wd = A.weight(w);

@@ -241,7 +241,7 @@ class CudaBackend final : public Backend {
       auto run_tile = [&](const cuda::WDesc& wd, const Tensor& out, const cuda::LinEpi& le) {
         const size_t wsb = cuda::tile_ws_bytes(wd, M);
         float* ws = wsb ? static_cast<float*>(tmp_bytes(kTmpTile, wsb, "tiled matmul K-part sums")) : nullptr;
-        cuda::launch_matmul_tile(wd, cuda::tview(x), M, cuda::tview(out), le, ws, stream_);
+        cuda::launch_matmul_tile(wd, cuda::tview(x), M, cuda::tview(out), le, ws, stream_, tile_wgmma);
       };
       bool gate_mx = true;
       if (ep.glu) {
@@ -361,14 +361,14 @@ class CudaBackend final : public Backend {
         }
         cuda::launch_grouped_small(gtable, n_groups, gr, R, offsets, cuda::tview(x), cuda::tview(g), cuda::LinEpi{},
                                    scratch, stream_, mx_tc(x, gmx, false), gstc, tile_grouped,
-                                   tile_format(ep.glu, n_groups));
+                                   tile_format(ep.glu, n_groups), tile_wgmma);
         check_launch("grouped_matmul (SwiGLU gate)");
         e.gate = cuda::tview(g);
       }
       if (stc) ++stc_calls;
       if (big_stc) ++tile_calls;
       cuda::launch_grouped_small(table, n_groups, rows, R, offsets, cuda::tview(x), cuda::tview(y), e, scratch, stream_,
-                                 mx_tc(x, mx), stc, tile_grouped, tile_format(w, n_groups));
+                                 mx_tc(x, mx), stc, tile_grouped, tile_format(w, n_groups), tile_wgmma);
       check_launch("grouped_matmul");
       return;
     }
@@ -681,6 +681,7 @@ class CudaBackend final : public Backend {
   int mla_split_keys = 0;       // cuda_set_mla_split_keys (cuda_backend.h); 0: mla_decode_splits' rule
   int64_t glu_fused_rows = 32;  // cuda_set_glu_fused_rows (cuda_backend.h): 4 decode tokens x top-8
   bool mx_tile_major = true;    // cuda_set_mx_tile_major (cuda_backend.h)
+  bool tile_wgmma = true;       // cuda_set_tile_wgmma (cuda_backend.h)
   int64_t tc_indexer_calls = 0;
   int64_t fp8_gemm_min_rows = 1;  // cuda_set_fp8_gemm_rows (cuda_backend.h); 0: off
   int64_t fp8_gemm_calls = 0;
@@ -1102,6 +1103,10 @@ int64_t cuda_flash_prefill_calls(const Backend& be) {
 
 void cuda_set_mx_tile_major(Backend& be, bool on) {
   if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->mx_tile_major = on;
+}
+
+void cuda_set_tile_wgmma(Backend& be, bool on) {
+  if (auto* c = dynamic_cast<CudaBackend*>(&be)) c->tile_wgmma = on;
 }
 
 void cuda_set_fp8_gemm_rows(Backend& be, int64_t min_rows) {

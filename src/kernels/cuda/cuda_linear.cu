@@ -1245,7 +1245,7 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
 
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t pairs, const int64_t* offsets,
                           TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc, bool stc,
-                          bool tile, int tile_fmt) {
+                          bool tile, int tile_fmt, bool wgmma) {
   if (n_groups <= 0 || rows <= 0) return;
   int32_t* lists = static_cast<int32_t*>(scratch);
   int32_t* counts = lists + 3 * n_groups;
@@ -1265,7 +1265,7 @@ void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, in
     else
       warp_grouped_kernel<1, uint16_t, 2>
           <<<wg, 256, 0, st>>>(table, offsets, lists, counts, (rows + 1) / 2, xb, x.ld, small_out(y, e));
-    launch_grouped_stc(table, n_groups, rows, offsets, x, y, e, lists, counts, st, tile, tile_fmt, pairs);
+    launch_grouped_stc(table, n_groups, rows, offsets, x, y, e, lists, counts, st, tile, tile_fmt, pairs, wgmma);
     return;
   }
   const SmallOut out = small_out(y, e);

@@ -77,10 +77,11 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
                               cudaStream_t st, bool tile, int tile_fmt, int gate_tile_fmt);
 // stc: every listed weight passes stc_ok and x passes stc_x_ok: the BF16 / FP8 tensor-core kernels below; with
 // tile, its groups of more than 16 tokens on the tiled kernel (any number of rows: prefill too); tile_fmt: the
-// table's one weight format (WeightFormat; FP8 per tensor and per channel count as one), or -2 when it mixes them.
+// table's one weight format (WeightFormat; FP8 per tensor and per channel count as one), or -2 when it mixes them;
+// wgmma: FP8 tables' tiled groups on the wgmma form where it runs (wg_tile_ok).
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t pairs, const int64_t* offsets,
                           TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc = false,
-                          bool stc = false, bool tile = false, int tile_fmt = -2);
+                          bool stc = false, bool tile = false, int tile_fmt = -2, bool wgmma = true);
 // ---- BF16 / FP8 tensor-core skinny kernels (cuda_skinny_tc.cu) ----
 // Weights whose values (BF16) or codes (FP8 e4m3fn) are exact bf16 values, K % 128 == 0, 16-byte aligned rows; FP8
 // block scales in 16-row × 128-column multiples (or per tensor / per channel), applied to fp32 partial sums. x bf16
@@ -95,12 +96,16 @@ void launch_matmul_stc(const WDesc& w, TView x, int64_t M, TView y, const LinEpi
 // the K split (and so the rounding) depends on M.
 int tile_splits(const WDesc& w, int64_t M);
 size_t tile_ws_bytes(const WDesc& w, int64_t M);
-void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, float* ws, cudaStream_t st);
+// wgmma: FP8 weights on sm_90 devices take the wgmma form (A operands converted from the codes in registers; the
+// same tile, K split, block-scale order and store; the tensor cores' sums may round differently from mma.sync's).
+bool wg_tile_ok();
+void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, float* ws, cudaStream_t st,
+                        bool wgmma = true);
 // Grouped, over the device lists of classify_groups_kernel (launch_grouped_small makes them): classes 1 and 2 (groups
 // of more than one token; launch_grouped_small runs class 0 on the warp kernel).
 void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x, TView y,
                         const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st, bool tile,
-                        int tile_fmt, int64_t pairs = -1);
+                        int tile_fmt, int64_t pairs = -1, bool wgmma = true);
 // Tensor-core matmul for the bf16 activation mode (x values bf16): formats whose values or codes are exact bf16
 // values (tc_format: BF16, MXFP4, FP8 with block scales in 16×32 multiples, per tensor or per channel); FP8 scales
 // are applied to fp32 partial sums, never to the weights.

@@ -48,10 +48,10 @@ struct SmallOut {
 };
 // Class 2 of classify_groups_kernel's lists (cuda_linear.cu) (groups of more than 16 tokens) on the tiled kernel for a
 // table of one format (tile_fmt: BF16, FP8 — per tensor and per channel as one —, MXFP4 passing mx_tc_ok) or of BF16 /
-// FP8 mixed (-2); false (nothing launched) above its group limit.
+// FP8 mixed (-2); false (nothing launched) above its group limit. wgmma: FP8 tables on the wgmma form where it runs.
 bool launch_grouped_tile(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x,
                          const SmallOut& out, const int32_t* lists, const int32_t* counts, cudaStream_t st,
-                         int tile_fmt);
+                         int tile_fmt, bool wgmma = true);
 __device__ __forceinline__ void small_store(const SmallOut& o, int64_t m, int64_t r, int64_t N, float v) {
   if (o.yf) {
     o.yf[m * N + r] = v;

@@ -442,6 +442,164 @@ __global__ void __launch_bounds__(kStcThreads, kMinBlocks)
                            ws ? ws + static_cast<int64_t>(blockIdx.z) * M * w.rows : nullptr);
 }
 
+// ---- The tiled kernel on wgmma (sm_90a): FP8 weights converted straight into the A operand registers ----
+// 128 weight rows × 64 tokens per block, two warpgroups of 64 rows. A stage holds the 128 rows' 128-column block of
+// FP8 codes (16 KB; 16-byte chunk c of row r at chunk c ^ (r & 7)) and the 64 tokens' 128 columns of x in the
+// K-major 128-byte-swizzled layout wgmma reads B in (two 64-column halves of 64 rows × 128 bytes, chunk c of row r
+// at c ^ (r & 7), 1 KiB-aligned), filled by cp.async kStages - 1 stages ahead. Per k16 step a warp makes its A
+// fragment (rows g, g + 8 of its 16; columns 2t, 2t + 1 and 2t + 8, 2t + 9) from two 32-bit shared loads and one byte
+// permute per row and converts the four codes exactly (fp8_word); then the warpgroup runs wgmma.m64n64k16 with B
+// from shared memory. Per 128-column block the partial sums (scale-d off at the block's first step) are multiplied
+// by the block scale into the accumulators, as tile_block does: no weight is rounded. No bf16 copy of the W tile,
+// no second barrier per stage, and B is read by the tensor cores once per warpgroup instead of by ldmatrix per warp.
+constexpr int kWgStages = 3, kWgWBytes = kTileRows * 128, kWgXBytes = kTileToks * 256;
+__host__ __device__ constexpr int wg_smem() { return kWgStages * (kWgWBytes + kWgXBytes) + 1024; }
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LATENT_WGMMA 1
+// K-major, 128-byte swizzle: start address >> 4 (bits 0-13), leading byte offset unused (1), stride byte offset
+// between 8-row groups 1024 >> 4 (bits 32-45), base offset 0 (the atoms are 1 KiB aligned), layout 1 (bits 62-63).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// The accumulators as seen by the compiler: written at this point (after a wait), so no read moves above it.
+__device__ __forceinline__ void wg_touch(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// d (+)= A (registers, bf16 m64k16) · B (shared memory, bf16 k16n64, K-major); scale_d 0: d = A · B.
+__device__ __forceinline__ void wgmma_64n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+}
+#endif
+
+// FMT: kFmtFp8Block or kFmtFp8 (per tensor / per channel: the scale on the finished sum); kNan: NaN codes become NaN
+// (weights not NaN-free). The same tile, K range, workspace and store as tile_block.
+template <int FMT, bool kNan>
+__device__ __forceinline__ void wg_block(uint8_t* smem_raw, const WDesc& w, int64_t mbase, int64_t m_end, int64_t rbase,
+                                         int64_t kb_begin, int64_t kb_end, const uint16_t* x, int64_t ldx,
+                                         const SmallOut& out, float* ws) {
+#ifdef LATENT_WGMMA
+  constexpr bool kBlock = FMT == kFmtFp8Block;
+  constexpr int kStageBytes = kWgWBytes + kWgXBytes;
+  uint8_t* const smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wgi = warp >> 2, wq = warp & 3, g = lane >> 2,
+            t = lane & 3;
+  const int64_t N = w.rows, M = m_end;
+  const int n_kb = static_cast<int>(kb_end - kb_begin);
+
+  // cp.async chunks of this thread (sources computed per stage: fewer live registers): W rows wrow + 32·q, chunk
+  // wc; x rows xrow + 16·q, chunk xc (both swizzles depend on the row only through row % 8, the same for every q).
+  constexpr int kWPer = kTileRows * 8 / kStcThreads, kXPer = kTileToks * 16 / kStcThreads;
+  const int wrow = threadIdx.x >> 3, wc = threadIdx.x & 7, xrow = threadIdx.x >> 4, xc = threadIdx.x & 15;
+  const int wdst = wrow * 128 + 16 * (wc ^ (wrow & 7));
+  const int xdst = kWgWBytes + (xc >> 3) * (kTileToks * 128) + xrow * 128 + 16 * ((xc & 7) ^ (xrow & 7));
+  const uint8_t* const wbase = static_cast<const uint8_t*>(w.data) + 16 * wc;
+  const uint16_t* const xbase = x + 8 * xc;
+  auto load_stage = [&](int i) {
+    if (i < n_kb) {
+      uint8_t* st = smem + (i % kWgStages) * kStageBytes;
+      const int64_t kb = kb_begin + i;
+#pragma unroll
+      for (int q = 0; q < kWPer; ++q) {
+        const int64_t gr = rbase + wrow + 32 * q < N ? rbase + wrow + 32 * q : N - 1;
+        cp_async16(st + wdst + q * 32 * 128, wbase + gr * w.row_bytes + kb * 128, true);
+      }
+#pragma unroll
+      for (int q = 0; q < kXPer; ++q) {
+        const int64_t tok = mbase + xrow + 16 * q < M ? mbase + xrow + 16 * q : M - 1;
+        cp_async16(st + xdst + q * 16 * 128, xbase + tok * ldx + kb * 128, true);
+      }
+    }
+    cp_async_commit();
+  };
+
+  float c[32], p[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) c[i] = 0.0f;
+  // This lane's A bytes of a k16 step s: row lr (and lr + 8), chunk s at s ^ g (lr % 8 == g), words t / 2 and
+  // t / 2 + 2 of it, the half t % 2 of each.
+  const int lr = 64 * wgi + 16 * wq + g;
+  const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
+  const int wofs = 4 * (t >> 1);
+  const int64_t r16 = rbase + 64 * wgi + 16 * wq < N ? rbase + 64 * wgi + 16 * wq : N - 1;
+  const float* srow = kBlock ? static_cast<const float*>(w.scale) + (r16 / w.block_rows) * w.scale_cols : nullptr;
+  // 128-column blocks per scale block: kb's scale is srow[kb >> kbs_shift] when that is a power of two.
+  const int kbs = kBlock ? w.block_cols / 128 : 1;
+  const int kbs_shift = (kbs & (kbs - 1)) == 0 ? __ffs(kbs) - 1 : -1;
+
+#pragma unroll
+  for (int i = 0; i < kWgStages - 1; ++i) load_stage(i);
+  for (int it = 0; it < n_kb; ++it) {
+    cp_async_wait<kWgStages - 2>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async's writes, seen by wgmma's reads
+    __syncthreads();
+    load_stage(it + kWgStages - 1);
+    const uint8_t* st = smem + (it % kWgStages) * kStageBytes;
+    uint32_t a[8][4];
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* p0 = st + lr * 128 + 16 * (s ^ g) + wofs;
+      const uint32_t l0 = *reinterpret_cast<const uint32_t*>(p0), h0 = *reinterpret_cast<const uint32_t*>(p0 + 8);
+      const uint32_t l1 = *reinterpret_cast<const uint32_t*>(p0 + 8 * 128),
+                     h1 = *reinterpret_cast<const uint32_t*>(p0 + 8 * 128 + 8);
+      fp8_word(__byte_perm(l0, h0, sel), kNan, a[s][0], a[s][2]);
+      fp8_word(__byte_perm(l1, h1, sel), kNan, a[s][1], a[s][3]);
+    }
+    const uint32_t xs = smem_addr(st + kWgWBytes);
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < 8; ++s) wgmma_64n64(p, a[s], wg_desc(xs + (s >> 2) * (kTileToks * 128) + (s & 3) * 32), s);
+    wg_commit();
+    wg_wait0();
+    wg_touch(p);
+    float sc = 1.0f;
+    if constexpr (kBlock) {
+      const int kb = static_cast<int>(kb_begin) + it;
+      sc = srow[kbs_shift >= 0 ? kb >> kbs_shift : kb / kbs];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) c[i] = kBlock ? fmaf(p[i], sc, c[i]) : c[i] + p[i];
+  }
+  cp_async_wait<0>();
+  // Store: accumulator 4j + e is (row lr + 8 (e / 2), token mbase + 8j + 2t + e % 2).
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t r = rbase + lr + 8 * (e >> 1), m = mbase + 8 * j + 2 * t + (e & 1);
+      if (r >= N || m >= M) continue;
+      float v = c[4 * j + e];
+      if (ws) {
+        ws[m * N + r] = v;
+        continue;
+      }
+      if constexpr (FMT == kFmtFp8) {
+        if (w.format == kFmtFp8Tensor) v *= static_cast<const float*>(w.scale)[0];
+        if (w.format == kFmtFp8Channel) v *= static_cast<const float*>(w.scale)[r];
+      }
+      small_store(out, m, r, N, v);
+    }
+  __syncthreads();
+#else
+  __trap();  // launched only on sm_90 devices (wg_tile_ok), which run the sm_90a code
+#endif
+}
+
 // Grouped (class 2 of classify_groups_kernel: groups of more than 16 tokens): a persistent grid over (listed group,
 // 64-token tile, 128-row tile) items, row tiles innermost (blocks running together share a token tile and the
 // group's weights in L2). The listed groups' token-tile prefix sums are made once per block in shared memory after
@@ -452,21 +610,24 @@ template <int FMT>
 __host__ __device__ constexpr int tile_grouped_stages() {
   return FMT == kTileMixed ? 3 : 2;
 }
-template <int FMT>
+// kWg (FP8 tables): each item on wg_block (wgmma) instead of tile_block.
+template <int FMT, bool kWg = false>
 __host__ __device__ constexpr int tile_grouped_smem() {
   constexpr int st = tile_grouped_stages<FMT>();
   constexpr int stages =
-      FMT == kTileMixed ? (tile_smem<kFmtBF16, st>() > tile_smem<kFmtFp8Block, st>() ? tile_smem<kFmtBF16, st>()
-                                                                                     : tile_smem<kFmtFp8Block, st>())
-                        : tile_smem<FMT, st>();
+      kWg                 ? wg_smem()
+      : FMT == kTileMixed ? (tile_smem<kFmtBF16, st>() > tile_smem<kFmtFp8Block, st>() ? tile_smem<kFmtBF16, st>()
+                                                                                       : tile_smem<kFmtFp8Block, st>())
+                          : tile_smem<FMT, st>();
   return stages + (kTileMaxGroups + 1) * 4;
 }
-template <int FMT>
+template <int FMT, bool kWg = false>
 __global__ void __launch_bounds__(kStcThreads, FMT == kTileMixed ? 1 : 2)
     tile_grouped_kernel(const WDesc* table, const int64_t* offsets, const int32_t* list, const int32_t* count,
                         int64_t rows, const uint16_t* x, int64_t ldx, SmallOut out) {
   constexpr int kSt = tile_grouped_stages<FMT>();
-  int32_t* prefix = reinterpret_cast<int32_t*>(tile_smem_buf + tile_grouped_smem<FMT>() - (kTileMaxGroups + 1) * 4);
+  int32_t* prefix =
+      reinterpret_cast<int32_t*>(tile_smem_buf + tile_grouped_smem<FMT, kWg>() - (kTileMaxGroups + 1) * 4);
   const int n_listed = *count;
   if (threadIdx.x == 0) {
     int32_t acc = 0;
@@ -491,7 +652,12 @@ __global__ void __launch_bounds__(kStcThreads, FMT == kTileMixed ? 1 : 2)
     }
     const int64_t g = list[lo], m0 = offsets[g] + (tt - prefix[lo]) * kTileToks, m1 = offsets[g + 1];
     const WDesc& w = table[g];
-    if constexpr (FMT != kTileMixed) {
+    if constexpr (kWg) {
+      if (w.nan_free)
+        wg_block<FMT, false>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+      else
+        wg_block<FMT, true>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
+    } else if constexpr (FMT != kTileMixed) {
       tile_block<FMT, kSt>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
     } else {
       if (w.format == kFmtBF16)
@@ -502,6 +668,19 @@ __global__ void __launch_bounds__(kStcThreads, FMT == kTileMixed ? 1 : 2)
         tile_block<kFmtFp8, kSt>(tile_smem_buf, w, m0, m1, rt * kTileRows, 0, w.cols / 128, x, ldx, out, nullptr);
     }
   }
+}
+
+// Single weight: block x = (row tile, token tile) with token tiles innermost (blocks running together share a row
+// tile in L2; x of a prefill chunk stays in L2), y = K part.
+template <int FMT, bool kNan>
+__global__ void __launch_bounds__(kStcThreads, 2)
+    wg_tile_kernel(WDesc w, int64_t M, const uint16_t* x, int64_t ldx, SmallOut out, float* ws, int kb_per_part) {
+  const int64_t tok_tiles = (M + kTileToks - 1) / kTileToks;
+  const int64_t tt = blockIdx.x % tok_tiles, rt = blockIdx.x / tok_tiles;
+  const int64_t nkb = w.cols / 128, kb_begin = static_cast<int64_t>(blockIdx.y) * kb_per_part;
+  const int64_t kb_end = kb_begin + kb_per_part < nkb ? kb_begin + kb_per_part : nkb;
+  wg_block<FMT, kNan>(tile_smem_buf, w, tt * kTileToks, M, rt * kTileRows, kb_begin, kb_end, x, ldx, out,
+                      ws ? ws + static_cast<int64_t>(blockIdx.y) * M * w.rows : nullptr);
 }
 
 // The K parts of a split tiled matmul added in part order, then the per-tensor / per-channel scale and the store.
@@ -586,7 +765,19 @@ size_t tile_ws_bytes(const WDesc& w, int64_t M) {
   return s > 1 ? static_cast<size_t>(s) * static_cast<size_t>(M * w.rows) * sizeof(float) : 0;
 }
 
-void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, float* ws, cudaStream_t st) {
+bool wg_tile_ok() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+  }();
+  return ok;
+}
+
+void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, float* ws, cudaStream_t st,
+                        bool wgmma) {
   if (M <= 0 || w.rows <= 0) return;
   SmallOut out;
   out.y = y;
@@ -595,6 +786,39 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
   out.residual = e.residual;
   const int parts = tile_splits(w, M);
   const int64_t nkb = w.cols / 128, per = (nkb + parts - 1) / parts;
+  if (wgmma && w.format != kFmtBF16 && wg_tile_ok()) {
+    const dim3 grid(static_cast<unsigned>(((w.rows + kTileRows - 1) / kTileRows) * ((M + kTileToks - 1) / kTileToks)),
+                    static_cast<unsigned>(parts));
+    const auto* xb = static_cast<const uint16_t*>(x.p);
+    float* part_ws = parts > 1 ? ws : nullptr;
+#define LATENT_WG_LAUNCH(FMT, NAN)                                                                              \
+  {                                                                                                             \
+    static const cudaError_t attr =                                                                             \
+        cudaFuncSetAttribute(wg_tile_kernel<FMT, NAN>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_smem()); \
+    (void)attr;                                                                                                 \
+    wg_tile_kernel<FMT, NAN>                                                                                    \
+        <<<grid, kStcThreads, wg_smem(), st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per));            \
+  }
+    const bool nan = w.nan_free == 0;
+    if (w.format == kFmtFp8Block) {
+      if (nan)
+        LATENT_WG_LAUNCH(kFmtFp8Block, true)
+      else
+        LATENT_WG_LAUNCH(kFmtFp8Block, false)
+    } else {
+      if (nan)
+        LATENT_WG_LAUNCH(kFmtFp8, true)
+      else
+        LATENT_WG_LAUNCH(kFmtFp8, false)
+    }
+#undef LATENT_WG_LAUNCH
+    if (parts > 1) {
+      const int64_t total = M * w.rows;
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, stc_sm_count() * 8));
+      tile_reduce_kernel<<<blocks, 256, 0, st>>>(ws, parts, M, w, out);
+    }
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((w.rows + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>((M + kTileToks - 1) / kTileToks), static_cast<unsigned>(parts));
   const auto* xb = static_cast<const uint16_t*>(x.p);
@@ -625,38 +849,44 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
 
 bool launch_grouped_tile(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x,
                          const SmallOut& out, const int32_t* lists, const int32_t* counts, cudaStream_t st,
-                         int tile_fmt) {
+                         int tile_fmt, bool wgmma) {
   if (n_groups > kTileMaxGroups) return false;
   const unsigned sms = static_cast<unsigned>(stc_sm_count());
   const auto* xb = static_cast<const uint16_t*>(x.p);
   const int32_t* l2 = lists + 2 * n_groups;
   const int32_t* c2 = counts + 2;
-#define LATENT_TILE_GROUPED(FMT, BLOCKS)                                                                            \
-  {                                                                                                                 \
-    static const cudaError_t attr = cudaFuncSetAttribute(                                                           \
-        tile_grouped_kernel<FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_grouped_smem<FMT>());           \
-    (void)attr;                                                                                                     \
-    tile_grouped_kernel<FMT>                                                                                        \
-        <<<sms*(BLOCKS), kStcThreads, tile_grouped_smem<FMT>(), st>>>(table, offsets, l2, c2, rows, xb, x.ld, out); \
+#define LATENT_TILE_GROUPED(FMT, BLOCKS, WG)                                                                      \
+  {                                                                                                               \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                         \
+        tile_grouped_kernel<FMT, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, tile_grouped_smem<FMT, WG>()); \
+    (void)attr;                                                                                                   \
+    tile_grouped_kernel<FMT, WG><<<sms*(BLOCKS), kStcThreads, tile_grouped_smem<FMT, WG>(), st>>>(                \
+        table, offsets, l2, c2, rows, xb, x.ld, out);                                                             \
   }
-  // tile_fmt: the table's one format; the per-tensor / per-channel FP8 kernel also takes mixed FP8 kinds.
+  // tile_fmt: the table's one format; the per-tensor / per-channel FP8 kernel also takes mixed FP8 kinds. FP8
+  // tables on wgmma where it runs (wgmma, wg_tile_ok).
+  const bool wg = wgmma && wg_tile_ok();
   if (tile_fmt == kFmtBF16)
-    LATENT_TILE_GROUPED(kFmtBF16, 2)
+    LATENT_TILE_GROUPED(kFmtBF16, 2, false)
+  else if (tile_fmt == kFmtFp8Block && wg)
+    LATENT_TILE_GROUPED(kFmtFp8Block, 2, true)
   else if (tile_fmt == kFmtFp8Block)
-    LATENT_TILE_GROUPED(kFmtFp8Block, 2)
+    LATENT_TILE_GROUPED(kFmtFp8Block, 2, false)
+  else if ((tile_fmt == kFmtFp8Tensor || tile_fmt == kFmtFp8Channel) && wg)
+    LATENT_TILE_GROUPED(kFmtFp8, 2, true)
   else if (tile_fmt == kFmtFp8Tensor || tile_fmt == kFmtFp8Channel)
-    LATENT_TILE_GROUPED(kFmtFp8, 2)
+    LATENT_TILE_GROUPED(kFmtFp8, 2, false)
   else if (tile_fmt == kFmtMxfp4)
-    LATENT_TILE_GROUPED(kFmtMxfp4, 2)
+    LATENT_TILE_GROUPED(kFmtMxfp4, 2, false)
   else
-    LATENT_TILE_GROUPED(kTileMixed, 1)
+    LATENT_TILE_GROUPED(kTileMixed, 1, false)
 #undef LATENT_TILE_GROUPED
   return true;
 }
 
 void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, const int64_t* offsets, TView x, TView y,
                         const LinEpi& e, const int32_t* lists, const int32_t* counts, cudaStream_t st, bool tile,
-                        int tile_fmt, int64_t pairs) {
+                        int tile_fmt, int64_t pairs, bool wgmma) {
   SmallOut out;
   out.y = y;
   out.bias = e.bias;
@@ -678,7 +908,7 @@ void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, cons
     stc_grouped_kernel<2>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 1, 2, tiles, xb, x.ld, out);
   if (!may_have_class2(pairs)) return;
-  if (!tile || !launch_grouped_tile(table, n_groups, rows, offsets, x, out, lists, counts, st, tile_fmt))
+  if (!tile || !launch_grouped_tile(table, n_groups, rows, offsets, x, out, lists, counts, st, tile_fmt, wgmma))
     stc_grouped_kernel<4>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
 }
