@@ -496,14 +496,14 @@ __device__ __forceinline__ void wgmma_64n128(float (&d)[64], const uint32_t (&a)
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
       "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
 #endif
@@ -867,13 +867,13 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
                     static_cast<unsigned>(parts));
     const auto* xb = static_cast<const uint16_t*>(x.p);
     float* part_ws = parts > 1 ? ws : nullptr;
-#define LATENT_WG_LAUNCH(FMT, NAN, TOKS)                                                                         \
-  {                                                                                                              \
-    static const cudaError_t attr = cudaFuncSetAttribute(                                                        \
-        wg_tile_kernel<FMT, NAN, TOKS>, cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg<TOKS>::kSmem);        \
-    (void)attr;                                                                                                  \
-    wg_tile_kernel<FMT, NAN, TOKS>                                                                               \
-        <<<grid, kStcThreads, WgCfg<TOKS>::kSmem, st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per));    \
+#define LATENT_WG_LAUNCH(FMT, NAN, TOKS)                                                                      \
+  {                                                                                                           \
+    static const cudaError_t attr = cudaFuncSetAttribute(                                                     \
+        wg_tile_kernel<FMT, NAN, TOKS>, cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg<TOKS>::kSmem);     \
+    (void)attr;                                                                                               \
+    wg_tile_kernel<FMT, NAN, TOKS>                                                                            \
+        <<<grid, kStcThreads, WgCfg<TOKS>::kSmem, st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per)); \
   }
 #define LATENT_WG_TOKS(FMT, NAN)      \
   {                                   \
