@@ -78,8 +78,9 @@ void cuda_set_glu_fused_rows(Backend& be, int64_t rows);
 // order at load (kernels/cuda/mx_layout.h; on by default); off: as stored, row after row (the A/B of the layout:
 // `cuda_bench ctx --no-mx-tile-major`). Weights prepared afterwards only; the same values and results either way.
 void cuda_set_mx_tile_major(Backend& be, bool on);
-// The tiled kernel's FP8 calls on wgmma (sm_90 devices; on by default): each warp converts its rows' e4m3 codes
-// straight into the A operand registers and the warpgroup's wgmma reads x from shared memory; off: the mma.sync form
+// The tiled kernel's FP8 calls on wgmma (sm_90 devices; on by default; single weights up to 256 tokens, expert groups
+// in calls of up to 1,024 pairs): each warp converts its rows' e4m3 codes straight into the A operand registers and
+// the warpgroup's wgmma reads x from shared memory; off (and above those sizes): the mma.sync form
 // (a bf16 copy of the W tile in shared memory). The same exact products and block-scale order; the tensor cores'
 // fp32 sums inside a 128-column block may round differently.
 void cuda_set_tile_wgmma(Backend& be, bool on);

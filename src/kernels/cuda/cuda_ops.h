@@ -78,7 +78,7 @@ void launch_grouped_small_glu(const WDesc* table, const WDesc* gtable, int64_t n
 // stc: every listed weight passes stc_ok and x passes stc_x_ok: the BF16 / FP8 tensor-core kernels below; with
 // tile, its groups of more than 16 tokens on the tiled kernel (any number of rows: prefill too); tile_fmt: the
 // table's one weight format (WeightFormat; FP8 per tensor and per channel count as one), or -2 when it mixes them;
-// wgmma: FP8 tables' tiled groups on the wgmma form where it runs (wg_tile_ok).
+// wgmma: FP8 tables' tiled groups on the wgmma form where it runs (wg_tile_ok) in calls of up to 1,024 pairs.
 void launch_grouped_small(const WDesc* table, int64_t n_groups, int64_t rows, int64_t pairs, const int64_t* offsets,
                           TView x, TView y, const LinEpi& e, void* scratch, cudaStream_t st, bool mx_tc = false,
                           bool stc = false, bool tile = false, int tile_fmt = -2, bool wgmma = true);
@@ -96,8 +96,9 @@ void launch_matmul_stc(const WDesc& w, TView x, int64_t M, TView y, const LinEpi
 // the K split (and so the rounding) depends on M.
 int tile_splits(const WDesc& w, int64_t M);
 size_t tile_ws_bytes(const WDesc& w, int64_t M);
-// wgmma: FP8 weights on sm_90 devices take the wgmma form (A operands converted from the codes in registers; the
-// same tile, K split, block-scale order and store; the tensor cores' sums may round differently from mma.sync's).
+// wgmma: FP8 weights on sm_90 devices (wg_tile_ok) take the wgmma form up to 256 tokens (A operands converted from
+// the codes in registers; the same tile, K split, block-scale order and store; the tensor cores' sums may round
+// differently from mma.sync's).
 bool wg_tile_ok();
 void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEpi& e, float* ws, cudaStream_t st,
                         bool wgmma = true);

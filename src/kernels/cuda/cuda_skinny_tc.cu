@@ -453,7 +453,11 @@ __global__ void __launch_bounds__(kStcThreads, kMinBlocks)
 // by the block scale into the accumulators, as tile_block does: no weight is rounded. No bf16 copy of the W tile,
 // no second barrier per stage, and B is read by the tensor cores once per warpgroup instead of by ldmatrix per warp.
 constexpr int kWgWBytes = kTileRows * 128;
-constexpr int64_t kWgWideRows = 256;  // single-weight calls above this many tokens take the 128-token form
+// Where the wgmma form runs (measured faster than mma.sync there, cuda_bench skinny / ctx on an H100): single-weight
+// calls up to 256 tokens and grouped calls of up to 1,024 (token, expert) pairs (a decode step of 128 tokens at
+// top-8). Above, mma.sync: a 128-token wgmma form with the conversion overlapping the MMAs ran slower at prefill
+// sizes (bench/README.md), and the 64-token form is not timed there yet.
+constexpr int64_t kWgMaxRows = 256, kWgMaxPairs = 1024;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LATENT_WGMMA 1
@@ -486,48 +490,19 @@ __device__ __forceinline__ void wgmma_64n64(float (&d)[32], const uint32_t (&a)[
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
 }
-// The same with 128 tokens (N = 128: 64 accumulators per thread).
-__device__ __forceinline__ void wgmma_64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
-        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
-        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
-}
 #endif
 
 // FMT: kFmtFp8Block or kFmtFp8 (per tensor / per channel: the scale on the finished sum); kNan: NaN codes become NaN
-// (weights not NaN-free). WgCfg: tokens per block (64: wgmma n64, the decode form: three stages, two blocks per SM;
-// 128: n128, the prefill form: four stages, one block per SM, each stage's codes converted while the warpgroup's
-// MMAs of the stage before run). The same tile rows, K range, workspace and store as tile_block.
-template <int kToks>
-struct WgCfg {
-  static constexpr int kStages = kToks == 64 ? 3 : 4;
-  static constexpr bool kOverlap = kToks != 64;
-  static constexpr int kXBytes = kToks * 256, kStageBytes = kWgWBytes + kXBytes;
-  static constexpr int kSmem = kStages * kStageBytes + 1024;
-  static constexpr int kAcc = kToks / 2;
-};
-template <int FMT, bool kNan, int kToks = 64>
+// (weights not NaN-free). Three stages, two blocks per SM. The same tile rows and tokens, K range, workspace and
+// store as tile_block.
+constexpr int kWgStages = 3, kWgStageBytes = kWgWBytes + kTileToks * 256, kWgSmem = kWgStages * kWgStageBytes + 1024;
+template <int FMT, bool kNan>
 __device__ __forceinline__ void wg_block(uint8_t* smem_raw, const WDesc& w, int64_t mbase, int64_t m_end, int64_t rbase,
                                          int64_t kb_begin, int64_t kb_end, const uint16_t* x, int64_t ldx,
                                          const SmallOut& out, float* ws) {
 #ifdef LATENT_WGMMA
-  using Cfg = WgCfg<kToks>;
   constexpr bool kBlock = FMT == kFmtFp8Block;
-  constexpr int kStages = Cfg::kStages, kStageBytes = Cfg::kStageBytes, kAcc = Cfg::kAcc;
+  constexpr int kToks = kTileToks, kStages = kWgStages, kStageBytes = kWgStageBytes, kAcc = kToks / 2;
   uint8_t* const smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wgi = warp >> 2, wq = warp & 3, g = lane >> 2,
             t = lane & 3;
@@ -599,10 +574,7 @@ __device__ __forceinline__ void wg_block(uint8_t* smem_raw, const WDesc& w, int6
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
       const uint64_t d = wg_desc(xs + (s >> 2) * (kToks * 128) + (s & 3) * 32);
-      if constexpr (kToks == 64)
-        wgmma_64n64(p, a[s], d, s);
-      else
-        wgmma_64n128(p, a[s], d, s);
+      wgmma_64n64(p, a[s], d, s);
     }
     wg_commit();
   };
@@ -620,34 +592,13 @@ __device__ __forceinline__ void wg_block(uint8_t* smem_raw, const WDesc& w, int6
 
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) load_stage(i);
-  if constexpr (!Cfg::kOverlap) {
-    for (int it = 0; it < n_kb; ++it) {
-      stage_ready(std::integral_constant<int, kStages - 2>{});
-      load_stage(it + kStages - 1);
-      uint32_t a[8][4];
-      convert(it, a);
-      issue(it, a);
-      finish(it);
-    }
-  } else {
-    // Stage it's MMAs run while the warps convert stage it + 1 (two register sets, the loop unrolled by two so
-    // that each keeps its registers); stage it + kStages - 1 loads into the buffer stage it - 1's MMAs read.
-    uint32_t a0[8][4], a1[8][4];
+  for (int it = 0; it < n_kb; ++it) {
     stage_ready(std::integral_constant<int, kStages - 2>{});
-    if (n_kb > 0) convert(0, a0);
-    auto step = [&](int it, const uint32_t(&cur)[8][4], uint32_t(&next)[8][4]) {
-      issue(it, cur);
-      if (it + 1 < n_kb) {
-        stage_ready(std::integral_constant<int, kStages - 3>{});
-        load_stage(it + kStages - 1);
-        convert(it + 1, next);
-      }
-      finish(it);
-    };
-    for (int it = 0; it < n_kb; it += 2) {
-      step(it, a0, a1);
-      if (it + 1 < n_kb) step(it + 1, a1, a0);
-    }
+    load_stage(it + kStages - 1);
+    uint32_t a[8][4];
+    convert(it, a);
+    issue(it, a);
+    finish(it);
   }
   cp_async_wait<0>();
   // Store: accumulator 4j + e is (row lr + 8 (e / 2), token mbase + 8j + 2t + e % 2).
@@ -689,7 +640,7 @@ template <int FMT, bool kWg = false>
 __host__ __device__ constexpr int tile_grouped_smem() {
   constexpr int st = tile_grouped_stages<FMT>();
   constexpr int stages =
-      kWg                 ? WgCfg<64>::kSmem
+      kWg                 ? kWgSmem
       : FMT == kTileMixed ? (tile_smem<kFmtBF16, st>() > tile_smem<kFmtFp8Block, st>() ? tile_smem<kFmtBF16, st>()
                                                                                        : tile_smem<kFmtFp8Block, st>())
                           : tile_smem<FMT, st>();
@@ -746,15 +697,15 @@ __global__ void __launch_bounds__(kStcThreads, FMT == kTileMixed ? 1 : 2)
 
 // Single weight: block x = (row tile, token tile) with token tiles innermost (blocks running together share a row
 // tile in L2; x of a prefill chunk stays in L2), y = K part.
-template <int FMT, bool kNan, int kToks>
-__global__ void __launch_bounds__(kStcThreads, kToks == 64 ? 2 : 1)
+template <int FMT, bool kNan>
+__global__ void __launch_bounds__(kStcThreads, 2)
     wg_tile_kernel(WDesc w, int64_t M, const uint16_t* x, int64_t ldx, SmallOut out, float* ws, int kb_per_part) {
-  const int64_t tok_tiles = (M + kToks - 1) / kToks;
+  const int64_t tok_tiles = (M + kTileToks - 1) / kTileToks;
   const int64_t tt = blockIdx.x % tok_tiles, rt = blockIdx.x / tok_tiles;
   const int64_t nkb = w.cols / 128, kb_begin = static_cast<int64_t>(blockIdx.y) * kb_per_part;
   const int64_t kb_end = kb_begin + kb_per_part < nkb ? kb_begin + kb_per_part : nkb;
-  wg_block<FMT, kNan, kToks>(tile_smem_buf, w, tt * kToks, M, rt * kTileRows, kb_begin, kb_end, x, ldx, out,
-                             ws ? ws + static_cast<int64_t>(blockIdx.y) * M * w.rows : nullptr);
+  wg_block<FMT, kNan>(tile_smem_buf, w, tt * kTileToks, M, rt * kTileRows, kb_begin, kb_end, x, ldx, out,
+                      ws ? ws + static_cast<int64_t>(blockIdx.y) * M * w.rows : nullptr);
 }
 
 // The K parts of a split tiled matmul added in part order, then the per-tensor / per-channel scale and the store.
@@ -860,41 +811,30 @@ void launch_matmul_tile(const WDesc& w, TView x, int64_t M, TView y, const LinEp
   out.residual = e.residual;
   const int parts = tile_splits(w, M);
   const int64_t nkb = w.cols / 128, per = (nkb + parts - 1) / parts;
-  if (wgmma && w.format != kFmtBF16 && wg_tile_ok()) {
-    // Decode sizes on the 64-token form (two blocks per SM), prefill sizes on the 128-token one.
-    const int toks = M > kWgWideRows ? 128 : 64;
-    const dim3 grid(static_cast<unsigned>(((w.rows + kTileRows - 1) / kTileRows) * ((M + toks - 1) / toks)),
+  if (wgmma && w.format != kFmtBF16 && M <= kWgMaxRows && wg_tile_ok()) {
+    const dim3 grid(static_cast<unsigned>(((w.rows + kTileRows - 1) / kTileRows) * ((M + kTileToks - 1) / kTileToks)),
                     static_cast<unsigned>(parts));
     const auto* xb = static_cast<const uint16_t*>(x.p);
     float* part_ws = parts > 1 ? ws : nullptr;
-#define LATENT_WG_LAUNCH(FMT, NAN, TOKS)                                                                      \
-  {                                                                                                           \
-    static const cudaError_t attr = cudaFuncSetAttribute(                                                     \
-        wg_tile_kernel<FMT, NAN, TOKS>, cudaFuncAttributeMaxDynamicSharedMemorySize, WgCfg<TOKS>::kSmem);     \
-    (void)attr;                                                                                               \
-    wg_tile_kernel<FMT, NAN, TOKS>                                                                            \
-        <<<grid, kStcThreads, WgCfg<TOKS>::kSmem, st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per)); \
-  }
-#define LATENT_WG_TOKS(FMT, NAN)      \
-  {                                   \
-    if (toks == 64)                   \
-      LATENT_WG_LAUNCH(FMT, NAN, 64)  \
-    else                              \
-      LATENT_WG_LAUNCH(FMT, NAN, 128) \
+#define LATENT_WG_LAUNCH(FMT, NAN)                                                                                     \
+  {                                                                                                                    \
+    static const cudaError_t attr =                                                                                    \
+        cudaFuncSetAttribute(wg_tile_kernel<FMT, NAN>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem);          \
+    (void)attr;                                                                                                        \
+    wg_tile_kernel<FMT, NAN><<<grid, kStcThreads, kWgSmem, st>>>(w, M, xb, x.ld, out, part_ws, static_cast<int>(per)); \
   }
     const bool nan = w.nan_free == 0;
     if (w.format == kFmtFp8Block) {
       if (nan)
-        LATENT_WG_TOKS(kFmtFp8Block, true)
+        LATENT_WG_LAUNCH(kFmtFp8Block, true)
       else
-        LATENT_WG_TOKS(kFmtFp8Block, false)
+        LATENT_WG_LAUNCH(kFmtFp8Block, false)
     } else {
       if (nan)
-        LATENT_WG_TOKS(kFmtFp8, true)
+        LATENT_WG_LAUNCH(kFmtFp8, true)
       else
-        LATENT_WG_TOKS(kFmtFp8, false)
+        LATENT_WG_LAUNCH(kFmtFp8, false)
     }
-#undef LATENT_WG_TOKS
 #undef LATENT_WG_LAUNCH
     if (parts > 1) {
       const int64_t total = M * w.rows;
@@ -992,7 +932,8 @@ void launch_grouped_stc(const WDesc* table, int64_t n_groups, int64_t rows, cons
     stc_grouped_kernel<2>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 1, 2, tiles, xb, x.ld, out);
   if (!may_have_class2(pairs)) return;
-  if (!tile || !launch_grouped_tile(table, n_groups, rows, offsets, x, out, lists, counts, st, tile_fmt, wgmma))
+  const bool wg = wgmma && pairs >= 0 && pairs <= kWgMaxPairs;
+  if (!tile || !launch_grouped_tile(table, n_groups, rows, offsets, x, out, lists, counts, st, tile_fmt, wg))
     stc_grouped_kernel<4>
         <<<grid, kStcThreads, 0, st>>>(table, offsets, lists, counts, n_groups, 2, 3, tiles, xb, x.ld, out);
 }
