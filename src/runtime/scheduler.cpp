@@ -676,6 +676,7 @@ bool Scheduler::step() {
 void Scheduler::note_step_time(const StepPlan& sp, double seconds) {
   int64_t decode = 0, prompt = 0;
   for (const EngineStepItem& it : sp.items) (it.decode ? decode : prompt) += static_cast<int64_t>(it.tokens.size());
+  if (opt_.step_seconds) seconds = opt_.step_seconds(decode, prompt);
   constexpr double kA = 0.25;  // weight of the newest sample
   auto ema = [](double& avg, double v) { avg = avg > 0 ? (1 - kA) * avg + kA * v : v; };
   if (prompt == 0 && decode > 0) {

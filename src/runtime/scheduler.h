@@ -116,6 +116,10 @@ struct SchedulerOptions {
   // decode-only step and of one prompt token's share of a mixed step); at least kMinMixedPrefill tokens, so prompts
   // always progress. Until both are measured: the token budget alone.
   double mixed_step_factor = 0;
+  // The engine time of a step with these decode and prompt tokens, in seconds, for those moving averages instead of
+  // the measured time (empty, the default: measured with steady_clock around Engine::step). Tests give their fake
+  // engine's cost model here, so that what the scheduler decides does not depend on the machine's load.
+  std::function<double(int64_t decode_tokens, int64_t prompt_tokens)> step_seconds;
   int64_t max_context = 4096;     // tokens per sequence (prompt + generated)
   double max_queue_wait_s = 600;  // 0 = unlimited
   double request_timeout_s = 0;   // 0 = off; from arrival
@@ -190,7 +194,8 @@ class Scheduler {
   void wake();
   void loop();
   bool step();  // one iteration; false when nothing was run
-  // The measured engine time of a step (seconds) into the moving averages mixed_step_factor uses.
+  // The measured engine time of a step (seconds; SchedulerOptions::step_seconds's instead when it is given) into
+  // the moving averages mixed_step_factor uses.
   void note_step_time(const StepPlan& sp, double seconds);
   double decode_step_s_ = 0, prompt_token_s_ = 0;  // moving averages (0: not measured yet)
   // The parts of a step: what runs (decodes with their drafts, prefill chunks, block reservations), the engine
