@@ -249,6 +249,22 @@ __host__ __device__ constexpr int tile_smem() {
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ int swz(int chunk, int row) { return chunk ^ (row & 7); }  // 16-byte chunk of a 256-B row
 
+// One finished sum (row r, token m) of a tiled block: into the K part's workspace (ws), or, for FMT kFmtFp8, times
+// the per-tensor / per-channel scale, then through the epilogue.
+template <int FMT>
+__device__ __forceinline__ void tile_store(const WDesc& w, const SmallOut& out, float* ws, int64_t m, int64_t r,
+                                           int64_t N, float v) {
+  if (ws) {
+    ws[m * N + r] = v;
+    return;
+  }
+  if constexpr (FMT == kFmtFp8) {
+    if (w.format == kFmtFp8Tensor) v *= static_cast<const float*>(w.scale)[0];
+    if (w.format == kFmtFp8Channel) v *= static_cast<const float*>(w.scale)[r];
+  }
+  small_store(out, m, r, N, v);
+}
+
 // FMT: kFmtBF16, kFmtFp8Block, or kFmtFp8 (per tensor / per channel: the scale on the finished sum).
 // One block's tile: weight rows rbase .. rbase+127 × tokens mbase .. mbase+63 (tokens ≥ m_end not stored; rows of
 // x read clamped to m_end - 1) over the 128-column blocks [kb_begin, kb_end); ws: the part's fp32 sums ([m][N]
@@ -415,16 +431,7 @@ __device__ __forceinline__ void tile_block(uint8_t* smem, const WDesc& w, int64_
       for (int e = 0; e < 4; ++e) {
         const int64_t r = rbase + 32 * wr + 16 * i + g + 8 * (e >> 1), m = mbase + 32 * wm + 8 * j + 2 * t + (e & 1);
         if (r >= N || m >= M) continue;
-        float v = c[i][j][e];
-        if (ws) {
-          ws[m * N + r] = v;
-          continue;
-        }
-        if constexpr (FMT == kFmtFp8) {
-          if (w.format == kFmtFp8Tensor) v *= static_cast<const float*>(w.scale)[0];
-          if (w.format == kFmtFp8Channel) v *= static_cast<const float*>(w.scale)[r];
-        }
-        small_store(out, m, r, N, v);
+        tile_store<FMT>(w, out, ws, m, r, N, c[i][j][e]);
       }
   __syncthreads();
 }
@@ -534,13 +541,6 @@ __device__ __forceinline__ void wg_block(uint8_t* smem_raw, const WDesc& w, int6
     }
     cp_async_commit();
   };
-  // cp.async's writes of this thread done (all but the newest `pending` groups), seen by wgmma's reads (the async
-  // proxy), then by every thread.
-  auto stage_ready = [&](auto pending) {
-    cp_async_wait<decltype(pending)::value>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-  };
 
   float c[kAcc], p[kAcc];
 #pragma unroll
@@ -593,7 +593,10 @@ __device__ __forceinline__ void wg_block(uint8_t* smem_raw, const WDesc& w, int6
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) load_stage(i);
   for (int it = 0; it < n_kb; ++it) {
-    stage_ready(std::integral_constant<int, kStages - 2>{});
+    // Stage it's cp.async writes done (this thread's), seen by wgmma's reads (the async proxy), then by every thread.
+    cp_async_wait<kStages - 2>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
     load_stage(it + kStages - 1);
     uint32_t a[8][4];
     convert(it, a);
@@ -608,16 +611,7 @@ __device__ __forceinline__ void wg_block(uint8_t* smem_raw, const WDesc& w, int6
     for (int e = 0; e < 4; ++e) {
       const int64_t r = rbase + lr + 8 * (e >> 1), m = mbase + 8 * j + 2 * t + (e & 1);
       if (r >= N || m >= M) continue;
-      float v = c[4 * j + e];
-      if (ws) {
-        ws[m * N + r] = v;
-        continue;
-      }
-      if constexpr (FMT == kFmtFp8) {
-        if (w.format == kFmtFp8Tensor) v *= static_cast<const float*>(w.scale)[0];
-        if (w.format == kFmtFp8Channel) v *= static_cast<const float*>(w.scale)[r];
-      }
-      small_store(out, m, r, N, v);
+      tile_store<FMT>(w, out, ws, m, r, N, c[4 * j + e]);
     }
   __syncthreads();
 #else
@@ -715,10 +709,7 @@ __global__ void tile_reduce_kernel(const float* ws, int parts, int64_t M, WDesc 
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float v = ws[i];
     for (int z = 1; z < parts; ++z) v += ws[z * total + i];
-    const int64_t m = i / N, r = i % N;
-    if (w.format == kFmtFp8Tensor) v *= static_cast<const float*>(w.scale)[0];
-    if (w.format == kFmtFp8Channel) v *= static_cast<const float*>(w.scale)[r];
-    small_store(out, m, r, N, v);
+    tile_store<kFmtFp8>(w, out, nullptr, i / N, i % N, N, v);
   }
 }
 
